@@ -1,0 +1,3 @@
+"""The package version, read by the server, the CLI and Describe."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,181 @@
+"""A batch of ledger operations as parallel arrays, and its validation.
+
+The gRPC layer decodes an ``ApplyRequest`` into a :class:`Batch`; the ledger
+applies a batch only after :func:`validate_batch` accepted it whole, so a bad
+request changes nothing. Validation is vectorised with numpy because it runs
+on every operation of the hot path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+__all__ = [
+    "OpKind",
+    "Outcome",
+    "Batch",
+    "BatchError",
+    "InvalidBatch",
+    "BatchTooLarge",
+    "WrongShard",
+    "validate_batch",
+    "MAX_SPOUT_NAME_BYTES",
+]
+
+MAX_SPOUT_NAME_BYTES = 256
+
+
+class OpKind(IntEnum):
+    """Ledger operation kinds; the numbers are the wire values of the proto enum."""
+
+    INIT = 1
+    ACK = 2
+    FAIL = 3
+    RESET_TIMEOUT = 4
+
+
+class Outcome(IntEnum):
+    """How a tree ended; the numbers are the wire values of the proto enum."""
+
+    ACKED = 1
+    FAILED = 2
+    TIMED_OUT = 3
+
+
+@dataclass
+class Batch:
+    """Operations ``i`` = (kinds[i], roots[i], values[i], dedup_keys[i], spout of op i).
+
+    ``dedup_keys`` may be empty (no keys). ``spout_index`` may be empty when
+    ``spouts`` has at most one name; then every INIT belongs to ``spouts[0]``.
+    """
+
+    kinds: np.ndarray
+    roots: np.ndarray
+    values: np.ndarray
+    dedup_keys: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint64))
+    spouts: list[str] = field(default_factory=list)
+    spout_index: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.uint32))
+
+    @classmethod
+    def of(
+        cls,
+        kinds,
+        roots,
+        values,
+        dedup_keys=(),
+        spouts=(),
+        spout_index=(),
+    ) -> Batch:
+        """Build a batch from any sequences (lists, protobuf repeated fields, arrays)."""
+        return cls(
+            kinds=np.asarray(kinds, dtype=np.int64),
+            roots=np.asarray(roots, dtype=np.uint64),
+            values=np.asarray(values, dtype=np.uint64),
+            dedup_keys=np.asarray(dedup_keys, dtype=np.uint64),
+            spouts=list(spouts),
+            spout_index=np.asarray(spout_index, dtype=np.int64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+
+class BatchError(ValueError):
+    """A batch was refused as a whole; nothing of it was applied."""
+
+
+class InvalidBatch(BatchError):
+    """The batch is malformed (maps to INVALID_ARGUMENT)."""
+
+
+class BatchTooLarge(BatchError):
+    """The batch has more operations than the server accepts (RESOURCE_EXHAUSTED)."""
+
+
+class WrongShard(BatchError):
+    """A root belongs to another shard (FAILED_PRECONDITION)."""
+
+
+_KNOWN_KINDS = np.array([k.value for k in OpKind], dtype=np.int64)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def validate_batch(batch: Batch, *, shard_index: int, shard_count: int, max_batch: int) -> None:
+    """Raise a :class:`BatchError` naming the first problem, or return if the batch is valid."""
+    n = len(batch.kinds)
+    if n > max_batch:
+        raise BatchTooLarge(
+            f"batch has {n} operations, more than this acker's maximum of {max_batch}; "
+            f"split it into batches of at most {max_batch}"
+        )
+    lengths = {"root_ids": len(batch.roots), "values": len(batch.values)}
+    for name, length in lengths.items():
+        if length != n:
+            raise InvalidBatch(f"kinds has {n} entries but {name} has {length}; the arrays must be parallel")
+    if len(batch.dedup_keys) not in (0, n):
+        raise InvalidBatch(
+            f"dedup_keys has {len(batch.dedup_keys)} entries; send none or exactly one per operation ({n})"
+        )
+    if n == 0:
+        return
+    unknown = ~np.isin(batch.kinds, _KNOWN_KINDS)
+    if unknown.any():
+        i = _first(unknown)
+        raise InvalidBatch(
+            f"operation {i} has unknown kind {int(batch.kinds[i])}; "
+            "expected INIT (1), ACK (2), FAIL (3) or RESET_TIMEOUT (4)"
+        )
+    zero_root = batch.roots == 0
+    if zero_root.any():
+        raise InvalidBatch(f"operation {_first(zero_root)} has root id 0; root ids must be non-zero")
+    valueless = (batch.kinds >= OpKind.FAIL) & (batch.values != 0)
+    if valueless.any():
+        i = _first(valueless)
+        raise InvalidBatch(f"operation {i} is {OpKind(int(batch.kinds[i])).name} with a non-zero value; send 0")
+    _validate_spouts(batch)
+    if shard_count > 1:
+        foreign = (batch.roots % np.uint64(shard_count)) != np.uint64(shard_index)
+        if foreign.any():
+            i = _first(foreign)
+            root = int(batch.roots[i])
+            raise WrongShard(
+                f"root {root} belongs to shard {root % shard_count} of {shard_count}, "
+                f"but this acker is shard {shard_index}; check the client's address order"
+            )
+
+
+def _validate_spouts(batch: Batch) -> None:
+    for name in batch.spouts:
+        size = len(name.encode("utf-8"))
+        if size == 0 or size > MAX_SPOUT_NAME_BYTES:
+            raise InvalidBatch(
+                f"spout name {name!r} is {size} bytes; spout names must be 1 to {MAX_SPOUT_NAME_BYTES} bytes"
+            )
+    inits = batch.kinds == OpKind.INIT
+    n = len(batch.kinds)
+    if len(batch.spout_index) == 0:
+        if len(batch.spouts) > 1:
+            raise InvalidBatch(
+                f"{len(batch.spouts)} spouts given but no spout_index; send one spout index per operation"
+            )
+        if inits.any() and not batch.spouts:
+            raise InvalidBatch(f"operation {_first(inits)} is INIT but the request names no spout")
+        return
+    if len(batch.spout_index) != n:
+        raise InvalidBatch(
+            f"spout_index has {len(batch.spout_index)} entries; send none or exactly one per operation ({n})"
+        )
+    out_of_range = inits & (batch.spout_index >= len(batch.spouts))
+    if out_of_range.any():
+        i = _first(out_of_range)
+        raise InvalidBatch(
+            f"operation {i} is INIT with spout index {int(batch.spout_index[i])}, "
+            f"but only {len(batch.spouts)} spouts are named"
+        )

@@ -1,0 +1,257 @@
+"""The acker's ledger: Storm's XOR tree tracking over a RotatingMap, with no I/O.
+
+One ``Ledger`` holds the pending trees of one shard. It applies batches of
+operations (see :mod:`acker_service.batch`), rotates its RotatingMap on the
+injected monotonic clock, and returns every tree that ended as a
+:class:`Resolution`. Each rule cites the reason it exists; the full contract is
+the project's acker-semantics spec.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .batch import Batch, OpKind, Outcome
+from .rotating_map import RotatingMap
+
+__all__ = ["Ledger", "LedgerStats", "Resolution", "BatchResult"]
+
+Clock = Callable[[], float]
+
+_INIT, _ACK, _FAIL, _RESET = (int(k) for k in OpKind)
+
+
+class Resolution(NamedTuple):
+    """One tree's single outcome, to be delivered to its spout."""
+
+    spout: str
+    root: int
+    outcome: Outcome
+    latency_seconds: float
+
+
+class _Entry:
+    """Per-root state: a constant size whatever the tree's size (dedup keys aside)."""
+
+    __slots__ = ("val", "spout", "failed", "started", "dedup")
+
+    def __init__(self, started: float) -> None:
+        self.val = 0
+        self.spout: str | None = None  # unknown until init: an ack may overtake its init
+        self.failed = False
+        self.started = started
+        self.dedup: set[int] | None = None  # created on the first keyed ack only
+
+
+@dataclass
+class LedgerStats:
+    """Monotonic counters of everything the ledger did (the metrics read these)."""
+
+    inits: int = 0
+    acks: int = 0
+    fails: int = 0
+    resets: int = 0
+    acked: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    orphaned: int = 0
+    late: int = 0
+    duplicate_inits: int = 0
+    deduplicated: int = 0
+
+
+@dataclass
+class BatchResult:
+    """What one ``apply_batch`` did, with the trees it ended (and any that expired first)."""
+
+    applied: int
+    deduplicated: int
+    ignored: int
+    resolutions: list[Resolution]
+
+
+class Ledger:
+    """Pending tuple trees of one shard, expiring after ``message_timeout`` seconds.
+
+    >>> ledger = Ledger(message_timeout=30.0, clock=lambda: 0.0)
+    >>> ledger.apply_batch(Batch.of([1, 2], [5, 5], [9, 9], spouts=["s"])).resolutions
+    [Resolution(spout='s', root=5, outcome=<Outcome.ACKED: 1>, latency_seconds=0.0)]
+    """
+
+    def __init__(
+        self,
+        message_timeout: float,
+        buckets: int = 3,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if message_timeout <= 0:
+            raise ValueError(f"message_timeout must be positive, got {message_timeout}")
+        self.message_timeout = float(message_timeout)
+        self._clock = clock
+        self._pending: RotatingMap[int, _Entry] = RotatingMap(buckets)
+        # Roots that completed within the last timeout window. A message for one
+        # of them is late (a retry, a duplicate task): counted and ignored, so a
+        # tree never gets a second outcome.
+        self._completed: RotatingMap[int, None] = RotatingMap(buckets)
+        self._period = self.message_timeout / (buckets - 1)
+        self._next_rotation = clock() + self._period
+        self._open_trees = 0  # entries whose init was applied
+        self.stats = LedgerStats()
+
+    @property
+    def buckets(self) -> int:
+        """Number of RotatingMap buckets."""
+        return self._pending.bucket_count
+
+    @property
+    def rotation_period(self) -> float:
+        """Seconds between rotations, ``T / (b - 1)``."""
+        return self._period
+
+    @property
+    def pending_trees(self) -> int:
+        """Trees whose init was applied and that have no outcome yet."""
+        return self._open_trees
+
+    @property
+    def orphan_entries(self) -> int:
+        """Entries created by acks or fails whose init has not (yet) arrived."""
+        return len(self._pending) - self._open_trees
+
+    def apply_batch(self, batch: Batch) -> BatchResult:
+        """Apply a batch that :func:`~acker_service.batch.validate_batch` accepted."""
+        resolutions = self.advance()
+        now = self._clock()
+        spouts = [s for s in batch.spouts]  # one str object per name, shared by its entries
+        default_spout = spouts[0] if spouts else None
+        spout_index = batch.spout_index.tolist() if len(batch.spout_index) else None
+        dedup_keys = batch.dedup_keys.tolist() if len(batch.dedup_keys) else None
+        applied = deduplicated = ignored = 0
+        for i, (kind, root, value) in enumerate(
+            zip(batch.kinds.tolist(), batch.roots.tolist(), batch.values.tolist())
+        ):
+            spout = spouts[spout_index[i]] if spout_index is not None and kind == _INIT else default_spout
+            key = dedup_keys[i] if dedup_keys is not None else 0
+            status = self._apply(kind, root, value, key, spout, now, resolutions)
+            if status == _APPLIED:
+                applied += 1
+            elif status == _DEDUPLICATED:
+                deduplicated += 1
+            else:
+                ignored += 1
+        return BatchResult(applied, deduplicated, ignored, resolutions)
+
+    def _apply(
+        self,
+        kind: int,
+        root: int,
+        value: int,
+        dedup_key: int,
+        spout: str | None,
+        now: float,
+        resolutions: list[Resolution],
+    ) -> int:
+        stats = self.stats
+        entry = self._pending.get(root)
+        if entry is None:
+            if root in self._completed:
+                stats.late += 1
+                return _IGNORED
+            if kind == _RESET:
+                # Nothing to keep alive; creating an entry would only make an orphan.
+                return _IGNORED
+            entry = _Entry(now)
+            self._pending.put(root, entry)
+        if kind == _INIT:
+            if entry.spout is not None:
+                # Init is set-once: a retried init must not XOR itself back out
+                # and let the tree reach 0 (a false ack).
+                stats.duplicate_inits += 1
+                return _IGNORED
+            entry.val ^= value
+            entry.spout = spout
+            entry.started = now  # latency is measured from init
+            self._open_trees += 1
+            stats.inits += 1
+        elif kind == _ACK:
+            if dedup_key:
+                if entry.dedup is None:
+                    entry.dedup = {dedup_key}
+                elif dedup_key in entry.dedup:
+                    # A re-run Spark task: the first copy of this ack already counted.
+                    stats.deduplicated += 1
+                    return _DEDUPLICATED
+                else:
+                    entry.dedup.add(dedup_key)
+            entry.val ^= value
+            stats.acks += 1
+        elif kind == _FAIL:
+            entry.failed = True
+            stats.fails += 1
+        else:
+            # reset_timeout: move to the nursery, a fresh timeout for slow work.
+            self._pending.put(root, entry)
+            stats.resets += 1
+            return _APPLIED
+        if entry.spout is not None:
+            # Storm's order: a zero checksum wins over the failed flag.
+            if entry.val == 0:
+                self._resolve(root, entry, Outcome.ACKED, now, resolutions)
+            elif entry.failed:
+                self._resolve(root, entry, Outcome.FAILED, now, resolutions)
+        return _APPLIED
+
+    def _resolve(
+        self, root: int, entry: _Entry, outcome: Outcome, now: float, resolutions: list[Resolution]
+    ) -> None:
+        self._pending.remove(root)
+        self._completed.put(root, None)
+        self._open_trees -= 1
+        if outcome is Outcome.ACKED:
+            self.stats.acked += 1
+        else:
+            self.stats.failed += 1
+        assert entry.spout is not None
+        resolutions.append(Resolution(entry.spout, root, outcome, max(0.0, now - entry.started)))
+
+    def advance(self) -> list[Resolution]:
+        """Rotate as many times as the clock says are due; return the trees that timed out.
+
+        Entries without a spout (acks whose init never came) are dropped and
+        counted as orphaned, as the spec says.
+        """
+        now = self._clock()
+        resolutions: list[Resolution] = []
+        due = 0
+        while now >= self._next_rotation:
+            due += 1
+            self._next_rotation += self._period
+        # After `buckets` rotations everything has expired; more would be no-ops.
+        for _ in range(min(due, self.buckets)):
+            self._expire(self._pending.rotate(), now, resolutions)
+            self._completed.rotate()
+        return resolutions
+
+    def _expire(self, expired: dict[int, _Entry], now: float, resolutions: list[Resolution]) -> None:
+        for root, entry in expired.items():
+            if entry.spout is None:
+                self.stats.orphaned += 1
+                continue
+            self._open_trees -= 1
+            self.stats.timed_out += 1
+            self._completed.put(root, None)
+            resolutions.append(Resolution(entry.spout, root, Outcome.TIMED_OUT, max(0.0, now - entry.started)))
+
+    def seconds_until_rotation(self) -> float:
+        """Seconds until the next rotation is due (never negative)."""
+        return max(0.0, self._next_rotation - self._clock())
+
+    def pending_roots(self) -> Iterable[int]:
+        """Root ids of all entries (for tests and diagnostics; not the hot path)."""
+        return iter(self._pending)
+
+
+_APPLIED, _DEDUPLICATED, _IGNORED = range(3)

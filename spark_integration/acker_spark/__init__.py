@@ -1,0 +1,1 @@
+"""Spark integration for the acker service."""
