@@ -1,0 +1,53 @@
+# The two commands: `make demo` and `make test`. Both set up what they need.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+PYTEST_ARGS ?=
+
+# System packages the tests use for real components: a Prometheus server and
+# promtool (metrics test), docker-compose (validates deploy/docker-compose.yml
+# without a Docker engine), Java 17 (PySpark).
+SYSTEM_BINARIES := prometheus promtool docker-compose java
+
+.PHONY: demo test bench venv system-deps proto clean help
+
+help:
+	@echo "make demo   run the word-count job with tracking, failures and replays (local ackers, local Spark)"
+	@echo "make test   set up .venv and system packages, then run the test suite"
+	@echo "make bench  run acker-bench against an embedded cluster"
+	@echo "make proto  regenerate acker_service/v1 from proto/"
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+system-deps:
+	@missing=""; for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing system packages for:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus docker-compose openjdk-17-jre-headless >/dev/null; \
+	fi
+	@# Debian starts the packaged Prometheus as a service; the tests run their own.
+	@command -v systemctl >/dev/null 2>&1 && systemctl stop prometheus >/dev/null 2>&1 || true
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/acker-demo $(DEMO_ARGS)
+
+test: $(VENV)/.installed system-deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	$(VENV)/bin/acker-bench $(BENCH_ARGS)
+
+proto: $(VENV)/.installed
+	$(PY) scripts/generate_proto.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info
