@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from itertools import repeat
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -22,6 +23,7 @@ __all__ = ["Ledger", "LedgerStats", "Resolution", "BatchResult"]
 Clock = Callable[[], float]
 
 _INIT, _ACK, _FAIL, _RESET = (int(k) for k in OpKind)
+_ACKED, _FAILED = Outcome.ACKED, Outcome.FAILED
 
 
 class Resolution(NamedTuple):
@@ -122,100 +124,116 @@ class Ledger:
         return len(self._pending) - self._open_trees
 
     def apply_batch(self, batch: Batch) -> BatchResult:
-        """Apply a batch that :func:`~acker_service.batch.validate_batch` accepted."""
+        """Apply a batch that :func:`~acker_service.batch.validate_batch` accepted.
+
+        This is the hot path, so the per-operation rules are inlined in one
+        loop over plain Python ints (the numpy arrays are converted once).
+        """
         resolutions = self.advance()
         now = self._clock()
-        spouts = [s for s in batch.spouts]  # one str object per name, shared by its entries
-        default_spout = spouts[0] if spouts else None
-        spout_index = batch.spout_index.tolist() if len(batch.spout_index) else None
-        dedup_keys = batch.dedup_keys.tolist() if len(batch.dedup_keys) else None
-        applied = deduplicated = ignored = 0
-        for i, (kind, root, value) in enumerate(
-            zip(batch.kinds.tolist(), batch.roots.tolist(), batch.values.tolist())
-        ):
-            spout = spouts[spout_index[i]] if spout_index is not None and kind == _INIT else default_spout
-            key = dedup_keys[i] if dedup_keys is not None else 0
-            status = self._apply(kind, root, value, key, spout, now, resolutions)
-            if status == _APPLIED:
-                applied += 1
-            elif status == _DEDUPLICATED:
-                deduplicated += 1
-            else:
-                ignored += 1
-        return BatchResult(applied, deduplicated, ignored, resolutions)
-
-    def _apply(
-        self,
-        kind: int,
-        root: int,
-        value: int,
-        dedup_key: int,
-        spout: str | None,
-        now: float,
-        resolutions: list[Resolution],
-    ) -> int:
         stats = self.stats
-        entry = self._pending.get(root)
-        if entry is None:
-            if root in self._completed:
-                stats.late += 1
-                return _IGNORED
-            if kind == _RESET:
-                # Nothing to keep alive; creating an entry would only make an orphan.
-                return _IGNORED
-            entry = _Entry(now)
-            self._pending.put(root, entry)
-        if kind == _INIT:
-            if entry.spout is not None:
-                # Init is set-once: a retried init must not XOR itself back out
-                # and let the tree reach 0 (a false ack).
-                stats.duplicate_inits += 1
-                return _IGNORED
-            entry.val ^= value
-            entry.spout = spout
-            entry.started = now  # latency is measured from init
-            self._open_trees += 1
-            stats.inits += 1
-        elif kind == _ACK:
-            if dedup_key:
-                if entry.dedup is None:
-                    entry.dedup = {dedup_key}
-                elif dedup_key in entry.dedup:
-                    # A re-run Spark task: the first copy of this ack already counted.
-                    stats.deduplicated += 1
-                    return _DEDUPLICATED
+        n = len(batch.kinds)
+        spouts = batch.spouts  # one str object per name, shared by all its entries
+        if len(batch.spout_index):
+            op_spouts = [spouts[i] if i < len(spouts) else None for i in batch.spout_index.tolist()]
+        else:
+            op_spouts = repeat(spouts[0] if spouts else None, n)
+        keys = batch.dedup_keys.tolist() if len(batch.dedup_keys) else repeat(0, n)
+        # No rotation happens inside a batch, so the bucket lists stay valid.
+        nursery, *older = self._pending.live_buckets()
+        done_buckets = self._completed.live_buckets()
+        done_nursery = done_buckets[0]
+        applied = deduplicated = ignored = 0
+        inits = acks = fails = resets = late = dup_inits = acked = failed = 0
+        for kind, root, value, key, spout in zip(
+            batch.kinds.tolist(), batch.roots.tolist(), batch.values.tolist(), keys, op_spouts
+        ):
+            home = nursery
+            entry = nursery.get(root)
+            if entry is None:
+                for home in older:
+                    entry = home.get(root)
+                    if entry is not None:
+                        break
                 else:
-                    entry.dedup.add(dedup_key)
-            entry.val ^= value
-            stats.acks += 1
-        elif kind == _FAIL:
-            entry.failed = True
-            stats.fails += 1
-        else:
-            # reset_timeout: move to the nursery, a fresh timeout for slow work.
-            self._pending.put(root, entry)
-            stats.resets += 1
-            return _APPLIED
-        if entry.spout is not None:
-            # Storm's order: a zero checksum wins over the failed flag.
-            if entry.val == 0:
-                self._resolve(root, entry, Outcome.ACKED, now, resolutions)
-            elif entry.failed:
-                self._resolve(root, entry, Outcome.FAILED, now, resolutions)
-        return _APPLIED
-
-    def _resolve(
-        self, root: int, entry: _Entry, outcome: Outcome, now: float, resolutions: list[Resolution]
-    ) -> None:
-        self._pending.remove(root)
-        self._completed.put(root, None)
-        self._open_trees -= 1
-        if outcome is Outcome.ACKED:
-            self.stats.acked += 1
-        else:
-            self.stats.failed += 1
-        assert entry.spout is not None
-        resolutions.append(Resolution(entry.spout, root, outcome, max(0.0, now - entry.started)))
+                    for done in done_buckets:
+                        if root in done:
+                            break
+                    else:
+                        done = None
+                    if done is not None:
+                        # A retry or duplicate for a finished tree: counted and
+                        # ignored, so a tree never gets a second outcome.
+                        late += 1
+                        ignored += 1
+                        continue
+                    if kind == _RESET:
+                        # Nothing to keep alive; an entry would only be an orphan.
+                        ignored += 1
+                        continue
+                    # An ack or fail may overtake its init: create the entry now.
+                    entry = _Entry(now)
+                    home = nursery
+                    nursery[root] = entry
+            if kind == _ACK:
+                if key:
+                    if entry.dedup is None:
+                        entry.dedup = {key}
+                    elif key in entry.dedup:
+                        # A re-run Spark task: the first copy of this ack counted.
+                        deduplicated += 1
+                        continue
+                    else:
+                        entry.dedup.add(key)
+                entry.val ^= value
+                acks += 1
+            elif kind == _INIT:
+                if entry.spout is not None:
+                    # Init is set-once: a retried init must not XOR itself back
+                    # out and let the tree reach 0 (a false ack).
+                    dup_inits += 1
+                    ignored += 1
+                    continue
+                entry.val ^= value
+                entry.spout = spout
+                entry.started = now  # latency is measured from init
+                inits += 1
+            elif kind == _FAIL:
+                entry.failed = True
+                fails += 1
+            else:
+                # reset_timeout: back to the nursery, a fresh timeout for slow work.
+                self._pending.put(root, entry)
+                resets += 1
+                applied += 1
+                continue
+            applied += 1
+            if entry.spout is not None:
+                # Storm's order: a zero checksum wins over the failed flag.
+                if entry.val == 0:
+                    outcome = _ACKED
+                    acked += 1
+                elif entry.failed:
+                    outcome = _FAILED
+                    failed += 1
+                else:
+                    continue
+                del home[root]
+                # A pending root is never in the tombstones, so the nursery write
+                # keeps "one bucket per key" without scanning the others.
+                done_nursery[root] = None
+                resolutions.append(Resolution(entry.spout, root, outcome, now - entry.started))
+        self._open_trees += inits - acked - failed
+        stats.acked += acked
+        stats.failed += failed
+        stats.inits += inits
+        stats.acks += acks
+        stats.fails += fails
+        stats.resets += resets
+        stats.late += late
+        stats.duplicate_inits += dup_inits
+        stats.deduplicated += deduplicated
+        return BatchResult(applied, deduplicated, ignored, resolutions)
 
     def advance(self) -> list[Resolution]:
         """Rotate as many times as the clock says are due; return the trees that timed out.
@@ -253,5 +271,3 @@ class Ledger:
         """Root ids of all entries (for tests and diagnostics; not the hot path)."""
         return iter(self._pending)
 
-
-_APPLIED, _DEDUPLICATED, _IGNORED = range(3)

@@ -40,6 +40,14 @@ class RotatingMap(Generic[K, V]):
         """Number of buckets, the ``b`` of the timeout formula."""
         return len(self._buckets)
 
+    def live_buckets(self) -> list[dict[K, V]]:
+        """The buckets themselves, newest first, for an owner's inlined hot loop.
+
+        Valid until the next ``rotate()``; callers must keep the invariant that
+        a key lives in at most one bucket (write new keys to the nursery only).
+        """
+        return self._buckets
+
     def put(self, key: K, value: V) -> None:
         """Store ``key`` in the nursery, removing it from older buckets (fresh timeout)."""
         buckets = self._buckets

@@ -1,0 +1,95 @@
+"""Typed errors raised by the acker client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+__all__ = [
+    "AckerError",
+    "ShardFailure",
+    "ShardUnavailable",
+    "RequestRefused",
+    "ClusterMisconfigured",
+    "SpoutFull",
+]
+
+# Status codes that mean "the acker looked at the request and said no": a
+# client bug or a misconfiguration, never cured by waiting.
+REFUSAL_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+    }
+)
+
+
+class AckerError(Exception):
+    """Base class of every error the acker client raises."""
+
+
+@dataclass(frozen=True)
+class ShardFailure:
+    """Why one shard's batch was not (or maybe not) applied."""
+
+    shard: int
+    address: str
+    code: grpc.StatusCode | None
+    detail: str
+    operations: int
+    init_roots: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        """One human-readable line naming the shard, its address and the cause."""
+        code = self.code.name if self.code is not None else "ERROR"
+        return f"shard {self.shard} ({self.address}): {code}: {self.detail} [{self.operations} operations dropped]"
+
+
+class _BatchError(AckerError):
+    """A batch (or several, one per shard) was dropped; the trees involved are left to the spout's backstop."""
+
+    def __init__(self, failures: list[ShardFailure], headline: str) -> None:
+        self.failures = tuple(failures)
+        super().__init__(headline + "; " + "; ".join(f.describe() for f in self.failures))
+
+    @property
+    def shards(self) -> tuple[int, ...]:
+        """The shard indexes whose batch failed."""
+        return tuple(f.shard for f in self.failures)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """The addresses of the shards whose batch failed."""
+        return tuple(f.address for f in self.failures)
+
+    @property
+    def init_roots(self) -> tuple[int, ...]:
+        """Roots whose INIT was in a dropped batch (a spout fails these as LOST)."""
+        return tuple(r for f in self.failures for r in f.init_roots)
+
+
+class ShardUnavailable(_BatchError):
+    """A shard could not be reached within the deadline; its operations were dropped, not retried.
+
+    DEADLINE_EXCEEDED means the batch may or may not have been applied: XOR
+    acks are not idempotent, so the client never retries; the spout's backstop
+    settles the affected trees.
+    """
+
+
+class RequestRefused(_BatchError):
+    """A shard refused a batch (bad request or wrong shard); nothing of it was applied."""
+
+
+class ClusterMisconfigured(AckerError):
+    """The address list does not match the ackers' own shard index and count."""
+
+
+class SpoutFull(AckerError):
+    """The spout has ``max_pending`` trees in flight and none completed within the timeout."""
