@@ -243,10 +243,12 @@ class Ledger:
         """
         now = self._clock()
         resolutions: list[Resolution] = []
-        due = 0
-        while now >= self._next_rotation:
-            due += 1
-            self._next_rotation += self._period
+        if now < self._next_rotation:
+            return resolutions
+        # A long stall (a suspended host) may owe many rotations; count them
+        # instead of looping, since more than `buckets` of them change nothing.
+        due = int((now - self._next_rotation) // self._period) + 1
+        self._next_rotation += due * self._period
         # After `buckets` rotations everything has expired; more would be no-ops.
         for _ in range(min(due, self.buckets)):
             self._expire(self._pending.rotate(), now, resolutions)

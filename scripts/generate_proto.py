@@ -9,6 +9,7 @@ compares with the committed files.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,10 @@ PROTO_FILES = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*
 def generate(output_root: Path) -> None:
     """Run protoc with the Python, gRPC and mypy-protobuf plugins into output_root."""
     output_root.mkdir(parents=True, exist_ok=True)
+    # protoc finds the mypy-protobuf plugins on PATH; they live next to this
+    # interpreter in a virtualenv that is not activated.
+    bin_dir = str(Path(sys.executable).parent)
+    os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     args = [
         "grpc_tools.protoc",
         f"-I{PROTO_ROOT}",

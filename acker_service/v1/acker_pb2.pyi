@@ -161,8 +161,9 @@ class ApplyResponse(_message.Message):
     deduplicated: _builtins.int
     """ACKs ignored because their dedup key was already applied to the tree."""
     ignored: _builtins.int
-    """Operations ignored because their tree had already completed, and INITs
-    ignored because the tree's init was already applied.
+    """Operations ignored: any operation for a tree that already completed
+    (late), an INIT for a tree whose init was already applied, and a
+    RESET_TIMEOUT for a root with no pending entry.
     """
     def __init__(
         self,
@@ -197,8 +198,14 @@ class SubscribeRequest(_message.Message):
     `dropped` field of the next batch). The spout's own backstop timeout then
     reports that tree as lost, so the record is still replayed.
 
+    The stream opens with one batch, possibly without outcomes, carrying the
+    incarnation and the next sequence: the subscription is confirmed before any
+    outcome exists.
+
     One subscription per spout per acker: a new Subscribe for the same spout
-    takes over and the older stream ends with ABORTED.
+    takes over and the older stream ends with ABORTED. When the acker shuts
+    down, open streams receive what is retained and then end with UNAVAILABLE;
+    the client resubscribes (to the same or a restarted acker) from its position.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -1,0 +1,115 @@
+"""The ``acker-server`` command: flags with ACKER_* environment fallbacks, then serve one shard."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ._version import __version__
+from .config import ConfigError, ServerConfig
+from .server import PortInUse, serve
+
+__all__ = ["main", "build_parser", "config_from_args", "ENV_PREFIX"]
+
+ENV_PREFIX = "ACKER_"
+_DEFAULTS = {f.name: f.default for f in fields(ServerConfig)}
+
+
+def _optional_port(text: str) -> int | None:
+    """A port number, or 'off' / '' for no metrics server."""
+    return None if text.strip().lower() in ("", "off", "none") else int(text)
+
+
+@dataclass(frozen=True)
+class _Flag:
+    name: str  # ServerConfig field (and flag --name-with-dashes, env ACKER_NAME)
+    type: Callable[[str], Any]
+    help: str
+
+
+_FLAGS = (
+    _Flag("host", str, "address to listen on (0.0.0.0 for every interface)"),
+    _Flag("port", int, "gRPC port; 0 picks a free one"),
+    _Flag("shard_index", int, "this acker's shard: it owns roots with root %% shard_count == shard_index"),
+    _Flag("shard_count", int, "number of acker shards in the cluster"),
+    _Flag("message_timeout", float, "seconds a tree may stay pending before it times out"),
+    _Flag("buckets", int, "RotatingMap buckets; trees expire within timeout + timeout/(buckets-1)"),
+    _Flag("metrics_host", str, "address of the Prometheus endpoint (default: --host)"),
+    _Flag("metrics_port", _optional_port, "Prometheus /metrics port; 0 picks a free one; 'off' for none"),
+    _Flag("max_batch", int, "most operations accepted in one Apply call (RESOURCE_EXHAUSTED above)"),
+    _Flag("max_message_bytes", int, "largest gRPC message accepted or sent, in bytes"),
+    _Flag("retain_outcomes", int, "outcomes kept per spout for delivery and resume"),
+    _Flag("retain_seconds", float, "seconds an outcome is kept for delivery and resume"),
+    _Flag("grace", float, "seconds running calls get to finish at shutdown"),
+)
+
+
+def _env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser; defaults come from ``environ`` (ACKER_*) when set there."""
+    env = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(
+        prog="acker-server",
+        description="Run one acker shard: Storm's XOR tuple-tree tracking as a gRPC service.",
+        epilog="Every flag falls back to the environment variable shown; a flag on the command line wins.",
+    )
+    for flag in _FLAGS:
+        env_name = _env_name(flag.name)
+        default = _DEFAULTS[flag.name]
+        if env_name in env:
+            try:
+                default = flag.type(env[env_name])
+            except ValueError:
+                parser.error(f"{env_name}={env[env_name]!r} is not a valid value for --{_dashed(flag.name)}")
+        shown = {"metrics_port": "off", "metrics_host": "same as --host"}.get(flag.name, _DEFAULTS[flag.name])
+        parser.add_argument(
+            f"--{_dashed(flag.name)}",
+            dest=flag.name,
+            type=flag.type,
+            default=default,
+            help=f"{flag.help} [env {env_name}; default {shown}]",
+        )
+    log_default = env.get(_env_name("log_level"), "INFO")
+    parser.add_argument(
+        "--log-level",
+        default=log_default,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help=f"logging threshold for stderr [env {_env_name('log_level')}; default INFO]",
+    )
+    parser.add_argument("--version", action="version", version=f"acker-server {__version__}")
+    return parser
+
+
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """Build the (validated) server configuration from parsed arguments."""
+    return ServerConfig(**{flag.name: getattr(args, flag.name) for flag in _FLAGS})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse flags, serve until SIGTERM/SIGINT; exit 0 on a clean stop, 2 on bad settings or a taken port."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=args.log_level, format="%(message)s", stream=sys.stderr)
+    try:
+        serve(config)
+    except PortInUse as exc:
+        print(f"acker-server: {exc}", file=sys.stderr)
+        return 2
+    return 0

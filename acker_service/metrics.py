@@ -1,0 +1,181 @@
+"""The acker's Prometheus metrics: one registry per server, ledger counters read at scrape time.
+
+The ledger and the outcome hub live on the server's event loop; scrapes come
+from the metrics HTTP thread. The collector below therefore reads only plain
+ints (ledger stats, hub counters, a pending/orphan snapshot the loop refreshes)
+and copies of small numpy arrays; it never iterates a ledger structure.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from ._version import __version__
+from .ledger import LedgerStats
+from .outcome_hub import OutcomeHub
+
+__all__ = ["AckerMetrics", "ExactHistogram", "LATENCY_BUCKETS", "BATCH_SIZE_BUCKETS", "MetricsHttpServer"]
+
+# Init-to-outcome time: sub-millisecond local trees up to the longest sensible timeouts.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+BATCH_SIZE_BUCKETS = (1, 8, 64, 256, 1024, 4096, 16384, 65536)
+GRPC_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                        0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ExactHistogram:
+    """A histogram that observes a whole array at once (numpy), so every value is counted.
+
+    Written from one thread; :meth:`family` may run on another and sees a
+    consistent-enough copy (bucket counts are copied, then made cumulative).
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self._bounds = np.asarray(buckets, dtype=np.float64)
+        self._counts = np.zeros(len(buckets) + 1, dtype=np.int64)  # last slot: above every bound
+        self._sum = 0.0
+
+    def observe_many(self, values: Sequence[float] | np.ndarray) -> None:
+        """Count every value (Prometheus buckets are "less than or equal")."""
+        arr = np.asarray(values, dtype=np.float64)
+        if arr.size == 0:
+            return
+        slots = np.searchsorted(self._bounds, arr, side="left")
+        self._counts += np.bincount(slots, minlength=len(self._counts))
+        self._sum += float(arr.sum())
+
+    def observe(self, value: float) -> None:
+        """Count one value."""
+        self.observe_many((value,))
+
+    def family(self) -> HistogramMetricFamily:
+        """The histogram as a Prometheus metric family (cumulative buckets)."""
+        cumulative = np.cumsum(self._counts.copy()).tolist()
+        bounds = [repr(float(b)) for b in self._bounds] + ["+Inf"]
+        return HistogramMetricFamily(
+            self.name, self.documentation, buckets=list(zip(bounds, cumulative)), sum_value=self._sum
+        )
+
+
+class _AckerCollector(Collector):
+    """Ledger and hub counters and gauges, computed when Prometheus scrapes."""
+
+    def __init__(self, metrics: AckerMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator:
+        m = self._m
+        s: LedgerStats = m.ledger_stats
+        hub = m.hub
+        yield CounterMetricFamily("acker_trees_initialized", "Trees whose init was applied.", value=s.inits)
+        ops = CounterMetricFamily("acker_operations", "Ledger operations applied, by kind.", labels=["kind"])
+        by_kind = (("init", s.inits), ("ack", s.acks), ("fail", s.fails), ("reset_timeout", s.resets))
+        for kind, value in by_kind:
+            ops.add_metric([kind], value)
+        yield ops
+        yield CounterMetricFamily(
+            "acker_operations_deduplicated", "ACKs ignored because their dedup key was already applied.",
+            value=s.deduplicated,
+        )
+        yield CounterMetricFamily(
+            "acker_late_messages", "Messages for roots that had already completed (ignored).", value=s.late
+        )
+        yield CounterMetricFamily(
+            "acker_duplicate_inits", "INITs ignored because the tree's init was already applied.",
+            value=s.duplicate_inits,
+        )
+        outcomes = CounterMetricFamily("acker_outcomes", "Tree outcomes, by outcome.", labels=["outcome"])
+        for name, value in (("acked", s.acked), ("failed", s.failed), ("timed_out", s.timed_out)):
+            outcomes.add_metric([name], value)
+        yield outcomes
+        yield CounterMetricFamily(
+            "acker_orphaned", "Entries expired with no spout (acks whose init never came).", value=s.orphaned
+        )
+        yield GaugeMetricFamily(
+            "acker_pending_trees", "Trees initialised and not yet ended.", value=m.pending
+        )
+        yield GaugeMetricFamily(
+            "acker_orphan_entries", "Entries created by acks or fails whose init has not arrived.",
+            value=m.orphans,
+        )
+        yield GaugeMetricFamily("acker_subscribers", "Open Subscribe streams.", value=hub.subscribers)
+        yield GaugeMetricFamily(
+            "acker_outcomes_retained", "Outcomes held for delivery or resume, all spouts.", value=hub.retained
+        )
+        yield CounterMetricFamily(
+            "acker_outcomes_dropped", "Outcomes evicted from retention before any subscriber received them.",
+            value=hub.dropped_total,
+        )
+        yield m.complete_latency.family()
+        yield m.batch_operations.family()
+
+
+class AckerMetrics:
+    """All metrics of one acker server, on a registry of its own."""
+
+    def __init__(
+        self, ledger_stats: LedgerStats, hub: OutcomeHub, *, shard_index: int, shard_count: int
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self.ledger_stats = ledger_stats
+        self.hub = hub
+        # Refreshed by the event loop after every ledger change (see refresh_gauges).
+        self.pending = 0
+        self.orphans = 0
+        self.complete_latency = ExactHistogram(
+            "acker_complete_latency_seconds", "Time from a tree's init to its outcome.", LATENCY_BUCKETS
+        )
+        self.batch_operations = ExactHistogram(
+            "acker_apply_batch_operations", "Operations per Apply call.", BATCH_SIZE_BUCKETS
+        )
+        self.registry.register(_AckerCollector(self))
+        ProcessCollector(registry=self.registry)
+        Info("acker_build", "Version and shard of this acker.", registry=self.registry).info(
+            {"version": __version__, "shard_index": str(shard_index), "shard_count": str(shard_count)}
+        )
+        labels = ["grpc_type", "grpc_service", "grpc_method"]
+        self.grpc_started = Counter(
+            "grpc_server_started", "RPCs started on the server.", labels, registry=self.registry
+        )
+        self.grpc_handled = Counter(
+            "grpc_server_handled", "RPCs completed on the server, by status code.",
+            labels + ["grpc_code"], registry=self.registry,
+        )
+        self.grpc_seconds = Histogram(
+            "grpc_server_handling_seconds", "Time to handle an RPC (streams: until the stream ends).",
+            labels, buckets=GRPC_SECONDS_BUCKETS, registry=self.registry,
+        )
+
+    def refresh_gauges(self, pending: int, orphans: int) -> None:
+        """Store the ledger's sizes for the next scrape (called on the event loop)."""
+        self.pending = pending
+        self.orphans = orphans
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        """One sample's current value by name (for tests and diagnostics)."""
+        return self.registry.get_sample_value(name, labels or {})
+
+
+class MetricsHttpServer:
+    """prometheus_client's HTTP exposition of one registry, on its own daemon thread."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        self.port: int = self._server.server_port
+        self.host = host
+
+    def close(self) -> None:
+        """Stop serving and release the socket."""
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)

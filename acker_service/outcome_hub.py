@@ -1,0 +1,251 @@
+"""Per-spout outcome retention, sequence numbers and resume positions, with no I/O.
+
+Every outcome routed to a spout gets the next sequence number of that spout
+(1, 2, 3, ... per acker incarnation) and is appended to the spout's retention
+log. The log is bounded by count and by age; it is also the only buffer a
+subscriber has: a slow reader lags behind in the log and loses what gets
+evicted before it read it, which is counted as dropped. One subscription per
+spout: a new one takes over and the older one is told it was superseded.
+
+The hub is driven from one thread (the server's event loop), so it has no
+locks; the counters it exposes are plain ints that another thread may read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from .ledger import Resolution
+
+__all__ = ["OutcomeHub", "Subscription", "OutcomeChunk"]
+
+Clock = Callable[[], float]
+
+# Compact a log's lists once this many evicted slots sit before its head.
+_COMPACT_AFTER = 4096
+
+
+class OutcomeChunk(NamedTuple):
+    """Consecutive outcomes of one spout: outcome ``i`` has sequence ``first_sequence + i``."""
+
+    first_sequence: int
+    roots: list[int]
+    outcomes: list[int]  # Outcome values (IntEnum members are ints)
+    latency_micros: list[int]
+    dropped: int
+
+
+class Subscription:
+    """One subscriber's position in its spout's log (the last sequence handed to it)."""
+
+    __slots__ = ("spout", "cursor", "superseded", "_log", "_wake", "_header_due", "_gap")
+
+    def __init__(self, spout: str, log: _SpoutLog, cursor: int, gap: int, wake: Callable[[], None]) -> None:
+        self.spout = spout
+        self.cursor = cursor
+        self.superseded = False  # a newer Subscribe for the same spout took over
+        self._log = log
+        self._wake = wake
+        self._header_due = True  # the first take answers even with no outcomes
+        self._gap = gap  # outcomes the subscriber asked for that were already evicted
+
+    def wake(self) -> None:
+        """Tell the subscriber something changed (new outcomes, or a takeover)."""
+        self._wake()
+
+
+class _SpoutLog:
+    """Retained outcomes of one spout; index ``head`` holds sequence ``first_seq``."""
+
+    __slots__ = ("roots", "outcomes", "latencies", "times", "head", "first_seq", "delivered",
+                 "unreported_drops", "subscription")
+
+    def __init__(self) -> None:
+        self.roots: list[int] = []
+        self.outcomes: list[int] = []
+        self.latencies: list[int] = []
+        self.times: list[float] = []
+        self.head = 0
+        self.first_seq = 1
+        self.delivered = 0  # highest sequence handed to any subscriber
+        self.unreported_drops = 0  # evicted undelivered since the last chunk handed out
+        self.subscription: Subscription | None = None
+
+    def __len__(self) -> int:
+        return len(self.roots) - self.head
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next outcome will get."""
+        return self.first_seq + len(self)
+
+    def evict(self, n: int) -> int:
+        """Drop the ``n`` oldest outcomes; return how many of them no subscriber had received."""
+        last_evicted = self.first_seq + n - 1
+        undelivered = max(0, last_evicted - max(self.delivered, self.first_seq - 1))
+        self.head += n
+        self.first_seq += n
+        self.unreported_drops += undelivered
+        if self.head >= _COMPACT_AFTER and self.head * 2 >= len(self.roots):
+            for name in ("roots", "outcomes", "latencies", "times"):
+                del getattr(self, name)[: self.head]
+            self.head = 0
+        return undelivered
+
+
+class OutcomeHub:
+    """Routes resolutions into per-spout retention logs and hands them to subscribers.
+
+    >>> hub = OutcomeHub(retain_outcomes=10, retain_seconds=60, incarnation=7, clock=lambda: 0.0)
+    >>> sub = hub.subscribe("s", incarnation=0, after_sequence=0, wake=lambda: None)
+    >>> hub.take(sub).first_sequence  # the first take always answers, to confirm the subscription
+    1
+    """
+
+    def __init__(
+        self,
+        retain_outcomes: int,
+        retain_seconds: float,
+        incarnation: int,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if retain_outcomes < 1 or retain_seconds <= 0:
+            raise ValueError("retention needs retain_outcomes >= 1 and retain_seconds > 0")
+        self.retain_outcomes = retain_outcomes
+        self.retain_seconds = float(retain_seconds)
+        self.incarnation = incarnation
+        self._clock = clock
+        self._logs: dict[str, _SpoutLog] = {}
+        self.retained = 0  # outcomes held, all spouts
+        self.dropped_total = 0  # outcomes evicted before any subscriber received them
+        self.subscribers = 0
+
+    def _log(self, spout: str) -> _SpoutLog:
+        log = self._logs.get(spout)
+        if log is None:
+            log = self._logs[spout] = _SpoutLog()
+        return log
+
+    def publish(self, resolutions: Sequence[Resolution]) -> None:
+        """Append each resolution to its spout's log, evict over the count bound, wake subscribers."""
+        if not resolutions:
+            return
+        now = self._clock()
+        spouts, roots, outcomes, latencies = zip(*resolutions)
+        micros = np.rint(np.asarray(latencies, dtype=np.float64) * 1e6).astype(np.int64).tolist()
+        if spouts.count(spouts[0]) == len(spouts):
+            # The common case, one spout per batch: extend the columns in C.
+            touched = [self._append(spouts[0], roots, outcomes, micros, now)]
+        else:
+            groups: dict[str, list[int]] = {}
+            for i, spout in enumerate(spouts):
+                groups.setdefault(spout, []).append(i)
+            touched = [
+                self._append(spout, [roots[i] for i in idx], [outcomes[i] for i in idx],
+                             [micros[i] for i in idx], now)
+                for spout, idx in groups.items()
+            ]
+        self.retained += len(resolutions)
+        for log in touched:
+            excess = len(log) - self.retain_outcomes
+            if excess > 0:
+                self._evict(log, excess)
+            if log.subscription is not None:
+                log.subscription.wake()
+
+    def _append(
+        self, spout: str, roots: Sequence[int], outcomes: Sequence[int], micros: Sequence[int], now: float
+    ) -> _SpoutLog:
+        log = self._log(spout)
+        log.roots.extend(roots)
+        log.outcomes.extend(outcomes)
+        log.latencies.extend(micros)
+        log.times.extend([now] * len(roots))
+        return log
+
+    def expire(self) -> int:
+        """Evict outcomes older than ``retain_seconds``; return how many were evicted."""
+        cutoff = self._clock() - self.retain_seconds
+        evicted = 0
+        for log in self._logs.values():
+            if len(log) and log.times[log.head] < cutoff:
+                # Times are appended in clock order, so the old ones form a prefix.
+                n = bisect.bisect_left(log.times, cutoff, lo=log.head) - log.head
+                self._evict(log, n)
+                evicted += n
+                if log.subscription is not None and log.unreported_drops:
+                    log.subscription.wake()
+        return evicted
+
+    def _evict(self, log: _SpoutLog, n: int) -> None:
+        self.dropped_total += log.evict(n)
+        self.retained -= n
+
+    def subscribe(
+        self, spout: str, *, incarnation: int, after_sequence: int, wake: Callable[[], None]
+    ) -> Subscription:
+        """Start a subscription, taking over any older one for the same spout.
+
+        With this hub's ``incarnation`` the subscriber gets exactly the outcomes
+        after ``after_sequence``; otherwise it starts at the oldest retained one.
+        """
+        log = self._log(spout)
+        if incarnation == self.incarnation:
+            # A position beyond what exists (a client bug) is clamped to "everything seen".
+            cursor = min(after_sequence, log.next_seq - 1)
+            # Outcomes already handed to an earlier stream but not processed, and since evicted.
+            gap = max(0, min(log.delivered, log.first_seq - 1) - cursor)
+        else:
+            cursor, gap = 0, 0
+        subscription = Subscription(spout, log, cursor, gap, wake)
+        previous = log.subscription
+        if previous is not None:
+            previous.superseded = True
+            previous.wake()
+        else:
+            self.subscribers += 1
+        log.subscription = subscription
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        """End a subscription (a no-op for one already taken over)."""
+        log = subscription._log
+        if log.subscription is subscription:
+            log.subscription = None
+            self.subscribers -= 1
+
+    def take(self, subscription: Subscription, limit: int = 4096) -> OutcomeChunk | None:
+        """The next up to ``limit`` outcomes for the subscriber, or None if there is nothing to say."""
+        if subscription.superseded:
+            return None
+        log = subscription._log
+        start = max(subscription.cursor + 1, log.first_seq)
+        end = min(log.next_seq, start + limit)
+        dropped = log.unreported_drops + subscription._gap
+        if end <= start and not dropped and not subscription._header_due:
+            return None
+        i0 = log.head + (start - log.first_seq)
+        i1 = i0 + max(0, end - start)
+        chunk = OutcomeChunk(start, log.roots[i0:i1], log.outcomes[i0:i1], log.latencies[i0:i1], dropped)
+        subscription.cursor = max(subscription.cursor, end - 1)
+        subscription._header_due = False
+        subscription._gap = 0
+        log.delivered = max(log.delivered, end - 1)
+        log.unreported_drops = 0
+        return chunk
+
+    def wake_all(self) -> None:
+        """Wake every subscriber (for example so streams can end at shutdown)."""
+        for log in self._logs.values():
+            if log.subscription is not None:
+                log.subscription.wake()
+
+    def retained_for(self, spout: str) -> int:
+        """Outcomes currently retained for one spout."""
+        log = self._logs.get(spout)
+        return len(log) if log is not None else 0

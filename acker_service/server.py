@@ -1,0 +1,263 @@
+"""One acker shard: a grpc.aio server on its own thread and event loop, with health, reflection and metrics.
+
+The ledger and the outcome hub are touched only from that event loop (RPC
+handlers and the rotation ticker), so they need no locks. grpc.aio keeps open
+Subscribe streams from starving Apply: a stream waiting for outcomes holds no
+thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from . import grpc_options
+from .config import ServerConfig
+from .interceptors import MetricsInterceptor
+from .ledger import Ledger
+from .metrics import AckerMetrics, MetricsHttpServer
+from .outcome_hub import OutcomeHub
+from .servicer import AckerServicer
+from .v1 import acker_pb2, acker_pb2_grpc
+
+__all__ = ["AckerServer", "PortInUse", "serve", "SERVICE_NAME", "start_line"]
+
+log = logging.getLogger("acker_service")
+
+SERVICE_NAME = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name
+T = TypeVar("T")
+# The ticker wakes at least this often, so retention ages out promptly even with long timeouts.
+_MAX_TICK_SECONDS = 1.0
+
+
+class PortInUse(OSError):
+    """The gRPC or metrics address could not be bound (another process holds the port)."""
+
+
+def _host_port(host: str, port: int) -> str:
+    """'host:port', with IPv6 literals in brackets."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def new_incarnation() -> int:
+    """A random non-zero 64-bit id for one server lifetime."""
+    while True:
+        value = secrets.randbits(64)
+        if value:
+            return value
+
+
+class AckerServer:
+    """An acker shard running in a background thread; ``start()``/``stop()`` or a ``with`` block.
+
+    ``clock`` drives the ledger and outcome retention: tests pass a fake one
+    and call :meth:`advance` instead of sleeping.
+    """
+
+    def __init__(self, config: ServerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.incarnation = new_incarnation()
+        self.ledger = Ledger(config.message_timeout, config.buckets, clock)
+        self.hub = OutcomeHub(config.retain_outcomes, config.retain_seconds, self.incarnation, clock)
+        self.metrics = AckerMetrics(
+            self.ledger.stats, self.hub, shard_index=config.shard_index, shard_count=config.shard_count
+        )
+        self.servicer = AckerServicer(config, self.ledger, self.hub, self.metrics, self.incarnation)
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._http: MetricsHttpServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
+        self._ticker: asyncio.Task | None = None
+        self._done: asyncio.Event | None = None
+
+    @property
+    def address(self) -> str:
+        """'host:port' clients connect to (valid after start)."""
+        if self.port is None:
+            raise RuntimeError("the acker server is not started")
+        return _host_port(self.config.host, self.port)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """The metrics endpoint, or None when metrics are off."""
+        if self.metrics_port is None:
+            return None
+        return f"http://{_host_port(self.config.effective_metrics_host, self.metrics_port)}/metrics"
+
+    def start(self, timeout: float = 30.0) -> AckerServer:
+        """Bind, start serving and report SERVING; raise :class:`PortInUse` if a port is taken."""
+        if self._thread is not None:
+            raise RuntimeError("the acker server was already started")
+        ready = threading.Event()
+        outcome: dict[str, BaseException] = {}
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(ready, outcome),
+            name=f"acker-shard-{self.config.shard_index}",
+            daemon=True,
+        )
+        self._thread.start()
+        if not ready.wait(timeout):
+            raise TimeoutError(f"the acker server did not start within {timeout} s")
+        if "error" in outcome:
+            self._thread.join()
+            self._thread = None
+            raise outcome["error"]
+        if self.config.metrics_port is not None:
+            try:
+                self._http = MetricsHttpServer(
+                    self.metrics.registry, self.config.effective_metrics_host, self.config.metrics_port
+                )
+            except OSError as exc:
+                self.stop(0)
+                where = _host_port(self.config.effective_metrics_host, self.config.metrics_port)
+                raise PortInUse(exc.errno, f"cannot serve metrics on {where}: {exc.strerror or exc}") from exc
+            self.metrics_port = self._http.port
+        return self
+
+    def _run(self, ready: threading.Event, outcome: dict[str, BaseException]) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main(ready, outcome))
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    async def _main(self, ready: threading.Event, outcome: dict[str, BaseException]) -> None:
+        try:
+            await self._open()
+        except BaseException as exc:  # handed to the starting thread, which raises it
+            outcome["error"] = exc
+            ready.set()
+            return
+        self._done = asyncio.Event()
+        self._ticker = asyncio.create_task(self._tick())
+        ready.set()
+        await self._done.wait()
+
+    async def _open(self) -> None:
+        config = self.config
+        server = grpc.aio.server(
+            options=grpc_options.server_options(config.max_message_bytes),
+            interceptors=[MetricsInterceptor(self.metrics)],
+        )
+        acker_pb2_grpc.add_AckerServicer_to_server(self.servicer, server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        address = _host_port(config.host, config.port)
+        try:
+            self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            # grpc reports only "Failed to bind"; with so_reuseport=0 the usual cause is a taken port.
+            await server.stop(None)
+            raise PortInUse(
+                f"cannot listen on {address}: the port is taken by another process, or the address is not "
+                "one of this machine's; choose another --port or stop the other process"
+            ) from exc
+        await server.start()
+        self._server = server
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    async def _tick(self) -> None:
+        """Rotate the ledger when due and age out retained outcomes."""
+        cap = min(_MAX_TICK_SECONDS, self.ledger.rotation_period / 4)
+        while True:
+            await asyncio.sleep(min(max(self.ledger.seconds_until_rotation(), 0.001), cap))
+            try:
+                self.servicer.advance()
+            except Exception:  # a bug here must not stop expiry for good; it is logged and retried
+                log.exception("advancing the ledger failed")
+
+    def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
+        """Run ``fn`` on the server's event loop and return its result (tests, diagnostics)."""
+        if self._loop is None or self._done is None:
+            raise RuntimeError("the acker server is not running")
+
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def advance(self) -> int:
+        """Expire what the clock says is due, now; return how many trees timed out."""
+        return self.call(self.servicer.advance)
+
+    def stop(self, grace: float | None = None) -> None:
+        """Health NOT_SERVING, end streams, stop with ``grace`` seconds for running calls, join."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        thread, loop = self._thread, self._loop
+        if thread is None or loop is None:
+            return
+        if self._done is not None and not loop.is_closed():
+            grace = self.config.grace if grace is None else grace
+            asyncio.run_coroutine_threadsafe(self._shutdown(grace), loop).result()
+        thread.join()
+        self._thread = None
+
+    async def _shutdown(self, grace: float) -> None:
+        assert self._server is not None and self._health is not None and self._done is not None
+        # Load balancers and health checks see NOT_SERVING before any call is refused.
+        await self._health.enter_graceful_shutdown()
+        stopping = asyncio.ensure_future(self._server.stop(grace))
+        await asyncio.sleep(0)  # new calls are refused from here on
+        self.servicer.close_streams()
+        await stopping
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+        self._done.set()
+
+    def __enter__(self) -> AckerServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+
+def start_line(server: AckerServer) -> str:
+    """The one line logged at start: shard, addresses, timeout and buckets."""
+    c = server.config
+    metrics = f"metrics on {server.metrics_url}" if server.metrics_url else "metrics off"
+    return (
+        f"acker shard {c.shard_index}/{c.shard_count} serving on {server.address}, {metrics}, "
+        f"timeout {c.message_timeout:g}s, {c.buckets} buckets"
+    )
+
+
+def serve(config: ServerConfig) -> None:
+    """Run one shard until SIGTERM or SIGINT, then NOT_SERVING, stop with grace, and return."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server = AckerServer(config).start()
+        log.info(start_line(server))
+        try:
+            stop.wait()
+            log.info(
+                "acker shard %d/%d stopping (grace %gs)", config.shard_index, config.shard_count, config.grace
+            )
+        finally:
+            server.stop(config.grace)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
