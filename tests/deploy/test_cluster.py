@@ -1,0 +1,236 @@
+"""ProcessCluster and the acker-cluster command: shard layout, crash reporting, restart, clean stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from acker_service import healthcheck
+from acker_service.cluster import ClusterError, ProcessCluster
+
+DEADLINE = 60.0
+
+
+def _gone(pid: int) -> bool:
+    """True when no process `pid` exists any more (reaped, not a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    """Poll `predicate` until true; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_shards_are_in_client_order(metrics_cluster: ProcessCluster, describe_acker: Callable) -> None:
+    """Address i of the cluster is the acker that calls itself shard i of n."""
+    for index, address in enumerate(metrics_cluster.addresses):
+        reply = describe_acker(address)
+        assert (reply.shard_index, reply.shard_count) == (index, 3)
+    assert metrics_cluster.metrics_urls is not None
+    assert len(set(metrics_cluster.metrics_urls)) == 3
+
+
+def test_kill_and_restart_keep_shard_and_port(describe_acker: Callable) -> None:
+    """A killed shard is reported dead, and restart() brings the same shard back on the same address."""
+    with ProcessCluster(count=2, message_timeout=5.0) as cluster:
+        address = cluster.addresses[1]
+        before = describe_acker(address).incarnation
+        cluster.kill(1)
+        _wait_for(lambda: not cluster.is_alive(1), "shard 1 to die")
+        assert not healthcheck.is_serving(address, timeout=1.0)
+        cluster.restart(1)
+        assert cluster.is_alive(1) and cluster.addresses[1] == address
+        reply = describe_acker(address)
+        assert (reply.shard_index, reply.shard_count) == (1, 2)
+        assert reply.incarnation != before
+        assert cluster.is_alive(0)
+
+
+def test_restart_flag_revives_a_crashed_shard(caplog: pytest.LogCaptureFixture) -> None:
+    """With restart=True a SIGKILLed shard is reported and comes back by itself on the same port."""
+    caplog.set_level(logging.INFO, logger="acker_service.cluster")
+    with ProcessCluster(count=1, restart=True) as cluster:
+        old = cluster.pid(0)
+        cluster.kill(0)
+        _wait_for(lambda: "SERVING again" in caplog.text, "the watcher to restart shard 0")
+        assert cluster.pid(0) != old
+        assert healthcheck.is_serving(cluster.addresses[0])
+    assert "exited unexpectedly with signal SIGKILL" in caplog.text
+
+
+def test_stop_leaves_no_process_behind() -> None:
+    """stop() terminates and reaps every child, including restarted ones, and removes its log dir."""
+    cluster = ProcessCluster(count=2).start()
+    cluster.restart(0)
+    pids = [cluster.pid(0), cluster.pid(1)]
+    log_dir = cluster.log_dir
+    cluster.stop()
+    assert all(_gone(pid) for pid in pids if pid is not None)
+    assert log_dir is not None and not log_dir.exists()
+
+
+def test_start_failure_names_the_shard_and_shows_its_output() -> None:
+    """A shard that cannot bind its port makes start() raise with the child's own error, and nothing leaks."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cluster = ProcessCluster(count=1, base_port=port)
+        with pytest.raises(ClusterError) as info:
+            cluster.start(timeout=DEADLINE)
+    message = str(info.value)
+    assert f"acker shard 0 (127.0.0.1:{port}) exited with exit code 2" in message
+    assert str(port) in message.split("last output:", 1)[1]
+    assert _gone(cluster.pid(0) or 0)
+
+
+def test_invalid_count_is_refused() -> None:
+    """A cluster of zero shards is a programming error caught at construction."""
+    with pytest.raises(ValueError, match="count"):
+        ProcessCluster(count=0)
+
+
+# -- the acker-cluster command ------------------------------------------------
+
+
+class Launcher:
+    """An `acker-cluster` subprocess with its stdout line and stderr log."""
+
+    def __init__(self, args: list[str], stderr_path: Path) -> None:
+        script = Path(sys.executable).with_name("acker-cluster")
+        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "acker_service.cluster"]
+        self.stderr_path = stderr_path
+        with open(stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [*cmd, *args], stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL
+            )
+
+    def first_line(self, timeout: float = DEADLINE) -> str:
+        """The first line of stdout (the address list), read with a deadline."""
+        assert self.proc.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout):
+                pytest.fail(f"acker-cluster printed nothing in {timeout}s:\n{self.stderr()}")
+        return self.proc.stdout.readline().decode().strip()
+
+    def stderr(self) -> str:
+        """What the launcher wrote to stderr so far."""
+        return self.stderr_path.read_text()
+
+    def child_pids(self, count: int) -> list[int]:
+        """The shard pids the launcher announced, in shard order."""
+        _wait_for(lambda: len(re.findall(r"SERVING on \S+ \(pid \d+", self.stderr())) >= count, "pid lines")
+        return [int(p) for p in re.findall(r"SERVING on \S+ \(pid (\d+)", self.stderr())[:count]]
+
+    def stop(self) -> int:
+        """SIGTERM the launcher and return its exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=DEADLINE)
+
+    def close(self) -> None:
+        """Kill the launcher if a test left it running, and close the pipe."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
+    """Start acker-cluster subprocesses that are always cleaned up."""
+    launchers: list[Launcher] = []
+
+    def start(*args: str) -> Launcher:
+        launcher = Launcher(list(args), tmp_path / f"launcher-{len(launchers)}.err")
+        launchers.append(launcher)
+        return launcher
+
+    yield start
+    for launcher in launchers:
+        launcher.close()
+
+
+def test_cli_prints_addresses_and_stops_cleanly(
+    launch: Callable[..., Launcher], describe_acker: Callable
+) -> None:
+    """acker-cluster prints one comma-separated line in shard order; SIGTERM stops every child, exit 0."""
+    launcher = launch(
+        "--count", "3", "--base-port", "0", "--message-timeout", "5", "--", "--retain-outcomes", "50"
+    )
+    addresses = launcher.first_line().split(",")
+    assert len(addresses) == 3
+    for index, address in enumerate(addresses):
+        reply = describe_acker(address)
+        assert (reply.shard_index, reply.shard_count, reply.message_timeout_seconds) == (index, 3, 5.0)
+        assert reply.retain_outcomes == 50
+    pids = launcher.child_pids(3)
+    assert launcher.stop() == 0
+    assert all(_gone(pid) for pid in pids), launcher.stderr()
+
+
+def test_cli_reports_a_crashed_shard(launch: Callable[..., Launcher]) -> None:
+    """kill -9 of a child makes the launcher say which shard died and how; the others keep serving."""
+    launcher = launch("--count", "2", "--base-port", "0")
+    addresses = launcher.first_line().split(",")
+    pids = launcher.child_pids(2)
+    os.kill(pids[1], signal.SIGKILL)
+    _wait_for(lambda: "exited unexpectedly" in launcher.stderr(), "the crash report")
+    assert f"acker shard 1 (pid {pids[1]}, {addresses[1]}) exited unexpectedly with signal SIGKILL" in (
+        launcher.stderr()
+    )
+    assert healthcheck.is_serving(addresses[0])
+    assert launcher.stop() == 0
+    assert _gone(pids[0])
+
+
+def test_cli_restart_brings_the_shard_back_on_its_port(
+    launch: Callable[..., Launcher], describe_acker: Callable
+) -> None:
+    """With --restart a killed child is restarted as the same shard on the same port and becomes healthy."""
+    launcher = launch("--count", "2", "--base-port", "0", "--restart")
+    addresses = launcher.first_line().split(",")
+    pids = launcher.child_pids(2)
+    os.kill(pids[0], signal.SIGKILL)
+    _wait_for(lambda: "acker shard 0 is SERVING again" in launcher.stderr(), "the restart")
+    new_pid = int(re.findall(r"shard 0 is SERVING again on \S+ \(pid (\d+)\)", launcher.stderr())[0])
+    assert new_pid != pids[0]
+    assert healthcheck.is_serving(addresses[0])
+    assert describe_acker(addresses[0]).shard_index == 0
+    assert launcher.stop() == 0
+    assert _gone(new_pid) and _gone(pids[1])
+
+
+def test_cli_flags_fall_back_to_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every acker-cluster flag reads ACKER_CLUSTER_* when not given, and --help names each variable."""
+    from acker_service import cluster as cluster_module
+
+    monkeypatch.setenv("ACKER_CLUSTER_COUNT", "5")
+    monkeypatch.setenv("ACKER_CLUSTER_METRICS_BASE_PORT", "9300")
+    monkeypatch.setenv("ACKER_CLUSTER_RESTART", "1")
+    parser = cluster_module._parser()
+    args = parser.parse_args([])
+    assert (args.count, args.metrics_base_port, args.restart) == (5, 9300, True)
+    help_text = " ".join(parser.format_help().split())
+    for flag in ("COUNT", "HOST", "BASE_PORT", "METRICS_BASE_PORT", "MESSAGE_TIMEOUT", "BUCKETS", "RESTART"):
+        assert f"ACKER_CLUSTER_{flag}" in help_text

@@ -1,0 +1,183 @@
+"""The compose file, Dockerfile, Prometheus and Grafana configuration agree with the code and each other."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a tool, capturing its output."""
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def compose(docker_compose: str, load_yaml: Callable[[str], Any], repo: Path) -> dict[str, Any]:
+    """The compose file as docker-compose resolves it (anchors merged, variables filled in)."""
+    done = _run([docker_compose, "-f", "deploy/docker-compose.yml", "config"], repo)
+    assert done.returncode == 0, done.stderr
+    return load_yaml(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def ackers(compose: dict[str, Any]) -> dict[int, tuple[str, dict[str, Any]]]:
+    """Acker services by shard index: (service name, resolved service)."""
+    found: dict[int, tuple[str, dict[str, Any]]] = {}
+    for name, service in compose["services"].items():
+        env = service.get("environment") or {}
+        if "ACKER_SHARD_INDEX" in env:
+            index = int(env["ACKER_SHARD_INDEX"])
+            assert index not in found, f"{name} and {found[index][0]} both claim shard {index}"
+            found[index] = (name, service)
+    return found
+
+
+def _published(service: dict[str, Any]) -> list[tuple[int, int]]:
+    """(published, target) port pairs of a resolved service."""
+    return [(int(p["published"]), int(p["target"])) for p in service.get("ports", [])]
+
+
+def _bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """Container path -> host path of a resolved service's bind mounts (short or long syntax)."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, str):
+            source, target = volume.split(":")[:2]
+        else:
+            source, target = volume.get("source", ""), volume["target"]
+        if source.startswith("/"):
+            mounts[target] = Path(source)
+    return mounts
+
+
+def test_compose_file_validates(docker_compose: str, repo: Path) -> None:
+    """`docker-compose config` accepts the compose file."""
+    done = _run([docker_compose, "-f", "deploy/docker-compose.yml", "config", "--quiet"], repo)
+    assert done.returncode == 0, done.stderr
+
+
+def test_ackers_are_shards_zero_to_n_minus_one_of_n(ackers: dict[int, tuple[str, dict[str, Any]]]) -> None:
+    """The acker services are shards 0..n-1, every one told the same shard count n, named acker-<i>."""
+    n = len(ackers)
+    assert n == 3
+    assert sorted(ackers) == list(range(n))
+    for index, (name, service) in ackers.items():
+        assert int(service["environment"]["ACKER_SHARD_COUNT"]) == n, name
+        assert name == f"acker-{index}"
+
+
+def test_acker_settings_agree_across_shards(ackers: dict[int, tuple[str, dict[str, Any]]]) -> None:
+    """Every shard runs the same image with the same timeout, buckets and metrics port."""
+    shared = ("ACKER_MESSAGE_TIMEOUT", "ACKER_BUCKETS", "ACKER_METRICS_PORT", "ACKER_SHARD_COUNT")
+    settings = {tuple(s["environment"].get(k) for k in shared) for _, s in ackers.values()}
+    assert len(settings) == 1, settings
+    assert len({s.get("image") for _, s in ackers.values()}) == 1
+    for name, service in ackers.values():
+        assert service["build"]["dockerfile"] == "deploy/Dockerfile", name
+
+
+def test_published_ports_are_unique_and_only_the_needed_ones(
+    compose: dict[str, Any], ackers: dict[int, tuple[str, dict[str, Any]]]
+) -> None:
+    """Each acker publishes only its gRPC port, Prometheus and Grafana their UIs, nothing else, no clashes."""
+    published = [p for s in compose["services"].values() for p, _ in _published(s)]
+    assert len(published) == len(set(published)), published
+    for name, service in ackers.values():
+        port = int(service["environment"]["ACKER_PORT"])
+        assert _published(service) == [(port, port)], f"{name} must publish only its gRPC port"
+    assert _published(compose["services"]["prometheus"]) == [(9090, 9090)]
+    assert _published(compose["services"]["grafana"]) == [(3000, 3000)]
+    assert set(compose["services"]) == {name for name, _ in ackers.values()} | {"prometheus", "grafana"}
+
+
+def test_every_acker_has_a_healthcheck_probing_its_own_port(
+    ackers: dict[int, tuple[str, dict[str, Any]]],
+) -> None:
+    """Each acker's compose healthcheck runs acker-healthcheck against its own gRPC port."""
+    for name, service in ackers.values():
+        test = service["healthcheck"]["test"]
+        assert test[:2] == ["CMD", "acker-healthcheck"], name
+        port = service["environment"]["ACKER_PORT"]
+        assert test[test.index("--address") + 1] == f"127.0.0.1:{port}", name
+
+
+def test_prometheus_targets_are_the_ackers(
+    tool: Callable[[str], str], deploy_dir: Path, ackers: dict[int, tuple[str, dict[str, Any]]]
+) -> None:
+    """The acker scrape job targets every acker service's metrics port, labelled with its shard index."""
+    # Static targets are known at once, but the command always waits out its --timeout.
+    cmd = [
+        tool("promtool"),
+        "check",
+        "service-discovery",
+        "--timeout=2s",
+        "prometheus/prometheus.yml",
+        "acker",
+    ]
+    done = _run(cmd, deploy_dir)
+    assert done.returncode == 0, done.stderr
+    targets = {(t["labels"]["__address__"], t["labels"]["shard"]) for t in json.loads(done.stdout)}
+    expected = {
+        (f"{name}:{service['environment']['ACKER_METRICS_PORT']}", str(index))
+        for index, (name, service) in ackers.items()
+    }
+    assert targets == expected
+
+
+def test_promtool_accepts_the_prometheus_config(tool: Callable[[str], str], deploy_dir: Path) -> None:
+    """`promtool check config` accepts prometheus.yml (and the rule file it names)."""
+    done = _run([tool("promtool"), "check", "config", "prometheus/prometheus.yml"], deploy_dir)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_promtool_accepts_the_alert_rules(tool: Callable[[str], str], deploy_dir: Path) -> None:
+    """`promtool check rules` accepts alerts.yml, and it has the four required alerts."""
+    done = _run([tool("promtool"), "check", "rules", "prometheus/alerts.yml"], deploy_dir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (deploy_dir / "prometheus" / "alerts.yml").read_text()
+    for alert in ("AckerDown", "AckerTimeoutsRising", "AckerOutcomesDropped", "AckerPendingGrowing"):
+        assert f"alert: {alert}" in text
+
+
+def test_grafana_provisioning_matches_compose(
+    compose: dict[str, Any], load_yaml: Callable[[str], Any], deploy_dir: Path
+) -> None:
+    """Grafana's datasource points at the compose Prometheus, and the dashboard uses that datasource."""
+    sources = load_yaml((deploy_dir / "grafana/provisioning/datasources/prometheus.yml").read_text())
+    (source,) = sources["datasources"]
+    assert source["type"] == "prometheus"
+    assert source["url"] == "http://prometheus:9090"
+    dashboard = json.loads((deploy_dir / "grafana/dashboards/acker.json").read_text())
+    uids = {p["datasource"]["uid"] for p in dashboard["panels"] if "datasource" in p}
+    assert uids == {source["uid"]}
+    providers = load_yaml((deploy_dir / "grafana/provisioning/dashboards/acker.yml").read_text())
+    (provider,) = providers["providers"]
+    mounts = _bind_mounts(compose["services"]["grafana"])
+    assert mounts[provider["options"]["path"]] == (deploy_dir / "grafana" / "dashboards")
+    assert mounts["/etc/grafana/provisioning"] == deploy_dir / "grafana" / "provisioning"
+
+
+def test_dockerfile_installs_the_package_and_runs_unprivileged(repo: Path, deploy_dir: Path) -> None:
+    """The image is slim Python 3.11, copies every packaged folder, runs as a non-root user, acker-server."""
+    lines = [ln.strip() for ln in (deploy_dir / "Dockerfile").read_text().splitlines()]
+    instructions = [ln for ln in lines if ln and not ln.startswith("#")]
+    assert instructions[0] == "FROM python:3.11-slim"
+    copied = {ln.split()[1] for ln in instructions if ln.startswith("COPY")} | {
+        part for ln in instructions if ln.startswith("COPY") for part in ln.split()[1:-1]
+    }
+    pyproject = tomllib.loads((repo / "pyproject.toml").read_text())
+    packaged = {p.split("/")[0] for p in pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]}
+    assert packaged | {"pyproject.toml", "README.md", "proto"} <= copied
+    users = [ln.split()[1] for ln in instructions if ln.startswith("USER")]
+    assert users and users[-1] not in ("root", "0")
+    assert instructions.index(f"USER {users[-1]}") < instructions.index('ENTRYPOINT ["acker-server"]')
+    assert re.search(r"\bACKER_HOST=0\.0\.0\.0\b", "\n".join(instructions))
+    scripts = pyproject["project"]["scripts"]
+    assert {"acker-server", "acker-healthcheck"} <= set(scripts)
