@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import yaml
 
 from acker_service import grpc_options
 from acker_service.cluster import ProcessCluster
@@ -55,26 +53,9 @@ def docker_compose() -> str:
 
 
 @pytest.fixture(scope="session")
-def load_yaml(docker_compose: str) -> Callable[[str], Any]:
-    """A function parsing YAML text into Python objects.
-
-    PyYAML is not one of the project's dependencies; the Python that runs
-    Debian's docker-compose always has it (docker-compose is built on it), so
-    the text is converted to JSON there.
-    """
-    with open(docker_compose, encoding="utf-8") as f:
-        shebang = f.readline()
-    interpreter = shebang[2:].strip().split()[0] if shebang.startswith("#!") else sys.executable
-    script = "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)"
-
-    def load(text: str) -> Any:
-        done = subprocess.run(
-            [interpreter, "-c", script], input=text, capture_output=True, text=True, timeout=60, check=False
-        )
-        assert done.returncode == 0, f"YAML did not parse:\n{done.stderr}"
-        return json.loads(done.stdout)
-
-    return load
+def load_yaml() -> Callable[[str], Any]:
+    """A function parsing YAML text (compose, Prometheus and Grafana files) into Python objects."""
+    return yaml.safe_load
 
 
 def free_port(host: str = "127.0.0.1") -> int:
