@@ -117,7 +117,7 @@ class Launcher:
 
     def __init__(self, args: list[str], stderr_path: Path) -> None:
         script = Path(sys.executable).with_name("acker-cluster")
-        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "acker_service.cluster"]
+        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "acker_service.cluster_cli"]
         self.stderr_path = stderr_path
         with open(stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
@@ -223,7 +223,7 @@ def test_cli_restart_brings_the_shard_back_on_its_port(
 
 def test_cli_flags_fall_back_to_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every acker-cluster flag reads ACKER_CLUSTER_* when not given, and --help names each variable."""
-    from acker_service import cluster as cluster_module
+    from acker_service import cluster_cli as cluster_module
 
     monkeypatch.setenv("ACKER_CLUSTER_COUNT", "5")
     monkeypatch.setenv("ACKER_CLUSTER_METRICS_BASE_PORT", "9300")
