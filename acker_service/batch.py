@@ -169,7 +169,7 @@ def _validate_spouts(batch: Batch) -> None:
         raise InvalidBatch(
             f"spout_index has {len(batch.spout_index)} entries; send none or exactly one per operation ({n})"
         )
-    out_of_range = inits & (batch.spout_index >= len(batch.spouts))
+    out_of_range = inits & ((batch.spout_index < 0) | (batch.spout_index >= len(batch.spouts)))
     if out_of_range.any():
         i = _first(out_of_range)
         raise InvalidBatch(

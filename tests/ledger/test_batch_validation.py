@@ -118,6 +118,11 @@ class TestMixedSpouts:
         batch = Batch.of([ACK, INIT], [1, 1], [4, 4], spouts=["a", "b"], spout_index=[0, 2])
         refused(batch, InvalidBatch, "operation 1", "spout index 2", "only 2 spouts")
 
+    def test_negative_spout_index_refused(self):
+        """A negative index (possible from Python callers, not the wire) must not pick the last spout."""
+        batch = Batch.of([INIT], [1], [4], spouts=["a", "b"], spout_index=[-1])
+        refused(batch, InvalidBatch, "operation 0", "spout index -1")
+
 
 class TestRefusals:
     """Each malformed batch raises the right error type with an actionable message."""
