@@ -46,6 +46,10 @@ def client_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[t
     """Options for client channels to an acker (retries off: XOR acks are not idempotent)."""
     return [
         ("grpc.enable_retries", 0),
+        # gRPC backs off up to 120 s between reconnects by default; a restarted
+        # acker must be reached again within seconds, well inside the spout's backstop.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),

@@ -1,1 +1,28 @@
-"""Python client for the acker service."""
+"""Python client for the acker service: cluster client, Storm-style spout and bolt collector."""
+
+from .bolt import BoltCollector
+from .cluster import ClientStats, ClusterClient
+from .errors import AckerError, ClusterMisconfigured, RequestRefused, ShardFailure, ShardUnavailable, SpoutFull
+from .ids import EdgeIdSource, RandomEdgeIds, new_id
+from .spout import FailReason, Spout, SpoutStats
+from .tuples import MessageId, TrackedTuple
+
+__all__ = [
+    "AckerError",
+    "BoltCollector",
+    "ClientStats",
+    "ClusterClient",
+    "ClusterMisconfigured",
+    "EdgeIdSource",
+    "FailReason",
+    "MessageId",
+    "RandomEdgeIds",
+    "RequestRefused",
+    "ShardFailure",
+    "ShardUnavailable",
+    "Spout",
+    "SpoutFull",
+    "SpoutStats",
+    "TrackedTuple",
+    "new_id",
+]

@@ -1,0 +1,150 @@
+"""One shard's outcome stream for one spout: reconnects with backoff and resumes after the last outcome seen."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import grpc
+
+if TYPE_CHECKING:
+    from .cluster import ClusterClient
+
+__all__ = ["OutcomeSubscription"]
+
+log = logging.getLogger(__name__)
+
+# (root, wire outcome, latency in microseconds)
+Deliver = Callable[[int, int, int], None]
+
+
+class OutcomeSubscription:
+    """Consumes ``spout``'s outcomes from one shard in a background thread.
+
+    The acker numbers each spout's outcomes per incarnation; reconnecting with
+    the last ``(incarnation, sequence)`` processed resumes exactly after it, so
+    a broken stream loses nothing and repeats nothing. A sequence already seen
+    is skipped anyway (and counted), so a server that re-sends cannot cause a
+    second callback.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterClient,
+        shard: int,
+        spout: str,
+        deliver: Deliver,
+        *,
+        on_dropped: Callable[[int], None] | None = None,
+        initial_backoff: float = 0.05,
+        max_backoff: float = 2.0,
+    ) -> None:
+        self.cluster = cluster
+        self.shard = shard
+        self.spout = spout
+        self._deliver = deliver
+        self._on_dropped = on_dropped
+        self._initial_backoff = initial_backoff
+        self._max_backoff = max_backoff
+        self.incarnation = 0
+        self.last_sequence = 0
+        self.reconnects = 0
+        self.duplicates_skipped = 0
+        self.batches = 0
+        self._call = None
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"acker-subscription-{shard}", daemon=True
+        )
+
+    def start(self) -> OutcomeSubscription:
+        """Start the background thread."""
+        self._thread.start()
+        return self
+
+    def interrupt(self) -> None:
+        """Cancel the current stream; the subscription reconnects and resumes (used to test resume)."""
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Cancel the stream and stop the thread."""
+        self._closing.set()
+        self.interrupt()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        delay = self._initial_backoff
+        while not self._closing.is_set():
+            opened = time.monotonic()
+            received = self._consume_once()
+            if self._closing.is_set():
+                return
+            if received or time.monotonic() - opened > 1.0:
+                delay = self._initial_backoff  # the acker was healthy: reconnect quickly
+            self.reconnects += 1
+            # Jitter keeps many spouts from reconnecting to a restarted acker in lockstep.
+            self._closing.wait(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, self._max_backoff)
+
+    def _consume_once(self) -> bool:
+        """Open one stream and process it until it ends; True if any batch arrived."""
+        received = False
+        try:
+            call = self.cluster.subscribe(self.shard, self.spout, self.incarnation, self.last_sequence)
+        except Exception:  # e.g. the client was closed under us
+            log.exception("could not subscribe to shard %d", self.shard)
+            return False
+        with self._lock:
+            self._call = call
+        if self._closing.is_set():
+            call.cancel()
+        try:
+            for batch in call:
+                self._handle(batch)
+                received = True
+        except grpc.RpcError as exc:
+            self._log_break(exc)
+        finally:
+            with self._lock:
+                self._call = None
+            call.cancel()
+        return received
+
+    def _log_break(self, exc: grpc.RpcError) -> None:
+        if self._closing.is_set():
+            return
+        code = exc.code()
+        if code == grpc.StatusCode.ABORTED:
+            log.error(
+                "outcome stream of spout %r on shard %d was taken over by another subscriber; "
+                "two spouts must not share a name",
+                self.spout,
+                self.shard,
+            )
+        elif code != grpc.StatusCode.CANCELLED:
+            log.info("outcome stream of shard %d broke (%s: %s); reconnecting", self.shard, code.name, exc.details())
+
+    def _handle(self, batch) -> None:
+        self.batches += 1
+        if batch.incarnation != self.incarnation:
+            # First batch, or the acker restarted: its sequence numbers start over.
+            self.incarnation = batch.incarnation
+            self.last_sequence = 0
+        first = batch.first_sequence
+        for i, (root, outcome, micros) in enumerate(zip(batch.root_ids, batch.outcomes, batch.latency_micros)):
+            if first + i <= self.last_sequence:
+                self.duplicates_skipped += 1
+                continue
+            self._deliver(root, outcome, micros)
+        self.last_sequence = max(self.last_sequence, first + len(batch.root_ids) - 1)
+        if batch.dropped and self._on_dropped is not None:
+            self._on_dropped(batch.dropped)
