@@ -1,1 +1,43 @@
-"""Spark integration for the acker service."""
+"""Spark integration for the acker service: tracked bolts over RDD partitions, a replaying driver spout.
+
+Typical use::
+
+    from acker_spark import Bolt, GuaranteedPipeline, DeadLetterStore
+    split = Bolt(split_fn, addresses, name="split")    # emits children anchored to each input, acks it
+    store = Bolt(write_fn, addresses, name="store")    # writes its rows idempotently, then acks them
+    pipeline = GuaranteedPipeline(spark, ClusterClient(addresses), dead_letters=DeadLetterStore(db))
+    stats = pipeline.run(records, lambda rdd: store.apply(split.apply(rdd)).count())
+"""
+
+from .dead_letter import DeadLetter, DeadLetterStore
+from .executor import Bolt, BoltFunction, UntrackedCollector, client_for, close_clients
+from .ids import DeterministicEdgeIds, dedup_key, stable_id
+from .pipeline import ACKED, GuaranteedPipeline, Job, PipelineStats, ReplayPolicy, run_untracked
+from .session import LOCAL_MASTER, local_session
+from .sources import Delivery, Record, TextDirectorySource, generated_sentences, records_from
+
+__all__ = [
+    "ACKED",
+    "Bolt",
+    "BoltFunction",
+    "DeadLetter",
+    "DeadLetterStore",
+    "Delivery",
+    "DeterministicEdgeIds",
+    "GuaranteedPipeline",
+    "Job",
+    "LOCAL_MASTER",
+    "PipelineStats",
+    "Record",
+    "ReplayPolicy",
+    "TextDirectorySource",
+    "UntrackedCollector",
+    "client_for",
+    "close_clients",
+    "dedup_key",
+    "generated_sentences",
+    "local_session",
+    "records_from",
+    "run_untracked",
+    "stable_id",
+]

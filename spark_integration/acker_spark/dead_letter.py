@@ -1,0 +1,74 @@
+"""The dead-letter table: records that failed on every allowed attempt, with the last reason."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .sqlite import open_db
+
+__all__ = ["DeadLetter", "DeadLetterStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS dead_letters (
+    record_key TEXT PRIMARY KEY,
+    record     TEXT NOT NULL,      -- the record's value as JSON (repr() for what JSON cannot hold)
+    reason     TEXT NOT NULL,      -- the last failure: FAILED, TIMED_OUT or LOST
+    attempts   INTEGER NOT NULL,   -- deliveries made, the last one included
+    created_at REAL NOT NULL       -- seconds since the epoch
+) WITHOUT ROWID
+"""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One dead-lettered record as stored."""
+
+    key: str
+    record: Any
+    reason: str
+    attempts: int
+    created_at: float
+
+
+class DeadLetterStore:
+    """A ``dead_letters`` table in an SQLite file; each call opens and closes its own connection.
+
+    Short connections keep the store safe to use from any thread and leave no
+    handle open between calls. Adding a key again replaces the row.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        with open_db(self.path) as conn:
+            conn.execute(_SCHEMA)
+
+    def add(self, key: str, record: Any, reason: str, attempts: int) -> None:
+        """Store one record with its last failure reason and the number of deliveries made."""
+        payload = json.dumps(record, default=repr, ensure_ascii=False)
+        with open_db(self.path) as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?)",
+                (key, payload, reason, attempts, time.time()),
+            )
+
+    def all(self) -> list[DeadLetter]:
+        """Every dead letter, ordered by key."""
+        with open_db(self.path) as conn:
+            rows = conn.execute("SELECT * FROM dead_letters ORDER BY record_key").fetchall()
+        return [
+            DeadLetter(key, json.loads(record), reason, attempts, at)
+            for key, record, reason, attempts, at in rows
+        ]
+
+    def keys(self) -> set[str]:
+        """The keys of every dead-lettered record."""
+        with open_db(self.path) as conn:
+            return {key for (key,) in conn.execute("SELECT record_key FROM dead_letters")}
+
+    def __len__(self) -> int:
+        with open_db(self.path) as conn:
+            return conn.execute("SELECT COUNT(*) FROM dead_letters").fetchone()[0]

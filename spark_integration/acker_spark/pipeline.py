@@ -1,0 +1,355 @@
+"""Driver side: a spout that feeds Spark in micro-batches and replays exactly the records that failed.
+
+:class:`GuaranteedPipeline` pulls records from a source, starts one tuple tree
+per record through :class:`acker_client.Spout`, runs the user's job on an RDD of
+the batch's TrackedTuples, and receives each tree's outcome. Failed, timed-out
+and lost records are delivered again as new trees after an exponential backoff,
+up to ``max_attempts`` deliveries; then they go to the dead-letter table.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from acker_client import AckerError, ClusterClient, FailReason, MessageId, Spout, TrackedTuple, new_id
+
+from .dead_letter import DeadLetterStore
+from .sources import Delivery, Record
+
+__all__ = ["ReplayPolicy", "PipelineStats", "GuaranteedPipeline", "run_untracked", "Job", "ACKED"]
+
+log = logging.getLogger(__name__)
+
+Job = Callable[[Any], object]
+"""``job(rdd)``: runs the Spark actions that complete the work for an RDD of TrackedTuple[Delivery]."""
+
+ACKED = "ACKED"
+"""The outcome name passed to ``on_outcome`` for an acked delivery (failures pass a FailReason name)."""
+
+
+@dataclass(frozen=True)
+class ReplayPolicy:
+    """How often and how soon a failed record is delivered again."""
+
+    max_attempts: int = 5  # deliveries in all, the first one included
+    backoff_base: float = 0.5  # seconds before the first replay
+    backoff_factor: float = 2.0
+    backoff_cap: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.backoff_base < 0 or self.backoff_cap < 0 or self.backoff_factor < 1:
+            raise ValueError("backoff_base and backoff_cap must be >= 0 and backoff_factor >= 1")
+
+    def delay(self, attempts_made: int) -> float:
+        """Seconds to wait before delivery number ``attempts_made + 1``."""
+        return min(self.backoff_cap, self.backoff_base * self.backoff_factor ** max(0, attempts_made - 1))
+
+
+@dataclass
+class PipelineStats:
+    """What a run did. Per-record counts: emitted, acked, dead_lettered; per-delivery: the rest."""
+
+    emitted: int = 0  # distinct records taken from the source
+    acked: int = 0
+    failed: int = 0  # deliveries that ended FAILED (a bolt failed a tuple)
+    timed_out: int = 0  # ... TIMED_OUT (the acker's timeout)
+    lost: int = 0  # ... LOST (the spout's backstop: the outcome never came)
+    replayed: int = 0  # deliveries after the first
+    dead_lettered: int = 0
+    attempts: int = 0  # all deliveries: emitted + replayed
+    pending: int = 0  # trees in flight now
+    awaiting_replay: int = 0  # failed records waiting for their backoff
+    batches: int = 0  # Spark jobs run
+    job_errors: int = 0  # jobs that raised (their unfinished trees were failed and replayed)
+    replayed_keys: set[str] = field(default_factory=set, repr=False)
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a plain dict (no key sets), for JSON and tables."""
+        data = asdict(self)
+        data.pop("replayed_keys")
+        return data
+
+
+class GuaranteedPipeline:
+    """Runs a Spark job over a source with per-record tracking, replay and dead letters.
+
+    Example (needs Spark and ackers)::
+
+        pipeline = GuaranteedPipeline(spark, ClusterClient(addresses), dead_letters=DeadLetterStore(db))
+        stats = pipeline.run(records, job)
+
+    ``job(rdd)`` must complete the work (run the actions) before it returns; the
+    bolts inside it ack the trees. ``on_outcome(delivery, outcome)`` is called
+    once per delivery from the spout's callback thread (``outcome`` is ``"ACKED"``
+    or a FailReason name); ``on_progress(stats)`` from the driver thread.
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        cluster: ClusterClient,
+        *,
+        name: str | None = None,
+        max_pending: int = 1_000,
+        batch_size: int | None = None,
+        partitions: int | None = None,
+        policy: ReplayPolicy = ReplayPolicy(),
+        dead_letters: DeadLetterStore | None = None,
+        spout_timeout: float | None = None,
+        on_progress: Callable[[PipelineStats], None] | None = None,
+        on_outcome: Callable[[Delivery, str], None] | None = None,
+        progress_interval: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.sc = getattr(spark, "sparkContext", spark)
+        self.cluster = cluster
+        # A fresh name per pipeline: outcomes retained for an earlier run's spout
+        # must not be delivered to this one.
+        self.name = name or f"acker-spark-{new_id():016x}"
+        self.max_pending = max_pending
+        self.batch_size = batch_size or max_pending
+        self.partitions = partitions or self.sc.defaultParallelism
+        self.policy = policy
+        self.dead_letters = dead_letters
+        self.spout_timeout = spout_timeout
+        self.on_progress = on_progress
+        self.on_outcome = on_outcome
+        self.progress_interval = progress_interval
+        self.clock = clock
+        self.stats = PipelineStats()
+        self._cond = threading.Condition()
+        self._inflight: dict[tuple[str, int], Delivery] = {}
+        self._replays: list[tuple[float, int, Delivery]] = []  # heap by due time
+        self._dead: list[tuple[Delivery, str]] = []  # written by the driver thread
+        self._lookahead: Delivery | None = None
+        self._exhausted = False
+        self._seq = itertools.count()
+
+    # -- the driver loop -------------------------------------------------------
+
+    def run(self, source: Iterable[Record | tuple[str, Any]], job: Job) -> PipelineStats:
+        """Process every record of ``source`` until each is acked or dead-lettered; return the stats."""
+        if self._exhausted or self.stats.attempts:
+            raise RuntimeError("a GuaranteedPipeline runs once; create a new one for another source")
+        spout = Spout(
+            self.cluster,
+            on_ack=self._on_ack,
+            on_fail=self._on_fail,
+            name=self.name,
+            max_pending=self.max_pending,
+            timeout=self.spout_timeout,
+            clock=self.clock,
+        )
+        spout.start()
+        try:
+            records = iter(source)
+            while True:
+                batch = self._take_batch(spout, records)
+                if batch:
+                    self._run_job(job, batch)
+                    self._report()
+                    continue
+                self._write_dead_letters()
+                if self._finished():
+                    break
+                self._wait()
+                self._report()
+        finally:
+            spout.close()
+        self._write_dead_letters()
+        self._report()
+        return self.stats
+
+    def _take_batch(self, spout: Spout, records: Iterator[Any]) -> list[TrackedTuple]:
+        room = min(self.batch_size, self.max_pending - spout.pending)
+        batch: list[TrackedTuple] = []
+        while len(batch) < room:
+            delivery = self._next_delivery(records)
+            if delivery is None:
+                break
+            message_id = (delivery.key, delivery.attempt)
+            with self._cond:
+                self._inflight[message_id] = delivery  # before emit: the outcome may come at once
+            tracked = spout.try_emit(delivery, message_id)
+            if tracked is None:
+                with self._cond:
+                    del self._inflight[message_id]
+                self._push_back(delivery)
+                break
+            self._count_delivery(delivery)
+            batch.append(tracked)
+        return batch
+
+    def _next_delivery(self, records: Iterator[Any]) -> Delivery | None:
+        with self._cond:
+            if self._replays and self._replays[0][0] <= self.clock():
+                return heapq.heappop(self._replays)[2]
+        if self._lookahead is not None:
+            delivery, self._lookahead = self._lookahead, None
+            return delivery
+        if self._exhausted:
+            return None
+        try:
+            key, value = next(records)
+        except StopIteration:
+            self._exhausted = True
+            return None
+        return Delivery(str(key), value, 1)
+
+    def _push_back(self, delivery: Delivery) -> None:
+        if delivery.attempt == 1:
+            self._lookahead = delivery
+        else:
+            with self._cond:
+                heapq.heappush(self._replays, (self.clock(), next(self._seq), delivery))
+
+    def _count_delivery(self, delivery: Delivery) -> None:
+        with self._cond:
+            self.stats.attempts += 1
+            if delivery.attempt == 1:
+                self.stats.emitted += 1
+            else:
+                self.stats.replayed += 1
+                self.stats.replayed_keys.add(delivery.key)
+
+    def _run_job(self, job: Job, batch: list[TrackedTuple]) -> None:
+        rdd = self.sc.parallelize(batch, min(self.partitions, len(batch)))
+        try:
+            job(rdd)
+        except Exception as err:  # noqa: BLE001 - any job failure is handled the same way
+            # Spark gave up on a task (it failed on every retry). Trees the job
+            # did finish stay acked; failing the rest now replays them without
+            # waiting for their timeout.
+            log.warning(
+                "Spark job over %d records failed, replaying its unfinished records: %s", len(batch), err
+            )
+            with self._cond:
+                self.stats.job_errors += 1
+            self._fail_trees(batch)
+        with self._cond:
+            self.stats.batches += 1
+
+    def _fail_trees(self, batch: list[TrackedTuple]) -> None:
+        for tracked in batch:
+            for root in tracked.message_id.roots:
+                self.cluster.fail(root)
+        try:
+            self.cluster.flush()
+        except AckerError as err:
+            # The spout's backstop reports these trees as lost: still replayed.
+            log.warning("could not fail the trees of a failed job: %s", err)
+
+    def _finished(self) -> bool:
+        with self._cond:
+            busy = self._inflight or self._replays or self._dead
+        return self._exhausted and self._lookahead is None and not busy
+
+    def _wait(self) -> None:
+        with self._cond:
+            timeout = self.progress_interval
+            if self._replays:
+                timeout = max(0.0, min(timeout, self._replays[0][0] - self.clock()))
+            self._cond.wait(timeout)
+
+    def _report(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.snapshot())
+
+    def snapshot(self) -> PipelineStats:
+        """A consistent copy of the stats, with ``pending`` and ``awaiting_replay`` filled in."""
+        with self._cond:
+            self.stats.pending = len(self._inflight)
+            self.stats.awaiting_replay = len(self._replays) + len(self._dead)
+            copy = PipelineStats(**self.stats.as_dict())
+            copy.replayed_keys = set(self.stats.replayed_keys)
+        return copy
+
+    # -- outcomes (the spout's callback thread) ----------------------------------
+
+    def _on_ack(self, message_id: tuple[str, int]) -> None:
+        with self._cond:
+            delivery = self._inflight.pop(message_id)
+            self.stats.acked += 1
+            self._cond.notify_all()
+        if self.on_outcome is not None:
+            self.on_outcome(delivery, ACKED)
+
+    def _on_fail(self, message_id: tuple[str, int], reason: FailReason) -> None:
+        with self._cond:
+            delivery = self._inflight.pop(message_id)
+            if reason is FailReason.FAILED:
+                self.stats.failed += 1
+            elif reason is FailReason.TIMED_OUT:
+                self.stats.timed_out += 1
+            else:
+                self.stats.lost += 1
+            if delivery.attempt >= self.policy.max_attempts:
+                self._dead.append((delivery, reason.name))
+            else:
+                due = self.clock() + self.policy.delay(delivery.attempt)
+                heapq.heappush(
+                    self._replays, (due, next(self._seq), delivery._replace(attempt=delivery.attempt + 1))
+                )
+            self._cond.notify_all()
+        if self.on_outcome is not None:
+            self.on_outcome(delivery, reason.name)
+
+    def _write_dead_letters(self) -> None:
+        with self._cond:
+            dead, self._dead = self._dead, []
+        for delivery, reason in dead:
+            if self.dead_letters is not None:
+                self.dead_letters.add(delivery.key, delivery.value, reason, delivery.attempt)
+            else:
+                log.error(
+                    "record %s failed %d times (last: %s); no dead-letter store",
+                    delivery.key,
+                    delivery.attempt,
+                    reason,
+                )
+            with self._cond:
+                self.stats.dead_lettered += 1
+
+
+def run_untracked(
+    spark: Any,
+    source: Iterable[Record | tuple[str, Any]],
+    job: Job,
+    *,
+    batch_size: int = 1_000,
+    partitions: int | None = None,
+    on_progress: Callable[[PipelineStats], None] | None = None,
+) -> PipelineStats:
+    """Run the same micro-batches with no acker: no outcomes, no replay (the overhead baseline).
+
+    A job error propagates: without tracking nothing could replay the batch.
+    """
+    sc = getattr(spark, "sparkContext", spark)
+    slices = partitions or sc.defaultParallelism
+    stats = PipelineStats()
+    records = iter(source)
+    while True:
+        batch = [
+            TrackedTuple(Delivery(str(k), v, 1), MessageId.EMPTY)
+            for k, v in itertools.islice(records, batch_size)
+        ]
+        if not batch:
+            return stats
+        job(sc.parallelize(batch, min(slices, len(batch))))
+        stats.emitted += len(batch)
+        stats.attempts += len(batch)
+        stats.acked += len(batch)
+        stats.batches += 1
+        if on_progress is not None:
+            on_progress(stats)

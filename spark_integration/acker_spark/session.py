@@ -1,0 +1,77 @@
+"""A quiet local SparkSession configured for tracked pipelines (the demo and the tests share it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["local_session", "LOCAL_MASTER"]
+
+# "local[2,4]": two cores, and up to 4 attempts per task. Plain "local[N]" never
+# retries a failed task, which would hide exactly what the integration must survive.
+LOCAL_MASTER = "local[2,4]"
+
+# Errors only, and to stderr: the task failures the demo injects on purpose would
+# otherwise print a Java stack trace each.
+_LOG4J2 = """\
+rootLogger.level = fatal
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def _log4j2_file() -> Path:
+    path = Path(tempfile.gettempdir()) / "acker-spark-log4j2.properties"
+    if not path.exists() or path.read_text() != _LOG4J2:
+        path.write_text(_LOG4J2)
+    return path
+
+
+def local_session(
+    master: str = LOCAL_MASTER,
+    *,
+    app_name: str = "acker-spark",
+    shuffle_partitions: int = 4,
+    quiet: bool = True,
+    extra_conf: dict[str, str] | None = None,
+) -> Any:
+    """Get or create a local SparkSession whose Python workers run this interpreter.
+
+    If a session already exists in this process it is returned unchanged
+    (Spark allows one SparkContext per process).
+    """
+    from pyspark.sql import SparkSession
+
+    # Workers must import acker_spark and acker_client: use this interpreter, not
+    # whatever "python3" is first on PATH. Loopback avoids the hostname warning.
+    # PySpark reads PYSPARK_PYTHON when the SparkContext starts (the conf key alone
+    # is not enough in local mode).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.pyspark.driver.python", sys.executable)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.default.parallelism", str(shuffle_partitions))
+    )
+    if quiet:
+        builder = builder.config(
+            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_log4j2_file()}"
+        )
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if quiet:
+        spark.sparkContext.setLogLevel("FATAL")
+    return spark

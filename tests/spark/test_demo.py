@@ -1,0 +1,78 @@
+"""The acker-demo job at a small size, in-process on the shared SparkSession, checked through --json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acker_spark.demo import main, parse_args
+
+pytestmark = pytest.mark.spark
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    """Run the demo's main() and parse its one JSON line."""
+    code = main(["--json", *argv])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1, lines
+    return code, json.loads(lines[0])
+
+
+def test_demo_with_faults_injected(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Failed words, a crashed task, a killed acker: all acked or dead-lettered, sink exact, exit 0."""
+    code, summary = run_main(
+        capsys,
+        "--records",
+        "150",
+        "--fail-percent",
+        "5",
+        "--crash-task",
+        "--kill-acker-after",
+        "1",
+        "--restart-after",
+        "1",
+        "--message-timeout",
+        "3",
+        "--max-pending",
+        "50",
+        "--backoff",
+        "0.05",
+        "--db",
+        str(tmp_path / "demo.sqlite"),
+    )
+    assert code == 0
+    assert summary["mode"] == "tracked"
+    assert summary["emitted"] == summary["records"] == 150
+    assert summary["acked"] + summary["dead_lettered"] == 150
+    assert summary["replayed"] > 0 and summary["failed"] > 0  # 5% of ~1,100 words fail once
+    assert summary["sink_matches_expected"] is True
+    for key in ("timed_out", "lost", "attempts", "wall_seconds", "pipeline_seconds", "acker_killed"):
+        assert key in summary
+
+
+def test_demo_untracked_from_a_directory(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--no-tracking over --source-dir runs the same pipeline with no acker and still matches the input."""
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a.txt").write_text("the quick brown fox\njumps over\n\nthe lazy dog\n")
+    (source / "b.txt").write_text("dog eat dog\n")
+    code, summary = run_main(
+        capsys, "--no-tracking", "--source-dir", str(source), "--db", str(tmp_path / "u.sqlite")
+    )
+    assert code == 0
+    assert (summary["mode"], summary["records"], summary["acked"]) == ("untracked", 4, 4)
+    assert summary["words_in_sink"] == summary["words_expected"] == 12
+    assert summary["sink_matches_expected"] is True
+
+
+def test_demo_refuses_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """Nonsense flag values exit with status 2 and a message naming the flag."""
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--fail-percent", "150"])
+    assert exc.value.code == 2
+    assert "--fail-percent" in capsys.readouterr().err

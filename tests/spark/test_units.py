@@ -1,0 +1,157 @@
+"""Unit tests of what needs no Spark: ids, sources, dead letters, replay policy, word count helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from acker_client import MessageId, TrackedTuple
+from acker_spark import (
+    DeadLetterStore,
+    DeterministicEdgeIds,
+    ReplayPolicy,
+    TextDirectorySource,
+    dedup_key,
+    generated_sentences,
+    records_from,
+    stable_id,
+)
+from acker_spark.wordcount import FailureInjection, Word, expected_counts, sink_counts, tokenize
+
+
+class TestDeterministicEdgeIds:
+    def test_same_inputs_same_id(self) -> None:
+        """A re-run (a fresh object, a fresh copy of the anchor) derives the same edge id."""
+        anchor = TrackedTuple("x", MessageId({5: 6, 3: 4}))
+        copy = TrackedTuple("x", MessageId({3: 4, 5: 6}))  # same map, other insertion order
+        assert DeterministicEdgeIds(99).edge_id(anchor, 2) == DeterministicEdgeIds(99).edge_id(copy, 2)
+
+    def test_every_input_matters(self) -> None:
+        """Salt, anchor ids and ordinal each change the id."""
+        anchor = TrackedTuple("x", MessageId.single(5, 6))
+        base = DeterministicEdgeIds(99).edge_id(anchor, 0)
+        assert base != DeterministicEdgeIds(98).edge_id(anchor, 0)
+        assert base != DeterministicEdgeIds(99).edge_id(anchor, 1)
+        assert base != DeterministicEdgeIds(99).edge_id(TrackedTuple("x", MessageId.single(5, 7)), 0)
+        assert base != DeterministicEdgeIds(99).edge_id(TrackedTuple("x", MessageId.single(4, 6)), 0)
+
+    def test_ids_are_nonzero_64_bit_and_spread(self) -> None:
+        """10,000 children of one anchor get distinct non-zero 64-bit ids."""
+        ids = DeterministicEdgeIds(1)
+        anchor = TrackedTuple("x", MessageId.single(1, 1))
+        values = {ids.edge_id(anchor, n) for n in range(10_000)}
+        assert len(values) == 10_000
+        assert all(0 < v < 1 << 64 for v in values)
+
+    def test_bad_salt_refused(self) -> None:
+        """A zero or oversized salt is refused."""
+        with pytest.raises(ValueError):
+            DeterministicEdgeIds(0)
+        with pytest.raises(ValueError):
+            DeterministicEdgeIds(1 << 64)
+
+
+def test_dedup_key_is_per_bolt_and_partition() -> None:
+    """Every attempt of a task shares a key; other partitions and bolts get other keys."""
+    assert dedup_key(7, 3) == dedup_key(7, 3)
+    assert len({dedup_key(7, 3), dedup_key(7, 4), dedup_key(8, 3)}) == 3
+    assert dedup_key(7, 3) != 0
+
+
+def test_stable_id_is_blake2b_based_and_nonzero() -> None:
+    """stable_id is a pure function of its bytes."""
+    assert stable_id(b"abc") == stable_id(b"abc") != stable_id(b"abd")
+
+
+def test_generated_sentences_are_reproducible() -> None:
+    """The same seed gives the same sentences and keys, another seed other sentences."""
+    first = list(generated_sentences(50, seed=1))
+    assert first == list(generated_sentences(50, seed=1))
+    assert first != list(generated_sentences(50, seed=2))
+    assert len({r.key for r in first}) == 50
+    assert all(3 <= len(r.value.split()) <= 12 for r in first)
+
+
+def test_records_from_keys_values_by_index() -> None:
+    """Plain values become records with unique keys in order."""
+    records = list(records_from(["a", "b"], prefix="k"))
+    assert [(r.key, r.value) for r in records] == [("k00000000", "a"), ("k00000001", "b")]
+
+
+def test_text_directory_source(tmp_path: Path) -> None:
+    """Lines of every file, in path order, keyed by relative path and line number; blank lines skipped."""
+    (tmp_path / "b.txt").write_text("second file\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.txt").write_text("deep\n")
+    (tmp_path / "a.txt").write_text("one\n\n  \nfour\n")
+    (tmp_path / ".hidden").write_text("skip me\n")
+    records = list(TextDirectorySource(tmp_path))
+    assert [(r.key, r.value) for r in records] == [
+        ("a.txt:1", "one"),
+        ("a.txt:4", "four"),
+        ("b.txt:1", "second file"),
+        ("sub/c.txt:1", "deep"),
+    ]
+
+
+def test_text_directory_source_requires_a_directory(tmp_path: Path) -> None:
+    """A missing directory is reported by name."""
+    with pytest.raises(NotADirectoryError, match="nope"):
+        TextDirectorySource(tmp_path / "nope")
+
+
+def test_dead_letter_store_round_trip(tmp_path: Path) -> None:
+    """A dead letter keeps its record, reason and attempts; adding a key again replaces it."""
+    store = DeadLetterStore(tmp_path / "dl.sqlite")
+    store.add("k1", {"text": "hello"}, "FAILED", 3)
+    store.add("k2", "plain", "LOST", 5)
+    store.add("k1", {"text": "hello"}, "TIMED_OUT", 4)
+    rows = store.all()
+    assert [(r.key, r.record, r.reason, r.attempts) for r in rows] == [
+        ("k1", {"text": "hello"}, "TIMED_OUT", 4),
+        ("k2", "plain", "LOST", 5),
+    ]
+    assert store.keys() == {"k1", "k2"} and len(store) == 2
+
+
+def test_replay_policy_backoff() -> None:
+    """Delays grow by the factor from the base and stop at the cap; bad settings are refused."""
+    policy = ReplayPolicy(max_attempts=5, backoff_base=0.5, backoff_factor=2.0, backoff_cap=3.0)
+    assert [policy.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    with pytest.raises(ValueError):
+        ReplayPolicy(max_attempts=0)
+    with pytest.raises(ValueError):
+        ReplayPolicy(backoff_factor=0.5)
+
+
+def test_failure_injection_is_deterministic_per_attempt() -> None:
+    """About fail_percent of words fail, the same ones each time, with a fresh draw per attempt."""
+    injection = FailureInjection(fail_percent=10.0)
+    words = [Word(f"s{i}", p, "w", 1) for i in range(2000) for p in range(5)]
+    failing = [w for w in words if injection.should_fail(w)]
+    assert 800 < len(failing) < 1200
+    assert failing == [w for w in words if injection.should_fail(w)]
+    retried = [w._replace(attempt=2) for w in failing]
+    assert sum(injection.should_fail(w) for w in retried) < len(failing) / 2
+
+
+def test_sink_counts_exclude_dead_letters(db: Path) -> None:
+    """Rows of a dead-lettered record are left out of the counts; expected counts agree."""
+    from acker_spark.sqlite import open_db, upsert
+
+    with open_db(db) as conn:
+        upsert(
+            conn, "words", ("record_key", "position", "word"), [("a", 0, "x"), ("a", 1, "y"), ("b", 0, "x")]
+        )
+        upsert(
+            conn, "words", ("record_key", "position", "word"), [("a", 0, "x")]
+        )  # a replay: no double count
+    assert sink_counts(db) == {"x": 2, "y": 1}
+    DeadLetterStore(db).add("b", "x", "FAILED", 3)
+    assert sink_counts(db) == {"x": 1, "y": 1} == expected_counts([("a", "x y"), ("b", "x")], {"b"})
+
+
+def test_tokenize() -> None:
+    """Words are lower-cased runs of word characters and apostrophes."""
+    assert tokenize("The acker's  TREE, ok?") == ["the", "acker's", "tree", "ok"]
