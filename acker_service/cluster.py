@@ -69,6 +69,9 @@ class _Shard:
     # Set while the cluster itself stops or replaces the process, so the
     # watcher does not mistake that exit for a crash.
     intentional: bool = False
+    # Set by kill(): the exit is a crash the caller asked for (tests, the demo),
+    # reported as such rather than as an unexpected failure.
+    killed_by_request: bool = False
     reported: bool = False
     crashes: int = 0
     restart_at: float | None = None
@@ -243,8 +246,10 @@ class ProcessCluster:
     def kill(self, shard: int, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to shard `shard` as a crash would (restart=True brings it back)."""
         with self._lock:
-            proc = self._shards[shard].process
+            target = self._shards[shard]
+            proc = target.process
             if proc is not None and proc.poll() is None:
+                target.killed_by_request = True
                 proc.send_signal(sig)
 
     def restart(self, shard: int, timeout: float = 30.0) -> None:
@@ -325,6 +330,7 @@ class ProcessCluster:
 
     def _spawn(self, shard: _Shard) -> None:
         """Start `shard`'s child with its output appended to its log file."""
+        shard.killed_by_request = False
         with open(shard.log_path, "ab") as out:
             # The child gets a duplicate of the descriptor; ours closes here, so
             # nothing stays open in the launcher. start_new_session puts the
@@ -431,6 +437,12 @@ class ProcessCluster:
 
     def _report_exit(self, shard: _Shard, code: int) -> None:
         """Log that `shard` exited unexpectedly, with the tail of its output."""
+        if shard.killed_by_request:
+            log.warning(
+                "acker shard %d (%s) ended with %s, as requested by kill()",
+                shard.index, self._address(shard), _describe_exit(code),
+            )  # fmt: skip
+            return
         log.error(
             "acker shard %d (pid %d, %s) exited unexpectedly with %s; last output:\n%s",
             shard.index, shard.process.pid if shard.process else -1, self._address(shard),

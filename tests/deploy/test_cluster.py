@@ -70,11 +70,21 @@ def test_restart_flag_revives_a_crashed_shard(caplog: pytest.LogCaptureFixture) 
     caplog.set_level(logging.INFO, logger="acker_service.cluster")
     with ProcessCluster(count=1, restart=True) as cluster:
         old = cluster.pid(0)
-        cluster.kill(0)
+        os.kill(old, signal.SIGKILL)  # a crash from outside, not via cluster.kill()
         _wait_for(lambda: "SERVING again" in caplog.text, "the watcher to restart shard 0")
         assert cluster.pid(0) != old
         assert healthcheck.is_serving(cluster.addresses[0])
     assert "exited unexpectedly with signal SIGKILL" in caplog.text
+
+
+def test_requested_kill_is_not_reported_as_unexpected(caplog: pytest.LogCaptureFixture) -> None:
+    """cluster.kill() is a crash the caller asked for: logged as requested, not as an unexpected exit."""
+    caplog.set_level(logging.INFO, logger="acker_service.cluster")
+    with ProcessCluster(count=1, restart=True) as cluster:
+        cluster.kill(0)
+        _wait_for(lambda: "SERVING again" in caplog.text, "the watcher to restart shard 0")
+    assert "ended with signal SIGKILL, as requested by kill()" in caplog.text
+    assert "exited unexpectedly" not in caplog.text
 
 
 def test_stop_leaves_no_process_behind() -> None:
