@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .bench_apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
+
 __all__ = ["main", "BenchConfig", "run_bench"]
 
 
@@ -181,6 +183,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=10.0, help="seconds of load (default 10)")
     p.add_argument("--processes", type=int, default=1, help="client processes (default 1)")
     p.add_argument("--max-pending", type=int, default=5_000, help="spout max pending per process")
+    p.add_argument("--mode", choices=("trees", "apply", "memory"), default="trees",
+                   help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
+                   "throughput into the ackers; memory: acker RSS per pending tree (one embedded acker)")
+    p.add_argument("--batch-ops", type=int, default=8192, help="apply mode: operations per Apply call")
+    p.add_argument("--pending-trees", type=int, default=1_000_000, help="memory mode: trees left pending")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return p
 
@@ -191,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.fan_out < 1 or args.depth < 0 or args.processes < 1 or args.duration <= 0:
         print("acker-bench: --fan-out and --processes must be >= 1, --depth >= 0, --duration > 0", file=sys.stderr)
         return 2
+    if args.mode == "memory":
+        return _memory_mode(args)
     cluster = None
     if args.ackers:
         addresses = tuple(a for a in args.ackers.split(",") if a)
@@ -203,12 +212,16 @@ def main(argv: list[str] | None = None) -> int:
         ).start()
         addresses, metrics_urls = tuple(cluster.addresses), list(cluster.metrics_urls or [])
     try:
-        config = BenchConfig(
-            addresses=addresses, fan_out=args.fan_out, depth=args.depth, batch_size=args.batch_size,
-            flush_interval=args.flush_interval, duration=args.duration, processes=args.processes,
-            max_pending=args.max_pending,
-        )
-        result = run_bench(config)
+        if args.mode == "apply":
+            result = run_apply_bench(ApplyBenchConfig(
+                addresses=addresses, batch_ops=args.batch_ops, duration=args.duration, processes=args.processes,
+            ))  # fmt: skip
+        else:
+            result = run_bench(BenchConfig(
+                addresses=addresses, fan_out=args.fan_out, depth=args.depth, batch_size=args.batch_size,
+                flush_interval=args.flush_interval, duration=args.duration, processes=args.processes,
+                max_pending=args.max_pending,
+            ))  # fmt: skip
         result["server_rss_bytes"] = _server_rss(cluster, metrics_urls)
     finally:
         if cluster is not None:
@@ -220,6 +233,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _memory_mode(args: argparse.Namespace) -> int:
+    """Leave --pending-trees trees pending on a fresh embedded acker and report its RSS per tree."""
+    from acker_service.cluster import ProcessCluster
+
+    # A long timeout keeps every tree pending while RSS is read.
+    with ProcessCluster(count=1, message_timeout=3600.0) as cluster:
+        result = measure_pending_bytes(
+            cluster.addresses[0], lambda: _rss_from_proc(cluster.pid(0)) or 0, trees=args.pending_trees
+        )
+    result["mode"] = "memory"
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_rows("acker-bench: acker memory per pending tree", [(k.replace("_", " "), f"{v:,}") for k, v in result.items()])
+    return 0
+
+
 def _server_rss(cluster, metrics_urls: list[str]) -> list[int | None]:
     if metrics_urls:
         return [_rss_from_metrics(u) for u in metrics_urls]
@@ -228,15 +258,36 @@ def _server_rss(cluster, metrics_urls: list[str]) -> list[int | None]:
     return []
 
 
-def _print_table(result: dict) -> None:
+def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"acker-bench: {result['ackers']} acker(s), {result['processes']} client process(es), "
-                  f"fan-out {result['fan_out']}, depth {result['depth']}, batch {result['batch_size']}")
+    table = Table(title=title)
     table.add_column("metric")
     table.add_column("value", justify="right")
+    for name, value in rows:
+        table.add_row(name, value)
+    Console().print(table)
+
+
+def _print_table(result: dict) -> None:
     rss = ", ".join(f"{r / 2**20:.1f} MiB" if r else "?" for r in result["server_rss_bytes"]) or "unknown"
+    if result.get("mode") == "apply":
+        _print_rows(
+            f"acker-bench --mode apply: {result['ackers']} acker(s), {result['processes']} client process(es), "
+            f"{result['batch_ops']} ops per call",
+            [
+                ("Apply ops/s", f"{result['apply_ops_per_s']:,.0f}"),
+                ("trees/s", f"{result['trees_per_s']:,.0f}"),
+                ("Apply calls", f"{result['calls']:,}"),
+                ("outcomes streamed / trees sent", f"{result['outcomes_streamed']:,} / {result['trees_sent']:,}"),
+                ("server RSS per acker", rss),
+                ("duration", f"{result['duration_s']} s"),
+            ],
+        )
+        return
+    title = (f"acker-bench: {result['ackers']} acker(s), {result['processes']} client process(es), "
+             f"fan-out {result['fan_out']}, depth {result['depth']}, batch {result['batch_size']}")
     rows = [
         ("ack ops/s", f"{result['ack_ops_per_s']:,.0f}"),
         ("trees/s", f"{result['trees_per_s']:,.0f}"),
@@ -247,9 +298,7 @@ def _print_table(result: dict) -> None:
         ("server RSS per acker", rss),
         ("duration", f"{result['duration_s']} s"),
     ]
-    for name, value in rows:
-        table.add_row(name, value)
-    Console().print(table)
+    _print_rows(title, rows)
 
 
 if __name__ == "__main__":  # pragma: no cover
