@@ -43,6 +43,7 @@ class Outcome(IntEnum):
     ACKED = 1
     FAILED = 2
     TIMED_OUT = 3
+    TIMEOUT_RESET = 4  # a notification, not an end: the tree got a fresh timeout
 
 
 @dataclass

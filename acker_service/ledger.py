@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from itertools import repeat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .batch import Batch, OpKind, Outcome
@@ -23,7 +23,7 @@ __all__ = ["Ledger", "LedgerStats", "Resolution", "BatchResult"]
 Clock = Callable[[], float]
 
 _INIT, _ACK, _FAIL, _RESET = (int(k) for k in OpKind)
-_ACKED, _FAILED = Outcome.ACKED, Outcome.FAILED
+_ACKED, _FAILED, _RESET_OUTCOME = Outcome.ACKED, Outcome.FAILED, Outcome.TIMEOUT_RESET
 
 
 class Resolution(NamedTuple):
@@ -60,19 +60,24 @@ class LedgerStats:
     failed: int = 0
     timed_out: int = 0
     orphaned: int = 0
-    late: int = 0
     duplicate_inits: int = 0
     deduplicated: int = 0
 
 
 @dataclass
 class BatchResult:
-    """What one ``apply_batch`` did, with the trees it ended (and any that expired first)."""
+    """What one ``apply_batch`` did, with the trees it ended (and any that expired first).
+
+    ``timeout_resets`` lists the trees with a known spout that a RESET_TIMEOUT
+    gave a fresh timeout (outcome ``TIMEOUT_RESET``, not an end): the spout must
+    hear of them, or its own backstop would give up on a tree the acker keeps.
+    """
 
     applied: int
     deduplicated: int
     ignored: int
     resolutions: list[Resolution]
+    timeout_resets: list[Resolution] = field(default_factory=list)
 
 
 class Ledger:
@@ -93,11 +98,12 @@ class Ledger:
             raise ValueError(f"message_timeout must be positive, got {message_timeout}")
         self.message_timeout = float(message_timeout)
         self._clock = clock
+        # Only pending trees are kept, as in Storm: a message for a tree that
+        # already ended (a Spark re-run after completion) cannot be told from an
+        # ack overtaking its init, so it makes an entry without a spout that
+        # expires as an orphan. Remembering ended roots instead would cost memory
+        # for every tree for a whole timeout window, i.e. scale with throughput.
         self._pending: RotatingMap[int, _Entry] = RotatingMap(buckets)
-        # Roots that completed within the last timeout window. A message for one
-        # of them is late (a retry, a duplicate task): counted and ignored, so a
-        # tree never gets a second outcome.
-        self._completed: RotatingMap[int, None] = RotatingMap(buckets)
         self._period = self.message_timeout / (buckets - 1)
         self._next_rotation = clock() + self._period
         self._open_trees = 0  # entries whose init was applied
@@ -141,10 +147,9 @@ class Ledger:
         keys = batch.dedup_keys.tolist() if len(batch.dedup_keys) else repeat(0, n)
         # No rotation happens inside a batch, so the bucket lists stay valid.
         nursery, *older = self._pending.live_buckets()
-        done_buckets = self._completed.live_buckets()
-        done_nursery = done_buckets[0]
         applied = deduplicated = ignored = 0
-        inits = acks = fails = resets = late = dup_inits = acked = failed = 0
+        inits = acks = fails = resets = dup_inits = acked = failed = 0
+        timeout_resets: list[Resolution] = []
         for kind, root, value, key, spout in zip(
             batch.kinds.tolist(), batch.roots.tolist(), batch.values.tolist(), keys, op_spouts
         ):
@@ -156,17 +161,6 @@ class Ledger:
                     if entry is not None:
                         break
                 else:
-                    for done in done_buckets:
-                        if root in done:
-                            break
-                    else:
-                        done = None
-                    if done is not None:
-                        # A retry or duplicate for a finished tree: counted and
-                        # ignored, so a tree never gets a second outcome.
-                        late += 1
-                        ignored += 1
-                        continue
                     if kind == _RESET:
                         # Nothing to keep alive; an entry would only be an orphan.
                         ignored += 1
@@ -206,6 +200,8 @@ class Ledger:
                 self._pending.put(root, entry)
                 resets += 1
                 applied += 1
+                if entry.spout is not None:
+                    timeout_resets.append(Resolution(entry.spout, root, _RESET_OUTCOME, now - entry.started))
                 continue
             applied += 1
             if entry.spout is not None:
@@ -219,9 +215,6 @@ class Ledger:
                 else:
                     continue
                 del home[root]
-                # A pending root is never in the tombstones, so the nursery write
-                # keeps "one bucket per key" without scanning the others.
-                done_nursery[root] = None
                 resolutions.append(Resolution(entry.spout, root, outcome, now - entry.started))
         self._open_trees += inits - acked - failed
         stats.acked += acked
@@ -230,10 +223,9 @@ class Ledger:
         stats.acks += acks
         stats.fails += fails
         stats.resets += resets
-        stats.late += late
         stats.duplicate_inits += dup_inits
         stats.deduplicated += deduplicated
-        return BatchResult(applied, deduplicated, ignored, resolutions)
+        return BatchResult(applied, deduplicated, ignored, resolutions, timeout_resets)
 
     def advance(self) -> list[Resolution]:
         """Rotate as many times as the clock says are due; return the trees that timed out.
@@ -252,7 +244,6 @@ class Ledger:
         # After `buckets` rotations everything has expired; more would be no-ops.
         for _ in range(min(due, self.buckets)):
             self._expire(self._pending.rotate(), now, resolutions)
-            self._completed.rotate()
         return resolutions
 
     def _expire(self, expired: dict[int, _Entry], now: float, resolutions: list[Resolution]) -> None:
@@ -262,7 +253,6 @@ class Ledger:
                 continue
             self._open_trees -= 1
             self.stats.timed_out += 1
-            self._completed.put(root, None)
             resolutions.append(Resolution(entry.spout, root, Outcome.TIMED_OUT, max(0.0, now - entry.started)))
 
     def seconds_until_rotation(self) -> float:

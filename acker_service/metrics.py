@@ -87,9 +87,6 @@ class _AckerCollector(Collector):
             value=s.deduplicated,
         )
         yield CounterMetricFamily(
-            "acker_late_messages", "Messages for roots that had already completed (ignored).", value=s.late
-        )
-        yield CounterMetricFamily(
             "acker_duplicate_inits", "INITs ignored because the tree's init was already applied.",
             value=s.duplicate_inits,
         )

@@ -69,6 +69,8 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
         else:
             result = self._ledger.apply_batch(batch)
             self.settle(result.resolutions)
+            # Not ends, so no latency or outcome metrics: only the spout must know.
+            self._hub.publish(result.timeout_resets)
             self._metrics.batch_operations.observe(len(batch))
             return acker_pb2.ApplyResponse(
                 applied=result.applied, deduplicated=result.deduplicated, ignored=result.ignored

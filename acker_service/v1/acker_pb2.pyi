@@ -71,6 +71,11 @@ class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Outcome.Value
     """Some tuple of the tree was failed."""
     OUTCOME_TIMED_OUT: _Outcome.ValueType  # 3
     """The tree was not complete within the message timeout."""
+    OUTCOME_TIMEOUT_RESET: _Outcome.ValueType  # 4
+    """Not an end: a RESET_TIMEOUT gave the pending tree a fresh timeout (as
+    Storm's acker tells its spout). The spout restarts its own backstop
+    timeout for the tree; its one real outcome still follows.
+    """
 
 class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper):
     """Tree outcomes."""
@@ -82,6 +87,11 @@ OUTCOME_FAILED: Outcome.ValueType  # 2
 """Some tuple of the tree was failed."""
 OUTCOME_TIMED_OUT: Outcome.ValueType  # 3
 """The tree was not complete within the message timeout."""
+OUTCOME_TIMEOUT_RESET: Outcome.ValueType  # 4
+"""Not an end: a RESET_TIMEOUT gave the pending tree a fresh timeout (as
+Storm's acker tells its spout). The spout restarts its own backstop
+timeout for the tree; its one real outcome still follows.
+"""
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 
 @_typing.final
@@ -161,9 +171,10 @@ class ApplyResponse(_message.Message):
     deduplicated: _builtins.int
     """ACKs ignored because their dedup key was already applied to the tree."""
     ignored: _builtins.int
-    """Operations ignored: any operation for a tree that already completed
-    (late), an INIT for a tree whose init was already applied, and a
-    RESET_TIMEOUT for a root with no pending entry.
+    """Operations ignored: an INIT for a tree whose init was already applied,
+    and a RESET_TIMEOUT for a root with no pending entry. (An ACK or FAIL for
+    a root with no pending entry, such as one whose tree already ended, is
+    applied to a new entry without a spout, which expires as an orphan.)
     """
     def __init__(
         self,

@@ -47,6 +47,7 @@ class SpoutStats:
     pending: int
     outcomes_dropped: int = 0  # reported by ackers: evicted from retention before delivery
     reconnects: int = 0  # outcome streams re-opened
+    timeout_resets: int = 0  # backstops restarted because a tree's acker timeout was reset
 
 
 def default_backstop(message_timeout: float, buckets: int) -> float:
@@ -106,7 +107,7 @@ class Spout:
         self._pending: OrderedDict[int, _Pending] = OrderedDict()
         self._cond = threading.Condition()
         self._undelivered = 0
-        self._counts = dict.fromkeys(("emitted", "acked", "failed", "timed_out", "lost", "late", "dropped"), 0)
+        self._counts = dict.fromkeys(("emitted", "acked", "failed", "timed_out", "lost", "late", "dropped", "timeout_resets"), 0)
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._subscriptions: list[OutcomeSubscription] = []
         self._threads: list[threading.Thread] = []
@@ -240,8 +241,21 @@ class Spout:
             self._resolve(root, FailReason.FAILED)
         elif outcome == acker_pb2.OUTCOME_TIMED_OUT:
             self._resolve(root, FailReason.TIMED_OUT)
+        elif outcome == acker_pb2.OUTCOME_TIMEOUT_RESET:
+            self._restart_backstop(root)
         else:
             log.warning("ignoring unknown outcome %d for root %d", outcome, root)
+
+    def _restart_backstop(self, root: int) -> None:
+        """A reset_timeout gave the tree a fresh acker timeout: give it a fresh backstop too."""
+        with self._cond:
+            entry = self._pending.pop(root, None)
+            if entry is None:
+                return  # already settled: a reset after the end changes nothing
+            entry.deadline = self._clock() + self.timeout
+            # Re-inserted last, so insertion order stays deadline order (check_timeouts relies on it).
+            self._pending[root] = entry
+            self._counts["timeout_resets"] += 1
 
     def _on_dropped(self, count: int) -> None:
         with self._cond:
@@ -328,6 +342,7 @@ class Spout:
                 pending=len(self._pending),
                 outcomes_dropped=c["dropped"],
                 reconnects=sum(s.reconnects for s in self._subscriptions),
+                timeout_resets=c["timeout_resets"],
             )
 
     def wait_idle(self, timeout: float | None = None) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from acker_client import BoltCollector, FailReason
@@ -128,3 +130,45 @@ def test_reset_timeout_keeps_slow_tree_alive(make_ackers, make_client, make_spou
     bolt.ack(slow)
     assert spout.wait_idle(30)
     assert recorder.outcome("slow") == "acked"
+
+
+def test_reset_timeout_restarts_the_spouts_backstop(make_ackers, make_client, make_spout, recorder, clock):
+    """Resets reach the spout, so a tree kept alive for longer than the spout's backstop is not failed as LOST."""
+    (server,) = make_ackers(1, clock=clock, message_timeout=1.0)
+    client = make_client([server.address])
+    spout = make_spout(client, timeout=2.0, clock=clock)
+    bolt = BoltCollector(client)
+    slow = spout.emit("slow", "slow")
+    client.flush()
+    for i in range(1, 7):  # 3.6 s of fake time in all, well past the 2 s backstop
+        clock.advance(0.6)
+        server.advance()
+        bolt.reset_timeout(slow)
+        client.flush()
+        _wait_until(lambda: spout.stats.timeout_resets == i, "the reset notification")
+        assert spout.check_timeouts() == 0
+    assert recorder.outcome("slow") is None and spout.pending == 1
+    bolt.ack(slow)
+    assert spout.wait_idle(30)
+    assert recorder.outcome("slow") == "acked"
+
+
+def test_without_resets_the_backstop_fails_the_record_as_lost(make_ackers, make_client, make_spout, recorder, clock):
+    """Control for the test above: the same 3.6 s without resets ends LOST at the spout's 2 s backstop."""
+    (server,) = make_ackers(1, clock=clock, message_timeout=60.0)
+    client = make_client([server.address])
+    spout = make_spout(client, timeout=2.0, clock=clock)
+    spout.emit("slow", "slow")
+    client.flush()
+    clock.advance(3.6)
+    assert spout.check_timeouts() == 1
+    assert spout.wait_idle(30)
+    assert recorder.outcome("slow") is FailReason.LOST
+
+
+def _wait_until(condition, what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition`` (an asynchronous delivery) for at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)

@@ -53,13 +53,15 @@ def test_dedup_key_ignores_a_repeated_ack(make_server, connect, apply, ledger_st
     assert (pending, stats["acked"], stats["deduplicated"]) == (0, 1, 1)
 
 
-def test_messages_for_completed_roots_are_ignored(make_server, connect, apply):
-    """An ack for a tree that already ended is reported as ignored, not applied."""
+def test_messages_for_ended_trees_become_orphans(make_server, connect, apply):
+    """An ack or fail for a tree that already ended makes a spout-less entry, never a second outcome."""
     server = make_server()
     stub = connect(server)
     apply(stub, [(INIT, 9, 5), (ACK, 9, 5)])
-    late = apply(stub, [(ACK, 9, 5), (INIT, 9, 5)])
-    assert (late.applied, late.ignored) == (0, 2)
+    late = apply(stub, [(ACK, 9, 5), (FAIL, 9, 0)])
+    assert (late.applied, late.ignored) == (2, 0)
+    assert server.call(lambda: (server.ledger.pending_trees, server.ledger.orphan_entries)) == (0, 1)
+    assert server.call(lambda: server.ledger.stats.acked + server.ledger.stats.failed) == 1
 
 
 def test_describe_reports_configuration(make_server, connect, apply):

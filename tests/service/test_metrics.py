@@ -39,6 +39,7 @@ def test_ledger_metrics_read_back_over_http(make_server, connect, apply, clock):
     stub = connect(server)
     apply(stub, [(INIT, 1, 5), (INIT, 2, 5), (INIT, 3, 5), (INIT, 4, 5), (ACK, 99, 1)])
     clock.advance(0.3)
+    # The second ACK of root 1 comes after its tree ended: it makes an orphan entry.
     apply(stub, [(ACK, 1, 5), (FAIL, 2, 0), (RESET, 3, 0), (ACK, 1, 5), (INIT, 3, 5)])  # late ack, dup init
     clock.advance(1.7)
     apply(stub, [(ACK, 3, 4)], dedup_keys=[8])
@@ -48,13 +49,12 @@ def test_ledger_metrics_read_back_over_http(make_server, connect, apply, clock):
     assert m[("acker_trees_initialized_total", ())] == 4
     kinds = ("init", "ack", "fail", "reset_timeout")
     ops = {kind: m[("acker_operations_total", (("kind", kind),))] for kind in kinds}
-    assert ops == {"init": 4, "ack": 4, "fail": 1, "reset_timeout": 1}
+    assert ops == {"init": 4, "ack": 5, "fail": 1, "reset_timeout": 1}
     assert m[("acker_operations_deduplicated_total", ())] == 1
-    assert m[("acker_late_messages_total", ())] == 1
     assert m[("acker_duplicate_inits_total", ())] == 1
     outcomes = {o: m[("acker_outcomes_total", (("outcome", o),))] for o in ("acked", "failed", "timed_out")}
     assert outcomes == {"acked": 2, "failed": 1, "timed_out": 0}
-    assert (m[("acker_pending_trees", ())], m[("acker_orphan_entries", ())]) == (1, 1)
+    assert (m[("acker_pending_trees", ())], m[("acker_orphan_entries", ())]) == (1, 2)  # roots 99 and 1
     assert m[("acker_outcomes_retained", ())] == 2
     assert m[("acker_outcomes_dropped_total", ())] == 1  # three outcomes for "s", retention 2, no subscriber
     # Latencies: root 1 acked at 0.3 s, root 2 failed at 0.3 s, root 3 acked at 2.0 s.

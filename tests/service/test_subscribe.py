@@ -9,8 +9,9 @@ from acker_service.batch import OpKind
 from acker_service.servicer import OUTCOMES_PER_MESSAGE
 from acker_service.v1 import acker_pb2
 
-INIT, ACK, FAIL = int(OpKind.INIT), int(OpKind.ACK), int(OpKind.FAIL)
+INIT, ACK, FAIL, RESET = (int(k) for k in (OpKind.INIT, OpKind.ACK, OpKind.FAIL, OpKind.RESET_TIMEOUT))
 ACKED, FAILED, TIMED_OUT = acker_pb2.OUTCOME_ACKED, acker_pb2.OUTCOME_FAILED, acker_pb2.OUTCOME_TIMED_OUT
+TIMEOUT_RESET = acker_pb2.OUTCOME_TIMEOUT_RESET
 
 
 def subscribe(stub, spout="s", incarnation=0, after=0):
@@ -180,6 +181,21 @@ def test_timed_out_trees_are_delivered(make_server, connect, apply, clock):
     pending, orphans = server.call(lambda: (server.ledger.pending_trees, server.ledger.orphan_entries))
     assert (pending, orphans) == (0, 0)
     assert server.ledger.stats.orphaned == 1
+    stream.cancel()
+
+
+def test_timeout_resets_reach_the_spout(make_server, connect, apply, clock):
+    """A RESET_TIMEOUT on a tree with a known spout is streamed as TIMEOUT_RESET, then the real outcome follows."""
+    server = make_server(clock=clock, message_timeout=2.0)
+    stub = connect(server)
+    stream, _ = subscribe(stub)
+    apply(stub, [(INIT, 7, 3), (RESET, 5, 0)])  # root 5 is unknown: nothing to reset, nothing streamed
+    clock.advance(0.5)
+    apply(stub, [(RESET, 7, 0)])
+    apply(stub, [(ACK, 7, 3)])
+    got, _ = read_outcomes(stream, 2)
+    assert [(root, outcome) for _, root, outcome in got] == [(7, TIMEOUT_RESET), (7, ACKED)]
+    assert server.ledger.stats.acked == 1 and server.ledger.stats.resets == 1
     stream.cancel()
 
 
