@@ -96,18 +96,20 @@ class SpecModel:
     exists: bool = False
     spout: str | None = None
     failed: bool = False
-    done: bool = False
-    late: int = 0
+    ended: int = 0
     duplicate_inits: int = 0
     resets_applied: int = 0
     init_step: int | None = None
 
+    @property
+    def orphan_entry(self) -> bool:
+        """An entry without a spout exists (an ack or fail whose init is not, or no longer, there)."""
+        return self.exists and self.spout is None
+
     def step(self, i: int, op: Op) -> Outcome | None:
         """Apply one message; return the outcome it produces, if any."""
-        if self.done:
-            self.late += 1  # messages for a completed root are counted, not applied
-            return None
         if not self.exists:
+            # Also after the tree ended: only pending trees are kept, so the root is unknown.
             if op.kind is OpKind.RESET_TIMEOUT:
                 return None  # reset_timeout with no entry: ignore
             self.exists = True
@@ -125,12 +127,12 @@ class SpecModel:
         else:
             self.resets_applied += 1
         if self.spout is not None:
-            if self.val == 0:
-                self.done = True
-                return Outcome.ACKED
-            if self.failed:
-                self.done = True
-                return Outcome.FAILED
+            outcome = Outcome.ACKED if self.val == 0 else Outcome.FAILED if self.failed else None
+            if outcome is not None:
+                # The entry is removed: nothing of the tree is remembered.
+                self.val, self.exists, self.spout, self.failed = 0, False, None, False
+                self.ended += 1
+                return outcome
         return None
 
 
@@ -169,11 +171,14 @@ class TestEveryOrdering:
                 assert result.resolutions[0].latency_seconds == pytest.approx(i - model.init_step)
                 assert result.resolutions[0].spout == SPOUT
             seen += got
-        assert len(seen) == 1, "every tree in these scenarios must end exactly once"
+        assert len(seen) == model.ended == 1, "every tree in these scenarios must end exactly once"
         s = ledger.stats
-        want = (model.late, model.duplicate_inits, model.resets_applied)
-        assert (s.late, s.duplicate_inits, s.resets) == want
-        assert ledger.pending_trees == 0 and ledger.orphan_entries == 0
+        assert (s.duplicate_inits, s.resets) == (model.duplicate_inits, model.resets_applied)
+        # An ack or fail after the end leaves an orphan entry; it expires with no outcome.
+        assert (ledger.pending_trees, ledger.orphan_entries) == (0, int(model.orphan_entry))
+        clock.advance(ledger.message_timeout + ledger.rotation_period)
+        assert ledger.advance() == []
+        assert (ledger.orphan_entries, s.orphaned, s.acked + s.failed + s.timed_out) == (0, int(model.orphan_entry), 1)
 
     @pytest.mark.parametrize(("scenario", "order"), PERMUTATIONS)
     def test_whole_order_in_one_batch(self, ledger, scenario, order):
@@ -267,46 +272,85 @@ class TestInit:
         assert (s.inits, s.acks, s.fails, s.resets, s.acked, s.failed) == (2, 2, 1, 1, 1, 1)
 
 
-class TestLateMessages:
-    """A completed tree never gets a second outcome; later messages are counted as late."""
+class TestMessagesAfterEnd:
+    """An ended tree is forgotten: later messages are handled as for any unknown root."""
 
     def _finish(self, ledger, clock, how: str) -> None:
         if how == "acked":
-            assert outcomes(apply(ledger, init(R, E1), ack(R, E1))) == [(R, Outcome.ACKED)]
+            assert outcomes(apply(ledger, init(R, E1), ack(R, E1, key=7))) == [(R, Outcome.ACKED)]
         elif how == "failed":
             assert outcomes(apply(ledger, init(R, E1), fail(R))) == [(R, Outcome.FAILED)]
         else:
             apply(ledger, init(R, E1))
             clock.advance(ledger.message_timeout + ledger.rotation_period)
             assert outcomes(ledger.advance()) == [(R, Outcome.TIMED_OUT)]
+        assert (ledger.pending_trees, ledger.orphan_entries) == (0, 0)
+
+    # (late messages, applied, ignored): a reset before the first late ack/fail finds no entry.
+    LATE = {
+        "ack": ([ack(R, E1)], 1, 0),
+        "fail": ([fail(R)], 1, 0),
+        "mixed": ([reset(R), ack(R, E2), fail(R), reset(R), ack(R, E1)], 4, 1),
+    }
+
+    @pytest.mark.parametrize("late", list(LATE))
+    @pytest.mark.parametrize("how", ["acked", "failed", "timed_out"])
+    def test_late_acks_and_fails_become_orphans(self, ledger, clock, how, late):
+        """Acks / fails after the outcome: no outcome, one orphan entry that expires in [t+T, t+T+T/(b-1)], counted."""
+        self._finish(ledger, clock, how)
+        before = ledger.stats.inits, ledger.stats.acked + ledger.stats.failed + ledger.stats.timed_out
+        ops, applied, ignored = self.LATE[late]
+        t = clock.now
+        result = apply(ledger, *ops)
+        assert outcomes(result) == []
+        assert (result.applied, result.ignored) == (applied, ignored)
+        assert (ledger.pending_trees, ledger.orphan_entries, ledger.stats.orphaned) == (0, 1, 0)
+        clock.set(t + ledger.message_timeout - 2.0**-20)
+        assert ledger.advance() == [] and ledger.orphan_entries == 1
+        clock.set(t + ledger.message_timeout + ledger.rotation_period)
+        assert ledger.advance() == [], "a late ack or fail produced an outcome"
+        assert (ledger.pending_trees, ledger.orphan_entries, ledger.stats.orphaned) == (0, 0, 1)
+        s = ledger.stats
+        assert (s.inits, s.acked + s.failed + s.timed_out) == before
+        assert_conserved(ledger)
 
     @pytest.mark.parametrize("how", ["acked", "failed", "timed_out"])
-    def test_late_messages_counted_without_second_outcome(self, ledger, clock, how):
-        """init / ack / fail / reset after the outcome: counted late, ignored, no outcome."""
+    def test_late_reset_is_ignored(self, ledger, clock, how):
+        """reset_timeout after the outcome finds no entry: ignored, creates nothing."""
         self._finish(ledger, clock, how)
-        before = ledger.stats.inits
-        result = apply(ledger, ack(R, E2), init(R, E2), fail(R), reset(R), ack(R, E1))
-        assert outcomes(result) == []
-        assert (result.applied, result.ignored) == (0, 5)
-        assert ledger.stats.late == 5
-        assert ledger.stats.inits == before
-        assert (ledger.pending_trees, ledger.orphan_entries) == (0, 0)
-        # Nothing left to time out later either.
-        clock.advance(2 * (ledger.message_timeout + ledger.rotation_period))
-        assert ledger.advance() == []
-        assert ledger.stats.acked + ledger.stats.failed + ledger.stats.timed_out == 1
+        result = apply(ledger, reset(R))
+        assert (result.applied, result.ignored, outcomes(result)) == (0, 1, [])
+        assert (ledger.pending_trees, ledger.orphan_entries, ledger.stats.resets) == (0, 0, 0)
 
-
-    def test_very_late_acks_fall_out_as_orphans(self, ledger, clock):
-        """Acks and fails arriving after the late-window are orphans: dropped, never an outcome."""
-        self._finish(ledger, clock, "acked")
-        clock.advance(2 * (ledger.message_timeout + ledger.rotation_period))
-        assert ledger.advance() == []
-        assert outcomes(apply(ledger, ack(R, E1), fail(R))) == []
-        assert (ledger.pending_trees, ledger.orphan_entries) == (0, 1)
+    @pytest.mark.parametrize("how", ["acked", "failed", "timed_out"])
+    def test_resent_init_after_end_starts_a_new_tree(self, ledger, clock, how):
+        """A re-sent init after the end (never sent by our client) is a new tree and gets a second outcome, TIMED_OUT."""
+        self._finish(ledger, clock, how)
+        result = apply(ledger, init(R, E2))
+        assert (result.applied, result.ignored, outcomes(result)) == (1, 0, [])
+        assert (ledger.stats.inits, ledger.stats.duplicate_inits) == (2, 0)
+        assert (ledger.pending_trees, ledger.orphan_entries) == (1, 0)
         clock.advance(ledger.message_timeout + ledger.rotation_period)
-        assert ledger.advance() == []
-        assert (ledger.orphan_entries, ledger.stats.orphaned, ledger.stats.acked) == (0, 1, 1)
+        assert outcomes(ledger.advance()) == [(R, Outcome.TIMED_OUT)]
+        s = ledger.stats
+        assert (s.acked + s.failed + s.timed_out, ledger.pending_trees) == (2, 0)
+        assert_conserved(ledger)
+
+    def test_late_ack_then_resent_init_acks_again(self, ledger, clock):
+        """A late ack followed by a re-sent init that cancels it is a new tree that is ACKED again."""
+        self._finish(ledger, clock, "acked")
+        assert outcomes(apply(ledger, ack(R, E1))) == []
+        assert outcomes(apply(ledger, init(R, E1))) == [(R, Outcome.ACKED)]
+        assert (ledger.stats.inits, ledger.stats.acked, ledger.pending_trees, ledger.orphan_entries) == (2, 2, 0, 0)
+
+    def test_dedup_keys_forgotten_with_the_tree(self, ledger, clock):
+        """A keyed ack repeated after the end is applied once more (to an orphan), then deduplicated there."""
+        self._finish(ledger, clock, "acked")  # acked with ack(R, E1, key=7)
+        first = apply(ledger, ack(R, E1, key=7))
+        again = apply(ledger, ack(R, E1, key=7))
+        assert (first.applied, first.deduplicated, again.applied, again.deduplicated) == (1, 0, 0, 1)
+        assert (ledger.pending_trees, ledger.orphan_entries, ledger.stats.deduplicated) == (0, 1, 1)
+        assert outcomes(first) == outcomes(again) == []
 
 
 class TestDedupKeys:

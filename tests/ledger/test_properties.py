@@ -247,9 +247,49 @@ def deliver(ledger, clock, order, cuts, forest: Forest, expected: Expected, dt=0
     return resolved
 
 
-def late_after(order: list[Msg], expected: Expected) -> int:
-    """Messages delivered after their tree's outcome (the spec counts them as late)."""
-    return sum(1 for i, m in enumerate(order) if m.root in expected.at and i > expected.at[m.root][0])
+class Entries:
+    """Which entries the spec's table leaves in the ledger, given where each tree ends.
+
+    Outcomes are ``expected_outcomes``' job; this follows the rest of the table. An ended
+    tree is forgotten, so a later ack or fail makes an entry without a spout (an orphan)
+    and a later init a new tree. Also counts duplicate inits and applied resets.
+    """
+
+    def __init__(self, expected: Expected) -> None:
+        self.end_at = {r: p for r, (p, _) in expected.at.items()}
+        self.entries: dict[int, bool] = {}  # root -> init applied
+        self.inits = self.duplicate_inits = self.resets = 0
+
+    def feed(self, msgs: list[Msg], start: int = 0) -> None:
+        """Messages at positions ``start``, ``start + 1``, ... of the delivery."""
+        for i, m in enumerate(msgs, start):
+            if m.kind == RESET:
+                self.resets += m.root in self.entries  # otherwise ignored: no entry to refresh
+            elif m.kind == INIT:
+                if self.entries.get(m.root):
+                    self.duplicate_inits += 1
+                else:
+                    self.entries[m.root] = True
+                    self.inits += 1
+            else:
+                self.entries.setdefault(m.root, False)
+            if self.end_at.get(m.root) == i:
+                del self.entries[m.root]
+
+    @property
+    def pending(self) -> int:
+        return sum(self.entries.values())
+
+    @property
+    def orphans(self) -> int:
+        return len(self.entries) - self.pending
+
+
+def check_entries(ledger: Ledger, model: Entries) -> None:
+    """The ledger holds the trees and orphans the model says, with the model's counters."""
+    s = ledger.stats
+    assert (ledger.pending_trees, ledger.orphan_entries) == (model.pending, model.orphans)
+    assert (s.inits, s.duplicate_inits, s.resets) == (model.inits, model.duplicate_inits, model.resets)
 
 
 # --- strategies --------------------------------------------------------------------------
@@ -307,25 +347,42 @@ def test_acked_exactly_at_last_message(clock_factory, trees_checked, seed, shape
     resolved = deliver(ledger, clock, order, cuts, forest, expected, 0.9 * T / len(cuts))
     assert sorted(resolved) == sorted(forest.roots)
     assert all(res.outcome == Outcome.ACKED for res in resolved.values())
-    assert ledger.stats.late == late_after(order, expected)  # only resets sent after the end
-    assert (ledger.pending_trees, ledger.orphan_entries) == (0, 0)
-    check_late_messages_ignored(ledger, clock, rng, order, shape.spouts)
+    model = Entries(expected)
+    model.feed(order)
+    check_entries(ledger, model)
+    assert (ledger.pending_trees, ledger.orphan_entries) == (0, 0)  # after the end: only resets, ignored
+    check_messages_after_end(ledger, clock, rng, order, shape.spouts, model)
     trees_checked["acked_exactly_at_last_message"] += len(forest.roots)
 
 
-def check_late_messages_ignored(ledger, clock, rng, order, spouts):
-    """Re-deliver a random sample of a finished forest: all late, no second outcome, none pending."""
+def check_messages_after_end(ledger, clock, rng, order, spouts, model: Entries):
+    """Re-deliver acks, fails and resets of a finished forest: no outcome, orphans that drain in one window."""
     extra = [rng.choice(order) for _ in range(rng.randint(1, len(order)))]
-    late_before, outcomes_before = ledger.stats.late, ledger.stats.acked + ledger.stats.failed
+    extra = [m for m in extra if m.kind != INIT]  # our client never re-sends an init
+    s = ledger.stats
+    outcomes_before, orphaned_before = s.acked + s.failed + s.timed_out, s.orphaned
+    orphans_before, pending_before = ledger.orphan_entries, ledger.pending_trees
+    new_orphans = {m.root for m in extra if m.kind != RESET} - set(model.entries)
+    event(f"late acks/fails made orphans: {'yes' if new_orphans else 'no'}")
+    t = clock.now
     for lo, hi in splits(rng, len(extra), 16):
         result = ledger.apply_batch(to_batch(extra[lo:hi], spouts))
-        assert result.resolutions == [] and result.applied == 0
+        assert result.resolutions == [], "a message after the end produced an outcome"
+        model.feed(extra[lo:hi], len(order) + lo)  # past every end position
+        check_entries(ledger, model)
+        assert ledger.pending_trees == pending_before
         assert_conserved(ledger)
-    assert ledger.stats.late - late_before == len(extra)
-    clock.advance(ledger.message_timeout + ledger.rotation_period)
-    assert ledger.advance() == [], "a finished tree timed out later"
-    assert ledger.stats.acked + ledger.stats.failed == outcomes_before and ledger.stats.timed_out == 0
+    assert ledger.orphan_entries == orphans_before + len(new_orphans)
+    orphans = ledger.orphan_entries
+    clock.set(t + ledger.message_timeout * (1 - 1e-9))
+    assert ledger.advance() == []
+    assert new_orphans <= set(ledger.pending_roots()), "a late orphan expired before t + T"
+    clock.set(t + (ledger.message_timeout + ledger.rotation_period) * (1 + 1e-9))
+    assert ledger.advance() == [], "an orphan made by a late message produced an outcome"
+    assert s.acked + s.failed + s.timed_out == outcomes_before
     assert (ledger.pending_trees, ledger.orphan_entries) == (0, 0)
+    assert s.orphaned == orphaned_before + orphans
+    assert_conserved(ledger)
 
 
 @PROPERTY
@@ -381,11 +438,23 @@ def test_duplicated_init_never_acks_early(clock_factory, trees_checked, seed, sh
     resolved = deliver(ledger, clock, order, cuts, forest, expected, 0.9 * T / len(cuts))
     assert sorted(resolved) == sorted(forest.roots)
     assert all(res.outcome == Outcome.ACKED for res in resolved.values())
-    late_inits = sum(
-        1 for i, m in enumerate(order) if m.kind == INIT and i > expected.at[m.root][0]
-    )
-    assert ledger.stats.duplicate_inits + late_inits == len(forest.roots)
-    assert ledger.stats.inits == len(forest.roots)
+    # A copy after the end is a new tree (the spec keeps no memory of ended roots).
+    resent = {m.root for i, m in enumerate(order) if m.kind == INIT and i > expected.at[m.root][0]}
+    event(f"init copies after the end: {'some' if resent else 'none'}")
+    model = Entries(expected)
+    model.feed(order)
+    check_entries(ledger, model)
+    assert ledger.stats.duplicate_inits + len(resent) == len(forest.roots)
+    assert ledger.stats.inits == len(forest.roots) + len(resent)
+    assert (ledger.pending_trees, ledger.orphan_entries) == (len(resent), 0)
+    # Those new trees get a second outcome: TIMED_OUT, once, to the init's spout.
+    clock.advance((T + T / (b - 1)) * (1 + 1e-9))
+    timed_out = ledger.advance()
+    assert sorted(res.root for res in timed_out) == sorted(resent)
+    assert all(res.outcome == Outcome.TIMED_OUT for res in timed_out)
+    assert all(res.spout == spout_name(forest.spout_of[res.root]) for res in timed_out)
+    assert (ledger.pending_trees, ledger.orphan_entries, ledger.stats.timed_out) == (0, 0, len(resent))
+    assert_conserved(ledger)
     trees_checked["duplicated_init_never_acks_early"] += len(forest.roots)
 
 
@@ -411,15 +480,18 @@ def test_fail_anywhere_fails_exactly_once(clock_factory, trees_checked, seed, sh
     event(f"failing trees: {'some' if failing else 'none'}")
     assert {r for r, res in resolved.items() if res.outcome == Outcome.FAILED} == failing
     assert sorted(resolved) == sorted(forest.roots)
-    assert ledger.stats.late == late_after(order, expected)
-    check_late_messages_ignored(ledger, clock, rng, order, shape.spouts)
+    model = Entries(expected)
+    model.feed(order)
+    check_entries(ledger, model)  # acks and fails after a FAILED are orphans, no tree is pending
+    assert ledger.pending_trees == 0
+    check_messages_after_end(ledger, clock, rng, order, shape.spouts, model)
     trees_checked["fail_anywhere_fails_once"] += len(forest.roots)
 
 
 @PROPERTY
 @given(seed=seeds, shape=shapes(fail_rate=st.sampled_from([0.0, 0.2])), mean=batch_means, timeout=timeouts)
 def test_no_traffic_drains_within_one_window(clock_factory, trees_checked, seed, shape, mean, timeout):
-    """Bounded memory: lost inits (orphans) and lost acks (pending) all drain within T + T/(b-1)."""
+    """Bounded memory: lost inits and late acks (orphans), lost acks (pending) all drain within T + T/(b-1)."""
     T, b = timeout
     rng = random.Random(seed)
     forest = build_forest(rng, FOREST, shape)
@@ -445,10 +517,33 @@ def test_no_traffic_drains_within_one_window(clock_factory, trees_checked, seed,
         clock.advance(dt)
         ledger.apply_batch(to_batch(order[lo:hi], shape.spouts))
         assert_conserved(ledger)
+    expected = expected_outcomes(order, forest.roots)
+    for r in stuck:
+        del expected.at[r]  # a lost ack: never ends during delivery
+    model = Entries(expected)
+    model.feed(order)  # orphans: lost inits, and acks or fails that came after a FAILED
+    check_entries(ledger, model)
+    assert model.pending == len(stuck) and model.orphans >= len(orphaned)
+    # Then copies of acks, fails and resets of trees that ended (a Spark re-run after the
+    # end), over a quarter timeout: each tree with a late ack or fail leaves one orphan.
+    ended = [m for r in forest.roots if r not in lost_init | stuck for m in forest.msgs[r] if m.kind != INIT]
+    late = [rng.choice(ended) for _ in range(rng.randint(0, len(ended)))]
+    late_orphans = {m.root for m in late if m.kind != RESET} - set(model.entries)
+    orphans_before = ledger.orphan_entries
+    late_cuts = splits(rng, len(late), mean)
+    for lo, hi in late_cuts:
+        clock.advance(T / (4 * len(late_cuts)))
+        assert ledger.apply_batch(to_batch(late[lo:hi], shape.spouts)).resolutions == []
+        model.feed(late[lo:hi], len(order) + lo)  # past every end position
+        check_entries(ledger, model)
+        assert ledger.pending_trees == len(stuck)
+        assert_conserved(ledger)
+    assert ledger.orphan_entries == orphans_before + len(late_orphans) == model.orphans
     clock.advance(T + T / (b - 1) + T * 1e-9)  # one window after the last traffic, nothing sent
     ledger.advance()
     assert (ledger.pending_trees, ledger.orphan_entries) == (0, 0)
-    assert ledger.stats.orphaned == len(orphaned)
+    assert ledger.stats.orphaned == model.orphans
+    assert ledger.stats.acked + ledger.stats.failed == len(forest.roots) - len(lost_init) - len(stuck)
     assert ledger.stats.timed_out == len(stuck)
     assert ledger.stats.inits == len(forest.roots) - len(lost_init)
     assert_conserved(ledger)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 import urllib.request
 
 import grpc
@@ -56,7 +57,8 @@ def test_ledger_metrics_read_back_over_http(make_server, connect, apply, clock):
     assert outcomes == {"acked": 2, "failed": 1, "timed_out": 0}
     assert (m[("acker_pending_trees", ())], m[("acker_orphan_entries", ())]) == (1, 2)  # roots 99 and 1
     assert m[("acker_outcomes_retained", ())] == 2
-    assert m[("acker_outcomes_dropped_total", ())] == 1  # three outcomes for "s", retention 2, no subscriber
+    # Three outcomes and one timeout reset (root 3) for "s", retention 2, no subscriber.
+    assert m[("acker_outcomes_dropped_total", ())] == 2
     # Latencies: root 1 acked at 0.3 s, root 2 failed at 0.3 s, root 3 acked at 2.0 s.
     bucket = lambda le: m[("acker_complete_latency_seconds_bucket", (("le", le),))]  # noqa: E731
     assert (bucket("0.25"), bucket("0.5"), bucket("1.0"), bucket("2.5"), bucket("+Inf")) == (0, 2, 2, 3, 3)
@@ -97,6 +99,11 @@ def test_grpc_server_metrics_by_method_and_code(make_server, connect, apply):
     with pytest.raises(grpc.RpcError):
         next(old)  # ABORTED by the takeover
     new.cancel()
+    # Stopping before the server saw the cancel would end the stream as UNAVAILABLE instead.
+    deadline = time.monotonic() + 30
+    while server.metrics.sample("acker_subscribers") != 0:
+        assert time.monotonic() < deadline, "the server never saw the cancelled stream end"
+        time.sleep(0.01)
     labels = {"grpc_service": "acker_service.v1.Acker"}
     apply_labels = {**labels, "grpc_type": "UNARY", "grpc_method": "Apply"}
     sub_labels = {**labels, "grpc_type": "SERVER_STREAM", "grpc_method": "Subscribe"}
