@@ -1,13 +1,43 @@
-"""Test helpers for users of the client: a throwaway acker cluster on free loopback ports."""
+"""Test helpers for users of the client: a throwaway acker cluster on free loopback ports, and a manual clock."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["local_cluster", "LocalCluster"]
+__all__ = ["local_cluster", "LocalCluster", "ManualClock"]
+
+
+class ManualClock:
+    """A monotonic clock a test moves by hand, so timeouts need no sleeping.
+
+    Pass it wherever a ``clock=`` is accepted (``Spout``, ``local_cluster``,
+    ``AckerServer``, ``Ledger``), then ``advance()`` it and let the acker
+    expire what is due (``server.advance()``).
+
+    >>> clock = ManualClock()
+    >>> clock.advance(1.5); clock()
+    1001.5
+    """
+
+    def __init__(self, start: float = 1000.0) -> None:
+        # Not 0: nothing may rely on a monotonic clock starting at zero.
+        self.now = float(start)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds`` (never backwards: the clock is monotonic)."""
+        if seconds < 0:
+            raise ValueError(f"a monotonic clock cannot go back {seconds} seconds")
+        self.now += seconds
+
+    def set(self, t: float) -> None:
+        """Move time forward to the absolute time ``t``."""
+        self.advance(t - self.now)
 
 
 @dataclass
@@ -24,20 +54,29 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def local_cluster(
-    count: int = 1, *, message_timeout: float = 2.0, buckets: int = 3, processes: bool = False
+    count: int = 1,
+    *,
+    message_timeout: float = 2.0,
+    buckets: int = 3,
+    processes: bool = False,
+    clock: Callable[[], float] | None = None,
 ) -> Iterator[Any]:
     """Run ``count`` acker shards on free 127.0.0.1 ports for the duration of a ``with`` block.
 
     In-process (the default) the ackers are :class:`acker_service.server.AckerServer`
     threads; with ``processes=True`` they are separate processes
     (:class:`acker_service.cluster.ProcessCluster`, which adds ``kill`` and
-    ``restart``). Either way the yielded object has ``addresses``.
+    ``restart``). Either way the yielded object has ``addresses``. ``clock``
+    (in-process only, e.g. a :class:`ManualClock`) drives the ackers' timeouts;
+    call ``server.advance()`` on each of ``cluster.servers`` after moving it.
 
     >>> from acker_client import ClusterClient
     >>> with local_cluster(3) as ackers, ClusterClient(ackers.addresses) as client:  # doctest: +SKIP
     ...     ...
     """
     if processes:
+        if clock is not None:
+            raise ValueError("a clock can only drive in-process ackers (processes=False)")
         from acker_service.cluster import ProcessCluster
 
         with ProcessCluster(count=count, message_timeout=message_timeout, buckets=buckets) as cluster:
@@ -58,7 +97,8 @@ def local_cluster(
                 buckets=buckets,
                 grace=0.5,
             )
-            cluster.servers.append(AckerServer(config).start())
+            server = AckerServer(config) if clock is None else AckerServer(config, clock=clock)
+            cluster.servers.append(server.start())
         yield cluster
     finally:
         for server in cluster.servers:

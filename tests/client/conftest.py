@@ -9,23 +9,12 @@ from typing import Any
 
 import pytest
 
+from acker_client.testing import ManualClock
+
 from acker_client import ClusterClient, FailReason, Spout
 from acker_service.config import ServerConfig
 from acker_service.server import AckerServer
 
-
-class FakeClock:
-    """A monotonic clock the test moves by hand (thread-safe reads)."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward."""
-        self.now += seconds
 
 
 class Recorder:
@@ -76,9 +65,9 @@ class Recorder:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
+def clock() -> ManualClock:
     """A fresh fake clock."""
-    return FakeClock()
+    return ManualClock()
 
 
 @pytest.fixture

@@ -7,40 +7,22 @@ from collections import Counter
 
 import pytest
 
-__all__ = ["FakeClock"]
+from acker_client.testing import ManualClock
 
+__all__ = ["ManualClock"]
 
-class FakeClock:
-    """A monotonic clock the test moves by hand, so timeouts need no sleeping."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        # Not 0: a ledger must not rely on the clock starting at zero.
-        self.now = float(start)
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, dt: float) -> None:
-        """Move time forward by ``dt`` seconds (never backwards: the clock is monotonic)."""
-        if dt < 0:
-            raise ValueError(f"a monotonic clock cannot go back {dt} seconds")
-        self.now += dt
-
-    def set(self, t: float) -> None:
-        """Move time forward to the absolute time ``t``."""
-        self.advance(t - self.now)
 
 
 @pytest.fixture
-def clock() -> FakeClock:
+def clock() -> ManualClock:
     """A fresh fake clock at t = 1000 s."""
-    return FakeClock()
+    return ManualClock()
 
 
 @pytest.fixture(scope="session")
-def clock_factory() -> type[FakeClock]:
-    """The FakeClock class, for hypothesis tests that need a fresh clock per example."""
-    return FakeClock
+def clock_factory() -> type[ManualClock]:
+    """The ManualClock class, for hypothesis tests that need a fresh clock per example."""
+    return ManualClock
 
 
 _TREES_KEY = pytest.StashKey[Counter]()

@@ -8,30 +8,19 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 
+from acker_client.testing import ManualClock
+
 from acker_service import grpc_options
 from acker_service.config import ServerConfig
 from acker_service.server import AckerServer
 from acker_service.v1 import acker_pb2, acker_pb2_grpc
 
 
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward."""
-        self.now += seconds
-
 
 @pytest.fixture
-def clock() -> FakeClock:
+def clock() -> ManualClock:
     """A fresh fake clock."""
-    return FakeClock()
+    return ManualClock()
 
 
 @pytest.fixture
