@@ -16,7 +16,6 @@ from acker_service.config import ServerConfig
 from acker_service.server import AckerServer
 
 
-
 class Recorder:
     """Collects spout callbacks; every message id must be called back exactly once."""
 

@@ -9,6 +9,8 @@ import pytest
 
 from acker_client import AckerError, ClusterClient, ClusterMisconfigured, RequestRefused, ShardUnavailable, new_id
 
+from .polling import wait_until
+
 
 def test_refuses_wrong_address_order(make_ackers):
     """A list with two shards swapped is refused with a message naming the position and the shard."""
@@ -77,7 +79,7 @@ def test_background_flush_sends_by_age(make_ackers, make_client):
     (server,) = make_ackers(1, message_timeout=60.0)
     client = make_client([server.address], flush_interval=0.01)
     client.init(new_id(), 1, "aged")
-    _wait(lambda: client.stats.operations_sent == 1)
+    wait_until(lambda: client.stats.operations_sent == 1)
     assert server.ledger is not None and client.describe(0).pending_trees == 1
 
 
@@ -167,12 +169,3 @@ def test_concurrent_callers_lose_nothing(make_ackers, make_client):
     client.flush()
     assert client.stats.applied == 4000
     assert sum(client.describe(i).pending_trees for i in range(2)) == 4000
-
-
-def _wait(predicate, timeout: float = 30.0) -> None:
-    done = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        done.wait(0.01)
-    raise AssertionError("condition not reached")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from acker_client import BoltCollector, FailReason
+
+from .polling import wait_until
 
 
 @pytest.fixture
@@ -145,7 +145,7 @@ def test_reset_timeout_restarts_the_spouts_backstop(make_ackers, make_client, ma
         server.advance()
         bolt.reset_timeout(slow)
         client.flush()
-        _wait_until(lambda: spout.stats.timeout_resets == i, "the reset notification")
+        wait_until(lambda: spout.stats.timeout_resets == i, "the reset notification")
         assert spout.check_timeouts() == 0
     assert recorder.outcome("slow") is None and spout.pending == 1
     bolt.ack(slow)
@@ -164,11 +164,3 @@ def test_without_resets_the_backstop_fails_the_record_as_lost(make_ackers, make_
     assert spout.check_timeouts() == 1
     assert spout.wait_idle(30)
     assert recorder.outcome("slow") is FailReason.LOST
-
-
-def _wait_until(condition, what: str, timeout: float = 30.0) -> None:
-    """Poll ``condition`` (an asynchronous delivery) for at most ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.01)

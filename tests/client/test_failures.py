@@ -7,6 +7,8 @@ import threading
 from acker_client import AckerError, BoltCollector, ClusterClient, FailReason, Spout
 from acker_client.testing import local_cluster
 
+from .polling import wait_until
+
 
 def _tree(spout: Spout, bolt: BoltCollector, i, *, finish: bool = True):
     """Emit record ``i``, one child; ack the spout tuple (and the child if ``finish``). Returns (root, child)."""
@@ -63,7 +65,7 @@ def test_kill9_one_of_three_ackers(recorder):
         assert spout.stats.lost == sum(1 for i in range(300, 900) if roots[i] % 3 == 1) > 0
 
         ackers.restart(1)
-        _wait(lambda: _reachable(client, 1))
+        wait_until(lambda: _reachable(client, 1))
         for i in range(900, 1200):
             roots[i] = _tree(spout, bolt, i)[0]
         assert spout.wait_idle(60)
@@ -108,12 +110,3 @@ def _reachable(client: ClusterClient, shard: int) -> bool:
         return True
     except AckerError:
         return False
-
-
-def _wait(predicate, timeout: float = 60.0) -> None:
-    done = threading.Event()
-    for _ in range(int(timeout / 0.05)):
-        if predicate():
-            return
-        done.wait(0.05)
-    raise AssertionError("condition not reached")

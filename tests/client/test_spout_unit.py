@@ -11,6 +11,8 @@ from acker_client.spout import default_backstop
 from acker_service.v1 import acker_pb2
 
 from .fakes import RecordingCluster
+from .polling import wait_until
+
 
 ACKED, FAILED, TIMED_OUT = acker_pb2.OUTCOME_ACKED, acker_pb2.OUTCOME_FAILED, acker_pb2.OUTCOME_TIMED_OUT
 
@@ -63,7 +65,7 @@ def test_outcomes_call_back_once_and_late_ones_are_counted(make_spout, recorder)
     assert recorder.outcome("m0") == "acked"
     assert recorder.outcome("m1") is FailReason.FAILED
     assert recorder.outcome("m2") is FailReason.TIMED_OUT
-    _wait(lambda: spout.stats.late_outcomes == 2)
+    wait_until(lambda: spout.stats.late_outcomes == 2)
 
 
 def test_backstop_fails_as_lost_on_injected_clock(make_spout, recorder, clock):
@@ -79,7 +81,7 @@ def test_backstop_fails_as_lost_on_injected_clock(make_spout, recorder, clock):
     assert spout.check_timeouts() == 3
     assert spout.wait_idle(0.01) is False and spout.pending == 1
     cluster.push(0, 1, 1, first[:1], [ACKED])  # too late: already failed as lost
-    _wait(lambda: spout.stats.late_outcomes == 1)
+    wait_until(lambda: spout.stats.late_outcomes == 1)
     clock.advance(5)
     assert spout.check_timeouts() == 1
     assert spout.wait_idle(10)
@@ -173,17 +175,7 @@ def test_resume_skips_sequences_already_seen(make_spout, recorder):
     sub = spout.subscriptions[0]
     assert (sub.incarnation, sub.last_sequence, sub.duplicates_skipped) == (9, 1, 1)
     sub.interrupt()
-    _wait(lambda: len(cluster.subscribes) == 2)
+    wait_until(lambda: len(cluster.subscribes) == 2)
     assert cluster.subscribes[-1] == (0, spout.name, 9, 1)
     recorder.assert_exactly_once(range(4))
     assert spout.stats.late_outcomes == 0
-
-
-def _wait(predicate, timeout: float = 10.0) -> None:
-    """Poll a condition set by a background thread (no fixed sleeps)."""
-    done = threading.Event()
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        done.wait(0.01)
-    raise AssertionError("condition not reached")
