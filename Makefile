@@ -10,11 +10,12 @@ PYTEST_ARGS ?=
 # without a Docker engine), Java 17 (PySpark).
 SYSTEM_BINARIES := prometheus promtool docker-compose java
 
-.PHONY: demo test bench venv system-deps proto clean help
+.PHONY: demo test lint bench venv system-deps proto clean help
 
 help:
 	@echo "make demo   run the word-count job with tracking, failures and replays (local ackers, local Spark)"
-	@echo "make test   set up .venv and system packages, then run the test suite"
+	@echo "make test   set up .venv and system packages, lint, then run the test suite"
+	@echo "make lint   ruff over the project (generated code excluded)"
 	@echo "make bench  run acker-bench against an embedded cluster"
 	@echo "make proto  regenerate acker_service/v1 from proto/"
 
@@ -40,7 +41,10 @@ system-deps:
 demo: $(VENV)/.installed
 	$(VENV)/bin/acker-demo $(DEMO_ARGS)
 
-test: $(VENV)/.installed system-deps
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+test: $(VENV)/.installed system-deps lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed

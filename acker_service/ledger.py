@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from itertools import repeat
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import NamedTuple
 
 from .batch import Batch, OpKind, Outcome

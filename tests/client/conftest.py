@@ -8,10 +8,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
+from acker_client import ClusterClient, FailReason, Spout
 from acker_client.testing import ManualClock
 
-from acker_client import ClusterClient, FailReason, Spout
 from acker_service.config import ServerConfig
 from acker_service.server import AckerServer
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from functools import reduce
 from operator import xor
 
+from acker_client.batching import ACK, FAIL, INIT, RESET_TIMEOUT, OpBuffer
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from acker_client.batching import ACK, FAIL, INIT, RESET_TIMEOUT, OpBuffer
 from acker_service.batch import Batch, validate_batch
 from acker_service.ledger import Ledger
 

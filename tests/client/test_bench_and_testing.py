@@ -62,7 +62,6 @@ def test_bench_memory_mode_reports_bytes_per_pending_tree(capsys):
 def test_shard_roots_belong_to_their_shard():
     """The apply bench draws non-zero roots that the named shard owns."""
     import numpy as np
-
     from acker_client.bench_apply import shard_roots
 
     rng = np.random.default_rng(7)

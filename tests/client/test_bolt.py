@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from acker_client import BoltCollector, MessageId, TrackedTuple
 
 from .fakes import RecordingCluster

@@ -6,7 +6,6 @@ import threading
 
 import grpc
 import pytest
-
 from acker_client import AckerError, ClusterClient, ClusterMisconfigured, RequestRefused, ShardUnavailable, new_id
 
 from .polling import wait_until

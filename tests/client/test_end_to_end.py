@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from acker_client import BoltCollector, FailReason
 
 from .polling import wait_until
@@ -118,7 +117,8 @@ def test_reset_timeout_keeps_slow_tree_alive(make_ackers, make_client, make_spou
     client = make_client([server.address])
     spout = make_spout(client, timeout=60.0)
     bolt = BoltCollector(client)
-    slow, twin = spout.emit("slow", "slow"), spout.emit("twin", "twin")
+    slow = spout.emit("slow", "slow")
+    spout.emit("twin", "twin")
     client.flush()
     for _ in range(6):
         clock.advance(0.6)
@@ -145,7 +145,7 @@ def test_reset_timeout_restarts_the_spouts_backstop(make_ackers, make_client, ma
         server.advance()
         bolt.reset_timeout(slow)
         client.flush()
-        wait_until(lambda: spout.stats.timeout_resets == i, "the reset notification")
+        wait_until(lambda: spout.stats.timeout_resets == i, "the reset notification")  # noqa: B023 (polled now)
         assert spout.check_timeouts() == 0
     assert recorder.outcome("slow") is None and spout.pending == 1
     bolt.ack(slow)

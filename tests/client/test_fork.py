@@ -6,10 +6,8 @@ import os
 import struct
 
 import pytest
-
-from acker_client.testing import local_cluster
-
 from acker_client import BoltCollector, ClusterClient, MessageId, TrackedTuple, new_id
+from acker_client.testing import local_cluster
 
 CHILDREN = 16
 IDS_PER_CHILD = 200

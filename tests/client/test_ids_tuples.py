@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pickle
 
-import pytest
-
 import acker_client
+import pytest
 from acker_client import MessageId, RandomEdgeIds, TrackedTuple, new_id
 from acker_client import ids as ids_module
 

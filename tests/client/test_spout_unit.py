@@ -5,14 +5,13 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from acker_client import FailReason, ShardFailure, ShardUnavailable, Spout, SpoutFull
 from acker_client.spout import default_backstop
+
 from acker_service.v1 import acker_pb2
 
 from .fakes import RecordingCluster
 from .polling import wait_until
-
 
 ACKED, FAILED, TIMED_OUT = acker_pb2.OUTCOME_ACKED, acker_pb2.OUTCOME_FAILED, acker_pb2.OUTCOME_TIMED_OUT
 

@@ -6,7 +6,6 @@ import os
 from collections import Counter
 
 import pytest
-
 from acker_client.testing import ManualClock
 
 __all__ = ["ManualClock"]
