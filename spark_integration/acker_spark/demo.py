@@ -208,6 +208,7 @@ def _run_tracked(
     args: argparse.Namespace, spark: Any, records: list[Record], db: Path, live: _Live | None
 ) -> dict[str, Any]:
     from acker_client import ClusterClient
+
     from acker_service.cluster import ProcessCluster
 
     with ProcessCluster(count=args.ackers, message_timeout=args.message_timeout) as cluster:

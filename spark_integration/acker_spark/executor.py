@@ -1,4 +1,4 @@
-"""Executor side: run bolt logic over RDD partitions with held, deduplicated, retry-safe acks.
+"""Executor side: run bolt logic over RDD (or DataFrame) partitions with held, deduplicated, retry-safe acks.
 
 A :class:`Bolt` is created once on the driver and passed to ``rdd.mapPartitions``.
 In each task it gives the user's function a collector whose acks and fails are
@@ -73,7 +73,7 @@ class UntrackedCollector:
 
 
 class Bolt:
-    """One processing step of a tracked pipeline; use as ``rdd.mapPartitions(bolt)`` or ``bolt.apply(rdd)``.
+    """One processing step of a tracked pipeline: ``bolt.apply(rdd)`` or ``bolt.apply_df(df, schema)``.
 
     ``fn(tuples, collector)`` receives the partition's TrackedTuples and yields
     the tuples it emits (``collector.emit(value, anchors=[t])``); it acks or fails
@@ -108,10 +108,26 @@ class Bolt:
 
     def apply(self, rdd: Any) -> Any:
         """``rdd.mapPartitions(self)``, counting commits and commit errors in Spark accumulators."""
-        if self.commits is None:
-            self.commits = rdd.context.accumulator(0)
-            self.commit_errors = rdd.context.accumulator(0)
+        self.track_commits(rdd.context)
         return rdd.mapPartitions(self)
+
+    def apply_df(self, df: Any, schema: Any = None) -> Any:
+        """Run over a tracked DataFrame (with an ``_acker_ids`` column); return what it emits as one.
+
+        ``schema`` (a StructType or DDL string such as ``"word string, n int"``)
+        describes the emitted values; the result has those columns plus
+        ``_acker_ids``. ``None``: the bolt emits nothing (a sink). Input values
+        are Rows without the tracking column. See :mod:`acker_spark.frames`.
+        """
+        from .frames import apply_dataframe
+
+        return apply_dataframe(self, df, schema)
+
+    def track_commits(self, sc: Any) -> None:
+        """Create the commit and commit-error accumulators on first use (driver side)."""
+        if self.commits is None:
+            self.commits = sc.accumulator(0)
+            self.commit_errors = sc.accumulator(0)
 
     def __call__(self, tuples: Iterator[TrackedTuple]) -> Iterator[TrackedTuple]:
         """The mapPartitions function: the partition index comes from Spark's TaskContext."""

@@ -1,10 +1,11 @@
 """Driver side: a spout that feeds Spark in micro-batches and replays exactly the records that failed.
 
 :class:`GuaranteedPipeline` pulls records from a source, starts one tuple tree
-per record through :class:`acker_client.Spout`, runs the user's job on an RDD of
-the batch's TrackedTuples, and receives each tree's outcome. Failed, timed-out
-and lost records are delivered again as new trees after an exponential backoff,
-up to ``max_attempts`` deliveries; then they go to the dead-letter table.
+per record through :class:`acker_client.Spout`, runs the user's job on an RDD
+(or a DataFrame) of the batch's TrackedTuples, and receives each tree's
+outcome. Failed, timed-out and lost records are delivered again as new trees
+after an exponential backoff, up to ``max_attempts`` deliveries; then they go
+to the dead-letter table.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from acker_client import AckerError, ClusterClient, FailReason, MessageId, Spout, TrackedTuple, new_id
 
 from .dead_letter import DeadLetterStore
+from .frames import delivery_frame
 from .sources import Delivery, Record
 
 __all__ = ["ReplayPolicy", "PipelineStats", "GuaranteedPipeline", "run_untracked", "Job", "ACKED"]
@@ -28,7 +30,11 @@ __all__ = ["ReplayPolicy", "PipelineStats", "GuaranteedPipeline", "run_untracked
 log = logging.getLogger(__name__)
 
 Job = Callable[[Any], object]
-"""``job(rdd)``: runs the Spark actions that complete the work for an RDD of TrackedTuple[Delivery]."""
+"""``job(batch)``: runs the Spark actions that complete the work for one micro-batch.
+
+``batch`` is an RDD of TrackedTuple[Delivery], or with ``as_dataframe=True`` a
+DataFrame with columns ``key``, ``value``, ``attempt`` and ``_acker_ids``.
+"""
 
 ACKED = "ACKED"
 """The outcome name passed to ``on_outcome`` for an acked delivery (failures pass a FailReason name)."""
@@ -87,8 +93,8 @@ class GuaranteedPipeline:
         pipeline = GuaranteedPipeline(spark, ClusterClient(addresses), dead_letters=DeadLetterStore(db))
         stats = pipeline.run(records, job)
 
-    ``job(rdd)`` must complete the work (run the actions) before it returns; the
-    bolts inside it ack the trees. ``on_outcome(delivery, outcome)`` is called
+    ``job(batch)`` must complete the work (run the actions) before it returns;
+    the bolts inside it ack the trees. ``on_outcome(delivery, outcome)`` is called
     once per delivery from the spout's callback thread (``outcome`` is ``"ACKED"``
     or a FailReason name); ``on_progress(stats)`` from the driver thread.
     """
@@ -113,6 +119,7 @@ class GuaranteedPipeline:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.sc = getattr(spark, "sparkContext", spark)
+        self._spark = spark if spark is not self.sc else None
         self.cluster = cluster
         # A fresh name per pipeline: outcomes retained for an earlier run's spout
         # must not be delivered to this one.
@@ -135,13 +142,28 @@ class GuaranteedPipeline:
         self._lookahead: Delivery | None = None
         self._exhausted = False
         self._seq = itertools.count()
+        self._as_dataframe = False
+        self._value_type: Any = None
 
     # -- the driver loop -------------------------------------------------------
 
-    def run(self, source: Iterable[Record | tuple[str, Any]], job: Job) -> PipelineStats:
-        """Process every record of ``source`` until each is acked or dead-lettered; return the stats."""
+    def run(
+        self,
+        source: Iterable[Record | tuple[str, Any]],
+        job: Job,
+        *,
+        as_dataframe: bool = False,
+        value_type: Any = None,
+    ) -> PipelineStats:
+        """Process every record of ``source`` until each is acked or dead-lettered; return the stats.
+
+        ``as_dataframe=True`` hands ``job`` a DataFrame (``key``, ``value`` of
+        ``value_type``, a Spark DataType defaulting to string, ``attempt``,
+        ``_acker_ids``) instead of an RDD; its bolts use ``Bolt.apply_df``.
+        """
         if self._exhausted or self.stats.attempts:
             raise RuntimeError("a GuaranteedPipeline runs once; create a new one for another source")
+        self._as_dataframe, self._value_type = as_dataframe, value_type
         spout = Spout(
             self.cluster,
             on_ack=self._on_ack,
@@ -224,9 +246,8 @@ class GuaranteedPipeline:
                 self.stats.replayed_keys.add(delivery.key)
 
     def _run_job(self, job: Job, batch: list[TrackedTuple]) -> None:
-        rdd = self.sc.parallelize(batch, min(self.partitions, len(batch)))
         try:
-            job(rdd)
+            job(self._batch_input(batch))
         except Exception as err:  # noqa: BLE001 - any job failure is handled the same way
             # Spark gave up on a task (it failed on every retry). Trees the job
             # did finish stay acked; failing the rest now replays them without
@@ -239,6 +260,17 @@ class GuaranteedPipeline:
             self._fail_trees(batch)
         with self._cond:
             self.stats.batches += 1
+
+    def _batch_input(self, batch: list[TrackedTuple]) -> Any:
+        """The micro-batch as the job receives it: an RDD of TrackedTuples, or a tracked DataFrame."""
+        if self._as_dataframe:
+            return delivery_frame(self._session(), batch, self.partitions, self._value_type)
+        return self.sc.parallelize(batch, min(self.partitions, len(batch)))
+
+    def _session(self) -> Any:
+        if self._spark is None:
+            self._spark = _session_of(self.sc)
+        return self._spark
 
     def _fail_trees(self, batch: list[TrackedTuple]) -> None:
         for tracked in batch:
@@ -330,10 +362,13 @@ def run_untracked(
     batch_size: int = 1_000,
     partitions: int | None = None,
     on_progress: Callable[[PipelineStats], None] | None = None,
+    as_dataframe: bool = False,
+    value_type: Any = None,
 ) -> PipelineStats:
     """Run the same micro-batches with no acker: no outcomes, no replay (the overhead baseline).
 
     A job error propagates: without tracking nothing could replay the batch.
+    ``as_dataframe`` and ``value_type`` are as in :meth:`GuaranteedPipeline.run`.
     """
     sc = getattr(spark, "sparkContext", spark)
     slices = partitions or sc.defaultParallelism
@@ -346,10 +381,24 @@ def run_untracked(
         ]
         if not batch:
             return stats
-        job(sc.parallelize(batch, min(slices, len(batch))))
+        if as_dataframe:
+            session = spark if spark is not sc else _session_of(sc)
+            job(delivery_frame(session, batch, slices, value_type))
+        else:
+            job(sc.parallelize(batch, min(slices, len(batch))))
         stats.emitted += len(batch)
         stats.attempts += len(batch)
         stats.acked += len(batch)
         stats.batches += 1
         if on_progress is not None:
             on_progress(stats)
+
+
+def _session_of(sc: Any) -> Any:
+    """The SparkSession over ``sc`` (for callers that passed a SparkContext): the active one, or a new one."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None and active.sparkContext is sc:
+        return active
+    return SparkSession(sc)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
 from acker_spark import LOCAL_MASTER, close_clients, local_session

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 from acker_client import ClusterClient, Spout, TrackedTuple
 from acker_spark import ACKED, Bolt, Delivery
 from acker_spark.wordcount import split_words

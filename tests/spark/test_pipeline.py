@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark import cloudpickle
-
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
 from acker_spark import (
@@ -37,6 +35,7 @@ from acker_spark.wordcount import (
     tokenize,
     word_of,
 )
+from pyspark import cloudpickle
 
 from .conftest import MESSAGE_TIMEOUT
 

@@ -1,11 +1,11 @@
-"""Unit tests of what needs no Spark: ids, sources, dead letters, replay policy, word count helpers."""
+"""Unit tests of what needs no Spark: ids, sources, dead letters, replay policy, word count and DataFrame helpers."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
-
 from acker_client import MessageId, TrackedTuple
 from acker_spark import (
     DeadLetterStore,
@@ -17,6 +17,8 @@ from acker_spark import (
     records_from,
     stable_id,
 )
+from acker_spark.frames import _RowCodec, pack_ids, tracked_schema, unpack_ids
+from acker_spark.testing import StandaloneCluster, can_bind, loopback_hosts
 from acker_spark.wordcount import FailureInjection, Word, expected_counts, sink_counts, tokenize
 
 
@@ -155,3 +157,82 @@ def test_sink_counts_exclude_dead_letters(db: Path) -> None:
 def test_tokenize() -> None:
     """Words are lower-cased runs of word characters and apostrophes."""
     assert tokenize("The acker's  TREE, ok?") == ["the", "acker's", "tree", "ok"]
+
+
+class TestFrameTracking:
+    def test_pack_is_little_endian_uint64_pairs(self) -> None:
+        """A MessageId packs as (root, id) little-endian uint64 pairs and unpacks to an equal one."""
+        ids = MessageId({1: 2, (1 << 64) - 1: 3})
+        packed = pack_ids(ids)
+        assert packed == struct.pack("<4Q", 1, 2, (1 << 64) - 1, 3)
+        assert unpack_ids(packed) == ids
+        assert pack_ids(MessageId.EMPTY) == b"" and unpack_ids(b"") == MessageId.EMPTY
+        assert unpack_ids(None) == MessageId.EMPTY
+
+    def test_collected_ids_merge_by_xor_per_root(self) -> None:
+        """A list of packed ids (collect_list after a groupBy) is one MessageId: ids XORed per root."""
+        merged = unpack_ids([pack_ids(MessageId({5: 0b1100, 6: 1})), bytearray(pack_ids(MessageId({5: 0b1010})))])
+        assert merged == MessageId({5: 0b0110, 6: 1})
+
+    def test_truncated_ids_are_refused(self) -> None:
+        """A value that is not whole 16-byte pairs is refused with a message naming the column."""
+        with pytest.raises(ValueError, match="_acker_ids value of 15 bytes"):
+            unpack_ids(b"\0" * 15)
+
+    def test_codec_decodes_rows_without_the_tracking_column(self) -> None:
+        """Input Rows become TrackedTuples whose value keeps the other columns by name."""
+        from pyspark.sql import Row
+
+        codec = _RowCodec(["key", "_acker_ids", "n"], ["word"])
+        (t,) = codec.decode([Row(key="k", _acker_ids=pack_ids(MessageId.single(9, 4)), n=3)])
+        assert (t.value.key, t.value.n, t.message_id) == ("k", 3, MessageId.single(9, 4))
+        assert "_acker_ids" not in t.value.asDict()
+
+    def test_codec_encodes_tuples_dicts_rows_and_scalars(self) -> None:
+        """Emitted values map to the schema's columns by position (tuples) or by name (dicts, Rows)."""
+        from pyspark.sql import Row
+
+        ids = MessageId.single(9, 4)
+        codec = _RowCodec(["_acker_ids"], ["word", "n"])
+        values = [("a", 1), {"n": 1, "word": "a"}, Row(n=1, word="a")]
+        rows = list(codec.encode(TrackedTuple(v, ids) for v in values))
+        assert rows == [("a", 1, pack_ids(ids))] * 3
+        assert list(_RowCodec(["_acker_ids"], ["word"]).encode([TrackedTuple("a", ids)])) == [("a", pack_ids(ids))]
+
+    def test_codec_refuses_values_that_do_not_fit_the_schema(self) -> None:
+        """A wrong number of values, a missing name, or a scalar for several columns says what the schema expects."""
+        from pyspark.sql import Row
+
+        codec = _RowCodec(["_acker_ids"], ["word", "n"])
+        with pytest.raises(ValueError, match=r"emitted 3 values .* for the 2 columns"):
+            list(codec.encode([TrackedTuple(("a", 1, 2))]))
+        for named in ({"word": "a"}, Row(word="a", count=1)):
+            with pytest.raises(ValueError, match=r"has no \['n'\] for the columns"):
+                list(codec.encode([TrackedTuple(named)]))
+        with pytest.raises(TypeError, match=r"columns \['word', 'n'\]"):
+            list(codec.encode([TrackedTuple(7)]))
+
+    def test_codec_needs_the_tracking_column(self) -> None:
+        """Input without _acker_ids is refused up front."""
+        with pytest.raises(ValueError, match="has no '_acker_ids' column"):
+            _RowCodec(["word"], ["word"])
+
+    def test_tracked_schema_appends_the_binary_column(self) -> None:
+        """The output schema is the bolt's columns plus a non-null binary _acker_ids; declaring it is refused."""
+        from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+        schema = tracked_schema(StructType([StructField("word", StringType())]))
+        assert schema.names == ["word", "_acker_ids"]
+        assert schema["_acker_ids"].dataType == BinaryType() and not schema["_acker_ids"].nullable
+        assert tracked_schema(None).names == ["_acker_ids"]
+        with pytest.raises(ValueError, match="must not declare"):
+            tracked_schema(StructType([StructField("_acker_ids", BinaryType())]))
+
+
+def test_standalone_cluster_hosts_and_arguments() -> None:
+    """Workers get distinct loopback hosts; an address this machine lacks cannot be bound; no workers is refused."""
+    assert loopback_hosts(3) == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    assert can_bind("127.0.0.1") is True
+    assert can_bind("203.0.113.7") is False  # TEST-NET-3: never assigned to a local interface
+    with pytest.raises(ValueError, match="at least one worker"):
+        StandaloneCluster(workers=0)

@@ -1,0 +1,176 @@
+"""DataFrame support: tracking carried in a binary ``_acker_ids`` column, bolts run over DataFrame partitions.
+
+A tracked DataFrame has its user columns plus ``_acker_ids``: the row's
+MessageId packed as little-endian uint64 ``(root, id)`` pairs (16 bytes per
+root; empty for an unanchored row). :func:`apply_dataframe` runs a bolt over
+such a DataFrame through ``df.rdd.mapPartitions`` and ``createDataFrame`` with
+an explicit schema, so it needs no pyarrow and reuses the RDD path's held,
+deduplicated, deterministic-id machinery unchanged. After an aggregation,
+``_acker_ids`` may be an ``array<binary>`` (``F.collect_list("_acker_ids")``):
+the row then stands for all the rows it collected, and acking it acks them all.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from acker_client import MessageId, TrackedTuple
+
+if TYPE_CHECKING:  # pragma: no cover - typing only: pyspark is imported lazily at run time
+    from .executor import Bolt
+
+__all__ = [
+    "TRACKING_COLUMN",
+    "pack_ids",
+    "unpack_ids",
+    "tracked_schema",
+    "apply_dataframe",
+    "delivery_frame",
+]
+
+TRACKING_COLUMN = "_acker_ids"
+"""The name of the column that carries a row's MessageId."""
+
+_PAIR = struct.Struct("<QQ")
+
+
+def pack_ids(message_id: MessageId) -> bytes:
+    """``message_id`` as little-endian uint64 ``(root, id)`` pairs (``b""`` when unanchored)."""
+    flat = [n for pair in message_id.items() for n in pair]
+    return struct.pack(f"<{len(flat)}Q", *flat)
+
+
+def unpack_ids(data: bytes | bytearray | Sequence[bytes | bytearray] | None) -> MessageId:
+    """The MessageId packed in ``data``; a list of packed ids merges into one (XOR per root).
+
+    Merging is what acking every collected row would send: acks are XORed and
+    folded per root anyway, so a row that stands for many rows acks them all.
+    """
+    if data is None:
+        return MessageId.EMPTY
+    if isinstance(data, bytes | bytearray):
+        return MessageId(_pairs(bytes(data)))
+    merged: dict[int, int] = {}
+    for packed in data:
+        for root, ident in _pairs(bytes(packed)):
+            merged[root] = merged.get(root, 0) ^ ident
+    return MessageId(merged)
+
+
+def _pairs(data: bytes) -> Iterator[tuple[int, int]]:
+    if len(data) % _PAIR.size:
+        raise ValueError(
+            f"{TRACKING_COLUMN} value of {len(data)} bytes is not a list of 16-byte (root, id) pairs:"
+            f" was the column modified or built by hand?"
+        )
+    return _PAIR.iter_unpack(data)
+
+
+def tracked_schema(schema: Any) -> Any:
+    """``schema`` (a StructType, a DDL string or None for no columns) plus the tracking column."""
+    from pyspark.sql.types import BinaryType, DataType, StructField, StructType
+
+    if schema is None:
+        schema = StructType()
+    elif isinstance(schema, str):
+        schema = DataType.fromDDL(schema)
+    if not isinstance(schema, StructType):
+        raise TypeError(f"schema must be a StructType or a DDL string of columns, not {schema!r}")
+    if TRACKING_COLUMN in schema.names:
+        raise ValueError(f"the output schema must not declare {TRACKING_COLUMN!r}: the bolt adds it")
+    return StructType([*schema.fields, StructField(TRACKING_COLUMN, BinaryType(), nullable=False)])
+
+
+class _RowCodec:
+    """Turns input Rows into TrackedTuples and emitted TrackedTuples into output rows (shipped to executors)."""
+
+    def __init__(self, input_columns: Sequence[str], output_columns: Sequence[str]) -> None:
+        if TRACKING_COLUMN not in input_columns:
+            raise ValueError(
+                f"the DataFrame has no {TRACKING_COLUMN!r} column (columns: {list(input_columns)}):"
+                f" use one from GuaranteedPipeline.run(..., as_dataframe=True) or Bolt.apply_df,"
+                f" and keep the column through selects and joins"
+            )
+        self.tracking_index = list(input_columns).index(TRACKING_COLUMN)
+        self.value_columns = [c for c in input_columns if c != TRACKING_COLUMN]
+        self.output_columns = list(output_columns)
+
+    def decode(self, rows: Iterable[Any]) -> Iterator[TrackedTuple]:
+        """Each Row as a TrackedTuple whose value is the Row without the tracking column."""
+        from pyspark.sql import Row
+
+        # Row(*names) is a factory of Rows with those fields; with no names it would be an empty Row.
+        make = Row(*self.value_columns) if self.value_columns else lambda: Row()
+        index = self.tracking_index
+        for row in rows:
+            values = [v for i, v in enumerate(row) if i != index]
+            yield TrackedTuple(make(*values), unpack_ids(row[index]))
+
+    def encode(self, tuples: Iterable[TrackedTuple]) -> Iterator[tuple[Any, ...]]:
+        """Each emitted tuple as an output row: its value's columns, then its packed MessageId."""
+        for t in tuples:
+            yield (*self._columns(t.value), pack_ids(t.message_id))
+
+    def _columns(self, value: Any) -> tuple[Any, ...]:
+        names = self.output_columns
+        # A Row with names (it has __fields__) matches by name, like a dict, not by position.
+        if isinstance(value, Mapping) or hasattr(value, "__fields__"):
+            missing = [name for name in names if name not in value]
+            if missing:
+                raise ValueError(f"emitted {value!r} has no {missing} for the columns {names} of the schema")
+            return tuple(value[name] for name in names)
+        if isinstance(value, tuple | list):
+            if len(value) != len(names):
+                raise ValueError(
+                    f"emitted {len(value)} values {value!r} for the {len(names)} columns {names} of the schema"
+                )
+            return tuple(value)
+        if len(names) == 1:
+            return (value,)
+        raise TypeError(
+            f"emit a tuple, Row or dict with the columns {names} (got {type(value).__name__} {value!r})"
+        )
+
+
+def apply_dataframe(bolt: Bolt, df: Any, schema: Any = None) -> Any:
+    """Run ``bolt`` over a tracked DataFrame; return the DataFrame of what it emits (``schema`` + tracking).
+
+    ``schema=None`` is for a last bolt that emits nothing: run an action (such
+    as ``.count()``) on the result to make it do its work.
+    """
+    out_schema = tracked_schema(schema)
+    codec = _RowCodec(df.columns, out_schema.names[:-1])
+    bolt.track_commits(df.sparkSession.sparkContext)
+
+    def run(rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
+        # The same Bolt.__call__ as the RDD path: held acks, the task's dedup key.
+        tuples = bolt(codec.decode(rows))
+        try:
+            yield from codec.encode(tuples)
+        finally:
+            # Closing the bolt's generator early (the consumer stopped) discards its held acks.
+            tuples.close()
+
+    return df.sparkSession.createDataFrame(df.rdd.mapPartitions(run), out_schema)
+
+
+def delivery_frame(spark: Any, batch: Sequence[TrackedTuple], partitions: int, value_type: Any = None) -> Any:
+    """A DataFrame of spout tuples: ``key`` string, ``value`` (``value_type``, default string), ``attempt``, tracking."""
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    schema = tracked_schema(
+        StructType(
+            [
+                StructField("key", StringType(), nullable=False),
+                StructField("value", value_type if value_type is not None else StringType()),
+                StructField("attempt", IntegerType(), nullable=False),
+            ]
+        )
+    )
+    rows = [(t.value.key, t.value.value, t.value.attempt, pack_ids(t.message_id)) for t in batch]
+    # Through an RDD, not a local list: parallelize's slicing fixes which rows each
+    # partition holds, and a re-run partition must hold the same rows (dedup keys).
+    rdd = spark.sparkContext.parallelize(rows, max(1, min(partitions, len(rows))))
+    return spark.createDataFrame(rdd, schema)
