@@ -359,9 +359,7 @@ class ProcessCluster:
         """Wait until every shard is SERVING (see _wait_healthy)."""
         self._wait_healthy(self._shards, timeout)
 
-    def _wait_healthy(
-        self, shards: Sequence[_Shard], timeout: float, cancel: threading.Event | None = None
-    ) -> bool:
+    def _wait_healthy(self, shards: Sequence[_Shard], timeout: float, cancel: threading.Event | None = None) -> bool:
         """Poll the shards' health until all are SERVING; raise ClusterError if one dies or time runs out.
 
         Returns False only when `cancel` was set before the shards became healthy.
@@ -423,9 +421,7 @@ class ProcessCluster:
                 shard.crashes += 1
                 self._report_exit(shard, code)
                 if self.restart_on_exit:
-                    delay = (
-                        min(0.5 * 2 ** (shard.crashes - 1), _MAX_RESTART_DELAY) if shard.crashes > 1 else 0
-                    )
+                    delay = min(0.5 * 2 ** (shard.crashes - 1), _MAX_RESTART_DELAY) if shard.crashes > 1 else 0
                     shard.restart_at = time.monotonic() + delay
             if shard.restart_at is None or time.monotonic() < shard.restart_at:
                 return False

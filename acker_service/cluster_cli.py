@@ -55,9 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     for flag, kind, default, text in _FLAGS:
         env = "ACKER_CLUSTER_" + flag[2:].upper().replace("-", "_")
         shown = "" if default is None else "; default: %(default)s"
-        p.add_argument(
-            flag, type=kind, default=os.environ.get(env, default), help=f"{text} (env {env}{shown})"
-        )
+        p.add_argument(flag, type=kind, default=os.environ.get(env, default), help=f"{text} (env {env}{shown})")
     restart_env = os.environ.get("ACKER_CLUSTER_RESTART", "").lower() in ("1", "true", "yes", "on")
     p.add_argument(
         "--restart",
@@ -65,9 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         default=restart_env,
         help="restart a shard that exits unexpectedly, same shard and ports (env ACKER_CLUSTER_RESTART=1)",
     )
-    p.add_argument(
-        "server_args", nargs="*", metavar="-- SERVER_ARGS", help="extra acker-server flags for every shard"
-    )
+    p.add_argument("server_args", nargs="*", metavar="-- SERVER_ARGS", help="extra acker-server flags for every shard")
     return p
 
 

@@ -58,8 +58,7 @@ def _problems(c: ServerConfig) -> list[str]:
         problems.append(f"shard count must be at least 1, got {c.shard_count}")
     elif not 0 <= c.shard_index < c.shard_count:
         problems.append(
-            f"shard index must be 0..{c.shard_count - 1} for a shard count of {c.shard_count}, "
-            f"got {c.shard_index}"
+            f"shard index must be 0..{c.shard_count - 1} for a shard count of {c.shard_count}, got {c.shard_index}"
         )
     if not c.message_timeout > 0:
         problems.append(f"message timeout must be a positive number of seconds, got {c.message_timeout}")

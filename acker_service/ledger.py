@@ -262,4 +262,3 @@ class Ledger:
     def pending_roots(self) -> Iterable[int]:
         """Root ids of all entries (for tests and diagnostics; not the hot path)."""
         return iter(self._pending)
-

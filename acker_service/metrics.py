@@ -23,11 +23,45 @@ from .outcome_hub import OutcomeHub
 __all__ = ["AckerMetrics", "ExactHistogram", "LATENCY_BUCKETS", "BATCH_SIZE_BUCKETS", "MetricsHttpServer"]
 
 # Init-to-outcome time: sub-millisecond local trees up to the longest sensible timeouts.
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                   1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 BATCH_SIZE_BUCKETS = (1, 8, 64, 256, 1024, 4096, 16384, 65536)
-GRPC_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                        0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+GRPC_SECONDS_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 
 class ExactHistogram:
@@ -83,11 +117,13 @@ class _AckerCollector(Collector):
             ops.add_metric([kind], value)
         yield ops
         yield CounterMetricFamily(
-            "acker_operations_deduplicated", "ACKs ignored because their dedup key was already applied.",
+            "acker_operations_deduplicated",
+            "ACKs ignored because their dedup key was already applied.",
             value=s.deduplicated,
         )
         yield CounterMetricFamily(
-            "acker_duplicate_inits", "INITs ignored because the tree's init was already applied.",
+            "acker_duplicate_inits",
+            "INITs ignored because the tree's init was already applied.",
             value=s.duplicate_inits,
         )
         outcomes = CounterMetricFamily("acker_outcomes", "Tree outcomes, by outcome.", labels=["outcome"])
@@ -97,11 +133,10 @@ class _AckerCollector(Collector):
         yield CounterMetricFamily(
             "acker_orphaned", "Entries expired with no spout (acks whose init never came).", value=s.orphaned
         )
+        yield GaugeMetricFamily("acker_pending_trees", "Trees initialised and not yet ended.", value=m.pending)
         yield GaugeMetricFamily(
-            "acker_pending_trees", "Trees initialised and not yet ended.", value=m.pending
-        )
-        yield GaugeMetricFamily(
-            "acker_orphan_entries", "Entries created by acks or fails whose init has not arrived.",
+            "acker_orphan_entries",
+            "Entries created by acks or fails whose init has not arrived.",
             value=m.orphans,
         )
         yield GaugeMetricFamily("acker_subscribers", "Open Subscribe streams.", value=hub.subscribers)
@@ -109,7 +144,8 @@ class _AckerCollector(Collector):
             "acker_outcomes_retained", "Outcomes held for delivery or resume, all spouts.", value=hub.retained
         )
         yield CounterMetricFamily(
-            "acker_outcomes_dropped", "Outcomes evicted from retention before any subscriber received them.",
+            "acker_outcomes_dropped",
+            "Outcomes evicted from retention before any subscriber received them.",
             value=hub.dropped_total,
         )
         yield m.complete_latency.family()
@@ -119,9 +155,7 @@ class _AckerCollector(Collector):
 class AckerMetrics:
     """All metrics of one acker server, on a registry of its own."""
 
-    def __init__(
-        self, ledger_stats: LedgerStats, hub: OutcomeHub, *, shard_index: int, shard_count: int
-    ) -> None:
+    def __init__(self, ledger_stats: LedgerStats, hub: OutcomeHub, *, shard_index: int, shard_count: int) -> None:
         self.registry = CollectorRegistry()
         self.ledger_stats = ledger_stats
         self.hub = hub
@@ -144,12 +178,17 @@ class AckerMetrics:
             "grpc_server_started", "RPCs started on the server.", labels, registry=self.registry
         )
         self.grpc_handled = Counter(
-            "grpc_server_handled", "RPCs completed on the server, by status code.",
-            labels + ["grpc_code"], registry=self.registry,
+            "grpc_server_handled",
+            "RPCs completed on the server, by status code.",
+            labels + ["grpc_code"],
+            registry=self.registry,
         )
         self.grpc_seconds = Histogram(
-            "grpc_server_handling_seconds", "Time to handle an RPC (streams: until the stream ends).",
-            labels, buckets=GRPC_SECONDS_BUCKETS, registry=self.registry,
+            "grpc_server_handling_seconds",
+            "Time to handle an RPC (streams: until the stream ends).",
+            labels,
+            buckets=GRPC_SECONDS_BUCKETS,
+            registry=self.registry,
         )
 
     def refresh_gauges(self, pending: int, orphans: int) -> None:

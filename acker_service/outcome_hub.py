@@ -62,8 +62,17 @@ class Subscription:
 class _SpoutLog:
     """Retained outcomes of one spout; index ``head`` holds sequence ``first_seq``."""
 
-    __slots__ = ("roots", "outcomes", "latencies", "times", "head", "first_seq", "delivered",
-                 "unreported_drops", "subscription")
+    __slots__ = (
+        "roots",
+        "outcomes",
+        "latencies",
+        "times",
+        "head",
+        "first_seq",
+        "delivered",
+        "unreported_drops",
+        "subscription",
+    )
 
     def __init__(self) -> None:
         self.roots: list[int] = []
@@ -146,8 +155,7 @@ class OutcomeHub:
             for i, spout in enumerate(spouts):
                 groups.setdefault(spout, []).append(i)
             touched = [
-                self._append(spout, [roots[i] for i in idx], [outcomes[i] for i in idx],
-                             [micros[i] for i in idx], now)
+                self._append(spout, [roots[i] for i in idx], [outcomes[i] for i in idx], [micros[i] for i in idx], now)
                 for spout, idx in groups.items()
             ]
         self.retained += len(resolutions)
@@ -186,9 +194,7 @@ class OutcomeHub:
         self.dropped_total += log.evict(n)
         self.retained -= n
 
-    def subscribe(
-        self, spout: str, *, incarnation: int, after_sequence: int, wake: Callable[[], None]
-    ) -> Subscription:
+    def subscribe(self, spout: str, *, incarnation: int, after_sequence: int, wake: Callable[[], None]) -> Subscription:
         """Start a subscription, taking over any older one for the same spout.
 
         With this hub's ``incarnation`` the subscriber gets exactly the outcomes

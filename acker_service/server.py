@@ -158,9 +158,7 @@ class AckerServer:
         acker_pb2_grpc.add_AckerServicer_to_server(self.servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         address = _host_port(config.host, config.port)
         try:
             self.port = server.add_insecure_port(address)
@@ -253,9 +251,7 @@ def serve(config: ServerConfig) -> None:
         log.info(start_line(server))
         try:
             stop.wait()
-            log.info(
-                "acker shard %d/%d stopping (grace %gs)", config.shard_index, config.shard_count, config.grace
-            )
+            log.info("acker shard %d/%d stopping (grace %gs)", config.shard_index, config.shard_count, config.grace)
         finally:
             server.stop(config.grace)
     finally:

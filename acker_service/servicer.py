@@ -88,9 +88,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
                 f"{MAX_SPOUT_NAME_BYTES} bytes)",
             )
         if self._closing:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "this acker is shutting down; subscribe again later"
-            )
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "this acker is shutting down; subscribe again later")
         wakeup = asyncio.Event()
         subscription = self._hub.subscribe(
             spout, incarnation=request.incarnation, after_sequence=request.after_sequence, wake=wakeup.set
@@ -100,8 +98,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
                 if subscription.superseded:
                     await context.abort(
                         grpc.StatusCode.ABORTED,
-                        f"a newer Subscribe for spout {spout!r} took over; "
-                        "one subscription per spout per acker",
+                        f"a newer Subscribe for spout {spout!r} took over; one subscription per spout per acker",
                     )
                 chunk = self._hub.take(subscription, OUTCOMES_PER_MESSAGE)
                 if chunk is not None:

@@ -32,8 +32,17 @@ class OpBuffer:
     """
 
     __slots__ = (
-        "_init_roots", "_init_values", "_init_spouts", "_spouts", "_fails", "_acks", "_keyed_acks",
-        "_resets", "size", "added", "started",
+        "_init_roots",
+        "_init_values",
+        "_init_spouts",
+        "_spouts",
+        "_fails",
+        "_acks",
+        "_keyed_acks",
+        "_resets",
+        "size",
+        "added",
+        "started",
     )
 
     def __init__(self) -> None:

@@ -173,8 +173,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ackers", help="host:port,... of a running cluster in shard order (default: embedded)")
     p.add_argument("--metrics-urls", help="comma-separated /metrics URLs of --ackers, for their RSS")
-    p.add_argument("--embedded-ackers", type=int, default=1, help="acker processes to start when --ackers is "
-                   "not given (default 1)")
+    p.add_argument(
+        "--embedded-ackers", type=int, default=1, help="acker processes to start when --ackers is not given (default 1)"
+    )
     p.add_argument("--message-timeout", type=float, default=30.0, help="embedded ackers' timeout (default 30)")
     p.add_argument("--fan-out", type=int, default=2, help="children per tuple (default 2)")
     p.add_argument("--depth", type=int, default=2, help="levels below the spout tuple (default 2)")
@@ -183,9 +184,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=10.0, help="seconds of load (default 10)")
     p.add_argument("--processes", type=int, default=1, help="client processes (default 1)")
     p.add_argument("--max-pending", type=int, default=5_000, help="spout max pending per process")
-    p.add_argument("--mode", choices=("trees", "apply", "memory"), default="trees",
-                   help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
-                   "throughput into the ackers; memory: acker RSS per pending tree (one embedded acker)")
+    p.add_argument(
+        "--mode",
+        choices=("trees", "apply", "memory"),
+        default="trees",
+        help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
+        "throughput into the ackers; memory: acker RSS per pending tree (one embedded acker)",
+    )
     p.add_argument("--batch-ops", type=int, default=8192, help="apply mode: operations per Apply call")
     p.add_argument("--pending-trees", type=int, default=1_000_000, help="memory mode: trees left pending")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -246,7 +251,9 @@ def _memory_mode(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        _print_rows("acker-bench: acker memory per pending tree", [(k.replace("_", " "), f"{v:,}") for k, v in result.items()])
+        _print_rows(
+            "acker-bench: acker memory per pending tree", [(k.replace("_", " "), f"{v:,}") for k, v in result.items()]
+        )
     return 0
 
 
@@ -286,8 +293,10 @@ def _print_table(result: dict) -> None:
             ],
         )
         return
-    title = (f"acker-bench: {result['ackers']} acker(s), {result['processes']} client process(es), "
-             f"fan-out {result['fan_out']}, depth {result['depth']}, batch {result['batch_size']}")
+    title = (
+        f"acker-bench: {result['ackers']} acker(s), {result['processes']} client process(es), "
+        f"fan-out {result['fan_out']}, depth {result['depth']}, batch {result['batch_size']}"
+    )
     rows = [
         ("ack ops/s", f"{result['ack_ops_per_s']:,.0f}"),
         ("trees/s", f"{result['trees_per_s']:,.0f}"),

@@ -413,9 +413,7 @@ class ClusterClient:
     def _ensure_flusher(self, st: _ProcessState) -> None:
         # Called with st.lock held.
         if st.flusher is None and not st.closed:
-            st.flusher = threading.Thread(
-                target=self._flush_loop, args=(st,), name="acker-client-flusher", daemon=True
-            )
+            st.flusher = threading.Thread(target=self._flush_loop, args=(st,), name="acker-client-flusher", daemon=True)
             st.flusher.start()
 
     def _flush_loop(self, st: _ProcessState) -> None:

@@ -107,7 +107,9 @@ class Spout:
         self._pending: OrderedDict[int, _Pending] = OrderedDict()
         self._cond = threading.Condition()
         self._undelivered = 0
-        self._counts = dict.fromkeys(("emitted", "acked", "failed", "timed_out", "lost", "late", "dropped", "timeout_resets"), 0)
+        self._counts = dict.fromkeys(
+            ("emitted", "acked", "failed", "timed_out", "lost", "late", "dropped", "timeout_resets"), 0
+        )
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._subscriptions: list[OutcomeSubscription] = []
         self._threads: list[threading.Thread] = []
@@ -201,7 +203,9 @@ class Spout:
             raise ValueError("targets must be at least 1")
         return self._emit(record, message_id, targets, block, timeout)
 
-    def _emit(self, record: Any, message_id: Any, targets: int, block: bool, timeout: float | None) -> list[TrackedTuple]:
+    def _emit(
+        self, record: Any, message_id: Any, targets: int, block: bool, timeout: float | None
+    ) -> list[TrackedTuple]:
         if not self._started:
             self.start()
         root = new_id()

@@ -58,9 +58,7 @@ class OutcomeSubscription:
         self._call = None
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"acker-subscription-{shard}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"acker-subscription-{shard}", daemon=True)
 
     def start(self) -> OutcomeSubscription:
         """Start the background thread."""

@@ -59,10 +59,7 @@ class DeadLetterStore:
         """Every dead letter, ordered by key."""
         with open_db(self.path) as conn:
             rows = conn.execute("SELECT * FROM dead_letters ORDER BY record_key").fetchall()
-        return [
-            DeadLetter(key, json.loads(record), reason, attempts, at)
-            for key, record, reason, attempts, at in rows
-        ]
+        return [DeadLetter(key, json.loads(record), reason, attempts, at) for key, record, reason, attempts, at in rows]
 
     def keys(self) -> set[str]:
         """The keys of every dead-lettered record."""

@@ -48,13 +48,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     src = p.add_argument_group("input")
     src.add_argument("--records", type=int, default=2000, help="generated sentences")
     src.add_argument("--seed", type=int, default=42, help="seed of the generated sentences")
-    src.add_argument(
-        "--source-dir", type=Path, help="read a directory of text files (one record per line) instead"
-    )
+    src.add_argument("--source-dir", type=Path, help="read a directory of text files (one record per line) instead")
     faults = p.add_argument_group("failure injection (needs tracking)")
-    faults.add_argument(
-        "--fail-percent", type=float, default=2.0, help="transient per-word failures, in percent"
-    )
+    faults.add_argument("--fail-percent", type=float, default=2.0, help="transient per-word failures, in percent")
     faults.add_argument(
         "--crash-task",
         action=argparse.BooleanOptionalAction,
@@ -67,39 +63,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=5.0,
         help="SIGKILL acker shard 1 after this many seconds (0: never)",
     )
-    faults.add_argument(
-        "--restart-after", type=float, default=3.0, help="restart the killed acker this much later"
-    )
+    faults.add_argument("--restart-after", type=float, default=3.0, help="restart the killed acker this much later")
     track = p.add_argument_group("tracking")
-    track.add_argument(
-        "--max-attempts", type=int, default=8, help="deliveries per record before dead-lettering"
-    )
-    track.add_argument(
-        "--backoff", type=float, default=0.5, help="seconds before the first replay (doubles, cap 8 s)"
-    )
+    track.add_argument("--max-attempts", type=int, default=8, help="deliveries per record before dead-lettering")
+    track.add_argument("--backoff", type=float, default=0.5, help="seconds before the first replay (doubles, cap 8 s)")
     track.add_argument("--message-timeout", type=float, default=8.0, help="the ackers' tree timeout, seconds")
-    track.add_argument(
-        "--max-pending", type=int, default=500, help="records in flight (also the micro-batch size)"
-    )
+    track.add_argument("--max-pending", type=int, default=500, help="records in flight (also the micro-batch size)")
     track.add_argument("--ackers", type=int, default=3, help="acker shards to start")
-    track.add_argument(
-        "--no-tracking", action="store_true", help="run the same pipeline without the acker (baseline)"
-    )
+    track.add_argument("--no-tracking", action="store_true", help="run the same pipeline without the acker (baseline)")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
-    out.add_argument(
-        "--db", type=Path, help="SQLite file for the sink and dead letters (default: a temp dir)"
-    )
+    out.add_argument("--db", type=Path, help="SQLite file for the sink and dead letters (default: a temp dir)")
     out.add_argument("--partitions", type=int, default=4, help="Spark partitions per stage")
     out.add_argument("--master", default=LOCAL_MASTER, help="Spark master")
     args = p.parse_args(argv)
-    if (
-        args.records < 0
-        or args.max_attempts < 1
-        or args.max_pending < 1
-        or args.ackers < 1
-        or args.partitions < 1
-    ):
+    if args.records < 0 or args.max_attempts < 1 or args.max_pending < 1 or args.ackers < 1 or args.partitions < 1:
         p.error("--records must be >= 0; --max-attempts, --max-pending, --ackers and --partitions >= 1")
     if not 0 <= args.fail_percent <= 100:
         p.error("--fail-percent must be between 0 and 100")
@@ -178,9 +156,7 @@ def _live_progress(total: int, enabled: bool) -> Iterator[_Live | None]:
         TextColumn("[bold]acked"),
         BarColumn(bar_width=24),
         MofNCompleteColumn(),
-        TextColumn(
-            "pending {task.fields[pending]} replayed {task.fields[replayed]} dead {task.fields[dead]}"
-        ),
+        TextColumn("pending {task.fields[pending]} replayed {task.fields[replayed]} dead {task.fields[dead]}"),
         TimeElapsedColumn(),
         console=Console(stderr=True),
     )
@@ -199,9 +175,7 @@ def _injection(args: argparse.Namespace) -> wordcount.FailureInjection:
         # Without tracking a failed word is simply lost: only the crash, which
         # Spark itself recovers, is meaningful in the baseline.
         return wordcount.FailureInjection(crash_partition=0 if args.crash_task else None)
-    return wordcount.FailureInjection(
-        fail_percent=args.fail_percent, crash_partition=0 if args.crash_task else None
-    )
+    return wordcount.FailureInjection(fail_percent=args.fail_percent, crash_partition=0 if args.crash_task else None)
 
 
 def _run_tracked(
@@ -212,13 +186,9 @@ def _run_tracked(
     from acker_service.cluster import ProcessCluster
 
     with ProcessCluster(count=args.ackers, message_timeout=args.message_timeout) as cluster:
-        job, bolts = wordcount.build_job(
-            cluster.addresses, db, partitions=args.partitions, injection=_injection(args)
-        )
+        job, bolts = wordcount.build_job(cluster.addresses, db, partitions=args.partitions, injection=_injection(args))
         policy = ReplayPolicy(max_attempts=args.max_attempts, backoff_base=args.backoff, backoff_cap=8.0)
-        chaos = AckerChaos(
-            cluster, 1, args.kill_acker_after, args.restart_after, live.event if live else log.warning
-        )
+        chaos = AckerChaos(cluster, 1, args.kill_acker_after, args.restart_after, live.event if live else log.warning)
         with ClusterClient(cluster.addresses) as client, chaos:
             pipeline = GuaranteedPipeline(
                 spark,
@@ -283,9 +253,7 @@ def run_demo(args: argparse.Namespace, spark: Any, db: Path, *, show_progress: b
         words_expected=sum(expected.values()),
         words_in_sink=sum(actual.values()),
         sink_matches_expected=expected == actual,
-        all_records_accounted=summary["acked"] + summary["dead_lettered"]
-        == len(records)
-        == summary["emitted"],
+        all_records_accounted=summary["acked"] + summary["dead_lettered"] == len(records) == summary["emitted"],
         wall_seconds=round(time.perf_counter() - started, 3),
     )
     return summary

@@ -135,9 +135,7 @@ class Bolt:
 
         context = TaskContext.get()
         if context is None:
-            raise RuntimeError(
-                f"bolt {self.name!r} called outside a Spark task: use run_partition(index, tuples)"
-            )
+            raise RuntimeError(f"bolt {self.name!r} called outside a Spark task: use run_partition(index, tuples)")
         return self.run_partition(context.partitionId(), tuples)
 
     def run_partition(self, partition: int, tuples: Iterable[TrackedTuple]) -> Iterator[TrackedTuple]:
@@ -146,9 +144,7 @@ class Bolt:
             yield from self.fn(iter(tuples), UntrackedCollector())
             return
         assert self.addresses is not None
-        collector = BoltCollector(
-            client_for(self.addresses), edge_ids=DeterministicEdgeIds(self.uid), hold=True
-        )
+        collector = BoltCollector(client_for(self.addresses), edge_ids=DeterministicEdgeIds(self.uid), hold=True)
         try:
             yield from self.fn(iter(tuples), collector)
         except BaseException:

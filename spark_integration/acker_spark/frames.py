@@ -129,9 +129,7 @@ class _RowCodec:
             return tuple(value)
         if len(names) == 1:
             return (value,)
-        raise TypeError(
-            f"emit a tuple, Row or dict with the columns {names} (got {type(value).__name__} {value!r})"
-        )
+        raise TypeError(f"emit a tuple, Row or dict with the columns {names} (got {type(value).__name__} {value!r})")
 
 
 def apply_dataframe(bolt: Bolt, df: Any, schema: Any = None) -> Any:

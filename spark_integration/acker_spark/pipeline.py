@@ -252,9 +252,7 @@ class GuaranteedPipeline:
             # Spark gave up on a task (it failed on every retry). Trees the job
             # did finish stay acked; failing the rest now replays them without
             # waiting for their timeout.
-            log.warning(
-                "Spark job over %d records failed, replaying its unfinished records: %s", len(batch), err
-            )
+            log.warning("Spark job over %d records failed, replaying its unfinished records: %s", len(batch), err)
             with self._cond:
                 self.stats.job_errors += 1
             self._fail_trees(batch)
@@ -330,9 +328,7 @@ class GuaranteedPipeline:
                 self._dead.append((delivery, reason.name))
             else:
                 due = self.clock() + self.policy.delay(delivery.attempt)
-                heapq.heappush(
-                    self._replays, (due, next(self._seq), delivery._replace(attempt=delivery.attempt + 1))
-                )
+                heapq.heappush(self._replays, (due, next(self._seq), delivery._replace(attempt=delivery.attempt + 1)))
             self._cond.notify_all()
         if self.on_outcome is not None:
             self.on_outcome(delivery, reason.name)
@@ -376,8 +372,7 @@ def run_untracked(
     records = iter(source)
     while True:
         batch = [
-            TrackedTuple(Delivery(str(k), v, 1), MessageId.EMPTY)
-            for k, v in itertools.islice(records, batch_size)
+            TrackedTuple(Delivery(str(k), v, 1), MessageId.EMPTY) for k, v in itertools.islice(records, batch_size)
         ]
         if not batch:
             return stats

@@ -66,9 +66,7 @@ def local_session(
         .config("spark.default.parallelism", str(shuffle_partitions))
     )
     if quiet:
-        builder = builder.config(
-            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_log4j2_file()}"
-        )
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_log4j2_file()}")
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -44,9 +44,7 @@ _WORDS = (
 ).split()
 
 
-def generated_sentences(
-    count: int, *, seed: int = 42, min_words: int = 3, max_words: int = 12
-) -> Iterator[Record]:
+def generated_sentences(count: int, *, seed: int = 42, min_words: int = 3, max_words: int = 12) -> Iterator[Record]:
     """``count`` pseudo-random sentences, the same for the same seed, keyed ``s<index>``."""
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
@@ -69,9 +67,7 @@ class TextDirectorySource:
     def __init__(self, directory: str | Path, pattern: str = "**/*", encoding: str = "utf-8") -> None:
         self.directory = Path(directory)
         if not self.directory.is_dir():
-            raise NotADirectoryError(
-                f"source directory {self.directory} does not exist or is not a directory"
-            )
+            raise NotADirectoryError(f"source directory {self.directory} does not exist or is not a directory")
         self.pattern = pattern
         self.encoding = encoding
 
@@ -80,8 +76,7 @@ class TextDirectorySource:
         return sorted(
             path
             for path in self.directory.glob(self.pattern)
-            if path.is_file()
-            and not any(part.startswith(".") for part in path.relative_to(self.directory).parts)
+            if path.is_file() and not any(part.startswith(".") for part in path.relative_to(self.directory).parts)
         )
 
     def __iter__(self) -> Iterator[Record]:

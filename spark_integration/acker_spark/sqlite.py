@@ -42,9 +42,7 @@ def open_db(path: str | Path) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
-def upsert(
-    conn: sqlite3.Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]
-) -> int:
+def upsert(conn: sqlite3.Connection, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
     """Insert rows, replacing any with the same primary key: writing a row twice changes nothing.
 
     ``table`` and ``columns`` are code, never user data: they are spliced into the SQL.

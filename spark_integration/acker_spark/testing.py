@@ -146,7 +146,9 @@ class StandaloneCluster:
             for index, host in enumerate(self.hosts):
                 args = ["--host", host, "--port", "0", "--webui-port", "0", "--cores", str(self.cores)]
                 args += ["--memory", self.worker_memory, "--work-dir", str(self.work_dir / f"worker-{index}")]
-                self._launch(f"worker-{index}", "org.apache.spark.deploy.worker.Worker", [*args, self.master_url], host=host)
+                self._launch(
+                    f"worker-{index}", "org.apache.spark.deploy.worker.Worker", [*args, self.master_url], host=host
+                )
             self._wait(timeout, lambda: self._alive_workers() == len(self.hosts), "every Spark worker to register")
         except BaseException:
             self.stop()

@@ -118,9 +118,7 @@ class FailureInjection:
 class CountWords:
     """Bolt function: write each word's row to the SQLite sink, then ack it (or fail it, if injected)."""
 
-    def __init__(
-        self, db_path: str | Path, injection: FailureInjection = FailureInjection(), chunk: int = 256
-    ) -> None:
+    def __init__(self, db_path: str | Path, injection: FailureInjection = FailureInjection(), chunk: int = 256) -> None:
         self.db_path = str(db_path)
         self.injection = injection
         self.chunk = chunk

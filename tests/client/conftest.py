@@ -83,8 +83,15 @@ def make_ackers() -> Iterator[Callable[..., list[AckerServer]]]:
         started = []
         for shard in range(count):
             config = ServerConfig(
-                **{"host": "127.0.0.1", "port": 0, "grace": 0.5, "shard_index": shard, "shard_count": count,
-                   "message_timeout": 1.0, **overrides}
+                **{
+                    "host": "127.0.0.1",
+                    "port": 0,
+                    "grace": 0.5,
+                    "shard_index": shard,
+                    "shard_count": count,
+                    "message_timeout": 1.0,
+                    **overrides,
+                }
             )
             server = AckerServer(config, clock=clock) if clock is not None else AckerServer(config)
             servers.append(server.start())

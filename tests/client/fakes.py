@@ -52,8 +52,10 @@ class RecordingCluster:
 
     def describe(self, shard):
         return acker_pb2.DescribeResponse(
-            shard_index=shard, shard_count=self.shard_count,
-            message_timeout_seconds=self.message_timeout, buckets=self.buckets,
+            shard_index=shard,
+            shard_count=self.shard_count,
+            message_timeout_seconds=self.message_timeout,
+            buckets=self.buckets,
         )
 
     def subscribe(self, shard, spout, incarnation=0, after_sequence=0, timeout=None):
@@ -64,8 +66,11 @@ class RecordingCluster:
         """Make the shard's open (or next) outcome stream deliver one batch."""
         self.streams[shard].put(
             acker_pb2.OutcomeBatch(
-                incarnation=incarnation, first_sequence=first_sequence, root_ids=roots,
-                outcomes=outcomes, latency_micros=[1] * len(roots),
+                incarnation=incarnation,
+                first_sequence=first_sequence,
+                root_ids=roots,
+                outcomes=outcomes,
+                latency_micros=[1] * len(roots),
             )
         )
 

@@ -106,9 +106,7 @@ def test_background_errors_reach_on_error(make_ackers, make_client):
     servers = make_ackers(1)
     errors: list[AckerError] = []
     got = threading.Event()
-    client = make_client(
-        [servers[0].address], flush_interval=0.01, on_error=lambda e: (errors.append(e), got.set())
-    )
+    client = make_client([servers[0].address], flush_interval=0.01, on_error=lambda e: (errors.append(e), got.set()))
     servers[0].stop(0)
     client.ack(new_id(), 5)
     assert got.wait(30)
@@ -130,8 +128,13 @@ def test_bad_ids_refused_locally(make_ackers, make_client):
     """A zero root or oversize value raises ValueError before it can poison a shared batch."""
     (server,) = make_ackers(1)
     client = make_client([server.address])
-    for call in (lambda: client.ack(0, 1), lambda: client.ack(1 << 64, 1), lambda: client.init(5, -1, "s"),
-                 lambda: client.init(5, 1, ""), lambda: client.ack(5, 1, dedup_key=-2)):
+    for call in (
+        lambda: client.ack(0, 1),
+        lambda: client.ack(1 << 64, 1),
+        lambda: client.init(5, -1, "s"),
+        lambda: client.init(5, 1, ""),
+        lambda: client.ack(5, 1, dedup_key=-2),
+    ):
         with pytest.raises(ValueError):
             call()
     assert client.stats.calls == 0

@@ -27,9 +27,10 @@ def _tree(spout: Spout, bolt: BoltCollector, i, *, finish: bool = True):
 def test_kill9_one_of_three_ackers(recorder):
     """Killing shard 1 mid-run: its trees end LOST at the spout, shards 0 and 2 ack everything, every emit gets
     exactly one callback, and after a restart shard 1 works again."""
-    with local_cluster(3, message_timeout=2.0, processes=True) as ackers, ClusterClient(
-        ackers.addresses, deadline=3.0
-    ) as client:
+    with (
+        local_cluster(3, message_timeout=2.0, processes=True) as ackers,
+        ClusterClient(ackers.addresses, deadline=3.0) as client,
+    ):
         spout = Spout(client, on_ack=recorder.on_ack, on_fail=recorder.on_fail, max_pending=100_000).start()
         assert spout.timeout < 10  # derived from the ackers' 2 s timeout
         bolt = BoltCollector(client)

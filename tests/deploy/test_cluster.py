@@ -130,9 +130,7 @@ class Launcher:
         cmd = [str(script)] if script.exists() else [sys.executable, "-m", "acker_service.cluster_cli"]
         self.stderr_path = stderr_path
         with open(stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(
-                [*cmd, *args], stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL
-            )
+            self.proc = subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
 
     def first_line(self, timeout: float = DEADLINE) -> str:
         """The first line of stdout (the address list), read with a deadline."""
@@ -181,13 +179,9 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
         launcher.close()
 
 
-def test_cli_prints_addresses_and_stops_cleanly(
-    launch: Callable[..., Launcher], describe_acker: Callable
-) -> None:
+def test_cli_prints_addresses_and_stops_cleanly(launch: Callable[..., Launcher], describe_acker: Callable) -> None:
     """acker-cluster prints one comma-separated line in shard order; SIGTERM stops every child, exit 0."""
-    launcher = launch(
-        "--count", "3", "--base-port", "0", "--message-timeout", "5", "--", "--retain-outcomes", "50"
-    )
+    launcher = launch("--count", "3", "--base-port", "0", "--message-timeout", "5", "--", "--retain-outcomes", "50")
     addresses = launcher.first_line().split(",")
     assert len(addresses) == 3
     for index, address in enumerate(addresses):

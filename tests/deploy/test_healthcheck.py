@@ -31,18 +31,14 @@ def not_serving_server() -> Iterator[str]:
         server.stop(None).wait()
 
 
-def test_exit_zero_against_a_healthy_acker(
-    metrics_cluster: ProcessCluster, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_exit_zero_against_a_healthy_acker(metrics_cluster: ProcessCluster, capsys: pytest.CaptureFixture[str]) -> None:
     """A running acker answers SERVING, and main() returns 0 and prints the status."""
     address = metrics_cluster.addresses[0]
     assert healthcheck.main(["--address", address]) == 0
     assert capsys.readouterr().out.strip() == f"{address}: SERVING"
 
 
-def test_nonzero_against_a_closed_port(
-    pick_port: Callable[[], int], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_nonzero_against_a_closed_port(pick_port: Callable[[], int], capsys: pytest.CaptureFixture[str]) -> None:
     """Nothing listening: exit 1 with UNAVAILABLE on stderr, well before the timeout."""
     address = f"127.0.0.1:{pick_port()}"
     assert healthcheck.main(["--address", address, "--timeout", "5"]) == 1

@@ -158,13 +158,9 @@ def _shards(result: list[dict[str, Any]]) -> set[str]:
 def test_outcome_and_pending_series_for_every_shard(prometheus: Prometheus) -> None:
     """PromQL over the live scrape returns acked and failed outcomes and pending trees for all 3 shards."""
     everyone = {"0", "1", "2"}
-    acked = prometheus.poll(
-        'acker_outcomes_total{job="acker", outcome="acked"} > 0', lambda r: _shards(r) == everyone
-    )
+    acked = prometheus.poll('acker_outcomes_total{job="acker", outcome="acked"} > 0', lambda r: _shards(r) == everyone)
     assert all(float(s["value"][1]) == 5 for s in acked), acked
-    failed = prometheus.poll(
-        'acker_outcomes_total{job="acker", outcome="failed"}', lambda r: _shards(r) == everyone
-    )
+    failed = prometheus.poll('acker_outcomes_total{job="acker", outcome="failed"}', lambda r: _shards(r) == everyone)
     assert all(float(s["value"][1]) == 2 for s in failed), failed
     pending = prometheus.poll('acker_pending_trees{job="acker"}', lambda r: _shards(r) == everyone)
     assert len(pending) == 3
@@ -179,9 +175,7 @@ def test_shard_label_matches_the_ackers_own_shard(prometheus: Prometheus) -> Non
         assert labels["shard_count"] == "3"
 
 
-def test_promtool_accepts_every_metrics_endpoint(
-    metrics_cluster: ProcessCluster, tool: Callable[[str], str]
-) -> None:
+def test_promtool_accepts_every_metrics_endpoint(metrics_cluster: ProcessCluster, tool: Callable[[str], str]) -> None:
     """`promtool check metrics` finds no problem in any acker's /metrics output."""
     promtool = tool("promtool")
     assert metrics_cluster.metrics_urls is not None
@@ -232,9 +226,7 @@ def test_dashboard_covers_the_required_views(deploy_dir: Path) -> None:
     dashboard = json.loads((deploy_dir / "grafana" / "dashboards" / "acker.json").read_text())
     text = "\n".join(_dashboard_exprs(dashboard))
     for quantile in ("0.5", "0.95", "0.99"):
-        assert (
-            f"histogram_quantile({quantile}, sum by (le) (rate(acker_complete_latency_seconds_bucket" in text
-        )
+        assert f"histogram_quantile({quantile}, sum by (le) (rate(acker_complete_latency_seconds_bucket" in text
     assert "sum by (shard) (acker_pending_trees" in text
     assert 'sum by (grpc_code) (rate(grpc_server_handled_total{job="acker", grpc_code!="OK"}' in text
     for metric in ("acker_outcomes_retained", "acker_outcomes_dropped_total", "acker_subscribers"):
@@ -244,9 +236,7 @@ def test_dashboard_covers_the_required_views(deploy_dir: Path) -> None:
     assert [v["name"] for v in dashboard["templating"]["list"]] == ["shard"]
 
 
-def test_alert_rules_load_evaluate_and_use_exported_metrics(
-    prometheus: Prometheus, live_names: set[str]
-) -> None:
+def test_alert_rules_load_evaluate_and_use_exported_metrics(prometheus: Prometheus, live_names: set[str]) -> None:
     """Prometheus loads the deploy alert rules and evaluates each without error, on live metric names only."""
 
     def rules() -> list[dict[str, Any]]:

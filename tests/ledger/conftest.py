@@ -11,7 +11,6 @@ from acker_client.testing import ManualClock
 __all__ = ["ManualClock"]
 
 
-
 @pytest.fixture
 def clock() -> ManualClock:
     """A fresh fake clock at t = 1000 s."""

@@ -58,19 +58,26 @@ def _ledger_state(server: AckerServer) -> tuple:
 
     def read() -> tuple:
         ledger = server.ledger
-        return (ledger.pending_trees, ledger.orphan_entries, sorted(ledger.pending_roots()),
-                dataclasses.asdict(ledger.stats))
+        return (
+            ledger.pending_trees,
+            ledger.orphan_entries,
+            sorted(ledger.pending_roots()),
+            dataclasses.asdict(ledger.stats),
+        )
 
     return server.call(read)
 
 
-def _apply(stub: acker_pb2_grpc.AckerStub, ops: list[tuple[int, int, int]], spout: str = "s",
-           dedup_keys: list[int] | None = None) -> acker_pb2.ApplyResponse:
+def _apply(
+    stub: acker_pb2_grpc.AckerStub,
+    ops: list[tuple[int, int, int]],
+    spout: str = "s",
+    dedup_keys: list[int] | None = None,
+) -> acker_pb2.ApplyResponse:
     """Send one Apply with (kind, root, value) operations and a single spout."""
     kinds, roots, values = (list(column) for column in zip(*ops)) if ops else ([], [], [])
     return stub.Apply(
-        acker_pb2.ApplyRequest(kinds=kinds, root_ids=roots, values=values, dedup_keys=dedup_keys or [],
-                               spouts=[spout]),
+        acker_pb2.ApplyRequest(kinds=kinds, root_ids=roots, values=values, dedup_keys=dedup_keys or [], spouts=[spout]),
         timeout=10,
     )
 

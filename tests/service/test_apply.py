@@ -30,8 +30,11 @@ def test_multi_spout_batch_routes_inits_by_index(make_server, connect, ledger_st
     server = make_server()
     stub = connect(server)
     request = acker_pb2.ApplyRequest(
-        kinds=[INIT, INIT, FAIL], root_ids=[11, 12, 12], values=[3, 4, 0],
-        spouts=["a", "b"], spout_index=[0, 1, 0],
+        kinds=[INIT, INIT, FAIL],
+        root_ids=[11, 12, 12],
+        values=[3, 4, 0],
+        spouts=["a", "b"],
+        spout_index=[0, 1, 0],
     )
     assert stub.Apply(request, timeout=10).applied == 3
     assert server.call(lambda: (server.hub.retained_for("a"), server.hub.retained_for("b"))) == (0, 1)
@@ -66,8 +69,15 @@ def test_messages_for_ended_trees_become_orphans(make_server, connect, apply):
 
 def test_describe_reports_configuration(make_server, connect, apply):
     """Describe returns the shard, settings, incarnation, version and pending trees."""
-    server = make_server(shard_index=1, shard_count=3, message_timeout=12.5, buckets=4, max_batch=500,
-                         retain_outcomes=77, retain_seconds=9.0)
+    server = make_server(
+        shard_index=1,
+        shard_count=3,
+        message_timeout=12.5,
+        buckets=4,
+        max_batch=500,
+        retain_outcomes=77,
+        retain_seconds=9.0,
+    )
     stub = connect(server)
     apply(stub, [(INIT, 4, 1), (INIT, 7, 1)])
     d = stub.Describe(acker_pb2.DescribeRequest(), timeout=10)
@@ -93,31 +103,66 @@ def test_wrong_shard_is_refused_whole(make_server, connect, apply, ledger_state)
 
 
 BAD_REQUESTS = {
-    "zero root": (acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[0], values=[1], spouts=["s"]),
-                  grpc.StatusCode.INVALID_ARGUMENT, "root id 0"),
-    "length mismatch": (acker_pb2.ApplyRequest(kinds=[INIT, ACK], root_ids=[1], values=[1, 2], spouts=["s"]),
-                        grpc.StatusCode.INVALID_ARGUMENT, "root_ids has 1"),
-    "dedup length": (acker_pb2.ApplyRequest(kinds=[ACK, ACK], root_ids=[1, 2], values=[1, 2], dedup_keys=[5]),
-                     grpc.StatusCode.INVALID_ARGUMENT, "dedup_keys has 1"),
-    "empty spout": (acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[1], values=[1], spouts=[""]),
-                    grpc.StatusCode.INVALID_ARGUMENT, "1 to 256 bytes"),
-    "long spout": (acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[1], values=[1], spouts=["x" * 257]),
-                   grpc.StatusCode.INVALID_ARGUMENT, "257 bytes"),
-    "init without spout": (acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[1], values=[1]),
-                           grpc.StatusCode.INVALID_ARGUMENT, "names no spout"),
+    "zero root": (
+        acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[0], values=[1], spouts=["s"]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "root id 0",
+    ),
+    "length mismatch": (
+        acker_pb2.ApplyRequest(kinds=[INIT, ACK], root_ids=[1], values=[1, 2], spouts=["s"]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "root_ids has 1",
+    ),
+    "dedup length": (
+        acker_pb2.ApplyRequest(kinds=[ACK, ACK], root_ids=[1, 2], values=[1, 2], dedup_keys=[5]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "dedup_keys has 1",
+    ),
+    "empty spout": (
+        acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[1], values=[1], spouts=[""]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "1 to 256 bytes",
+    ),
+    "long spout": (
+        acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[1], values=[1], spouts=["x" * 257]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "257 bytes",
+    ),
+    "init without spout": (
+        acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[1], values=[1]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "names no spout",
+    ),
     "spout index out of range": (
         acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[1], values=[1], spouts=["a", "b"], spout_index=[2]),
-        grpc.StatusCode.INVALID_ARGUMENT, "spout index 2"),
-    "unknown kind": (acker_pb2.ApplyRequest(kinds=[ACK, 9], root_ids=[1, 2], values=[1, 2]),
-                     grpc.StatusCode.INVALID_ARGUMENT, "unknown kind 9"),
-    "unspecified kind": (acker_pb2.ApplyRequest(kinds=[0], root_ids=[1], values=[1]),
-                         grpc.StatusCode.INVALID_ARGUMENT, "unknown kind 0"),
-    "value on fail": (acker_pb2.ApplyRequest(kinds=[FAIL], root_ids=[1], values=[3]),
-                      grpc.StatusCode.INVALID_ARGUMENT, "FAIL with a non-zero value"),
-    "value on reset": (acker_pb2.ApplyRequest(kinds=[RESET], root_ids=[1], values=[3]),
-                       grpc.StatusCode.INVALID_ARGUMENT, "RESET_TIMEOUT with a non-zero value"),
-    "too many operations": (acker_pb2.ApplyRequest(kinds=[ACK] * 11, root_ids=range(1, 12), values=[1] * 11),
-                            grpc.StatusCode.RESOURCE_EXHAUSTED, "maximum of 10"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "spout index 2",
+    ),
+    "unknown kind": (
+        acker_pb2.ApplyRequest(kinds=[ACK, 9], root_ids=[1, 2], values=[1, 2]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unknown kind 9",
+    ),
+    "unspecified kind": (
+        acker_pb2.ApplyRequest(kinds=[0], root_ids=[1], values=[1]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unknown kind 0",
+    ),
+    "value on fail": (
+        acker_pb2.ApplyRequest(kinds=[FAIL], root_ids=[1], values=[3]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "FAIL with a non-zero value",
+    ),
+    "value on reset": (
+        acker_pb2.ApplyRequest(kinds=[RESET], root_ids=[1], values=[3]),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "RESET_TIMEOUT with a non-zero value",
+    ),
+    "too many operations": (
+        acker_pb2.ApplyRequest(kinds=[ACK] * 11, root_ids=range(1, 12), values=[1] * 11),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "maximum of 10",
+    ),
 }
 
 

@@ -20,15 +20,33 @@ START_LINE = re.compile(
     r"^acker shard (\d+)/(\d+) serving on (127\.0\.0\.1:\d+), "
     r"(metrics on http://127\.0\.0\.1:\d+/metrics|metrics off), timeout ([\d.]+)s, (\d+) buckets$"
 )
-FLAGS = ("host", "port", "shard_index", "shard_count", "message_timeout", "buckets", "metrics_host",
-         "metrics_port", "max_batch", "max_message_bytes", "retain_outcomes", "retain_seconds", "grace",
-         "log_level")
+FLAGS = (
+    "host",
+    "port",
+    "shard_index",
+    "shard_count",
+    "message_timeout",
+    "buckets",
+    "metrics_host",
+    "metrics_port",
+    "max_batch",
+    "max_message_bytes",
+    "retain_outcomes",
+    "retain_seconds",
+    "grace",
+    "log_level",
+)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60):
     """Run `python -m acker_service` to completion."""
-    return subprocess.run([sys.executable, "-m", "acker_service", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "acker_service", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_help_lists_every_flag_with_its_env_var():
@@ -43,25 +61,35 @@ def test_help_lists_every_flag_with_its_env_var():
 
 def test_env_vars_are_fallbacks_and_flags_win():
     """ACKER_* values become defaults; a flag on the command line overrides them."""
-    parser = build_parser({"ACKER_SHARD_COUNT": "4", "ACKER_SHARD_INDEX": "3", "ACKER_MESSAGE_TIMEOUT": "7.5",
-                           "ACKER_METRICS_PORT": "off", "ACKER_RETAIN_OUTCOMES": "10"})
+    parser = build_parser(
+        {
+            "ACKER_SHARD_COUNT": "4",
+            "ACKER_SHARD_INDEX": "3",
+            "ACKER_MESSAGE_TIMEOUT": "7.5",
+            "ACKER_METRICS_PORT": "off",
+            "ACKER_RETAIN_OUTCOMES": "10",
+        }
+    )
     config = config_from_args(parser.parse_args(["--shard-index", "2"]))
     assert (config.shard_count, config.shard_index, config.message_timeout) == (4, 2, 7.5)
     assert (config.metrics_port, config.retain_outcomes) == (None, 10)
     assert config_from_args(build_parser({}).parse_args([])) == ServerConfig()
 
 
-@pytest.mark.parametrize("overrides, fragment", [
-    ({"shard_index": 3, "shard_count": 3}, "shard index must be 0..2"),
-    ({"shard_count": 0}, "shard count must be at least 1"),
-    ({"message_timeout": 0}, "message timeout must be a positive"),
-    ({"buckets": 1}, "buckets must be at least 2"),
-    ({"port": 70000}, "port must be 0..65535"),
-    ({"max_batch": 0}, "max batch must be at least 1"),
-    ({"retain_outcomes": 0}, "retain outcomes must be at least 1"),
-    ({"retain_seconds": -1}, "retain seconds must be positive"),
-    ({"grace": -1}, "grace must be zero or more"),
-])
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        ({"shard_index": 3, "shard_count": 3}, "shard index must be 0..2"),
+        ({"shard_count": 0}, "shard count must be at least 1"),
+        ({"message_timeout": 0}, "message timeout must be a positive"),
+        ({"buckets": 1}, "buckets must be at least 2"),
+        ({"port": 70000}, "port must be 0..65535"),
+        ({"max_batch": 0}, "max batch must be at least 1"),
+        ({"retain_outcomes": 0}, "retain outcomes must be at least 1"),
+        ({"retain_seconds": -1}, "retain seconds must be positive"),
+        ({"grace": -1}, "grace must be zero or more"),
+    ],
+)
 def test_config_validation_names_the_problem(overrides, fragment):
     """Each out-of-range setting is refused with a message naming it."""
     with pytest.raises(ConfigError, match=re.escape(fragment)):
@@ -81,9 +109,26 @@ def test_bad_settings_exit_2_with_the_reason():
 def test_cli_serves_health_and_exits_0_on_sigterm():
     """The CLI logs the start line, answers health SERVING, and exits 0 on SIGTERM."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "acker_service", "--port", "0", "--metrics-port", "0", "--shard-index", "1",
-         "--shard-count", "2", "--message-timeout", "5", "--grace", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "acker_service",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--shard-index",
+            "1",
+            "--shard-count",
+            "2",
+            "--message-timeout",
+            "5",
+            "--grace",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = proc.stderr.readline().rstrip("\n")

@@ -65,8 +65,15 @@ def test_ledger_metrics_read_back_over_http(make_server, connect, apply, clock):
     assert m[("acker_complete_latency_seconds_sum", ())] == pytest.approx(2.6)
     assert m[("acker_apply_batch_operations_count", ())] == 5
     assert m[("acker_apply_batch_operations_sum", ())] == 13
-    assert m[("acker_build_info", (("shard_count", "1"), ("shard_index", "0"),
-                                   ("version", __import__("acker_service").__version__)))] == 1
+    assert (
+        m[
+            (
+                "acker_build_info",
+                (("shard_count", "1"), ("shard_index", "0"), ("version", __import__("acker_service").__version__)),
+            )
+        ]
+        == 1
+    )
     assert m[("process_resident_memory_bytes", ())] > 0
 
 
@@ -88,8 +95,10 @@ def test_grpc_server_metrics_by_method_and_code(make_server, connect, apply):
     server = make_server()
     stub = connect(server)
     apply(stub, [(INIT, 1, 5)])
-    for request in (acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[0], values=[1], spouts=["s"]),
-                    acker_pb2.ApplyRequest(kinds=[ACK] * 2, root_ids=[1], values=[1, 1])):
+    for request in (
+        acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[0], values=[1], spouts=["s"]),
+        acker_pb2.ApplyRequest(kinds=[ACK] * 2, root_ids=[1], values=[1, 1]),
+    ):
         with pytest.raises(grpc.RpcError):
             stub.Apply(request, timeout=10)
     old = stub.Subscribe(acker_pb2.SubscribeRequest(spout="s"), timeout=30)

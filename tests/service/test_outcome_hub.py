@@ -43,8 +43,13 @@ def drain(hub, sub, limit=4096):
 def test_sequences_start_at_one_per_spout(clock):
     """Each spout numbers its outcomes 1, 2, 3 independently of other spouts."""
     hub = make_hub(clock)
-    hub.publish([Resolution("a", 1, Outcome.ACKED, 0.0), Resolution("b", 2, Outcome.FAILED, 0.0),
-                 Resolution("a", 3, Outcome.TIMED_OUT, 1.5)])
+    hub.publish(
+        [
+            Resolution("a", 1, Outcome.ACKED, 0.0),
+            Resolution("b", 2, Outcome.FAILED, 0.0),
+            Resolution("a", 3, Outcome.TIMED_OUT, 1.5),
+        ]
+    )
     a = hub.subscribe("a", incarnation=0, after_sequence=0, wake=Waker())
     chunk = hub.take(a)
     assert (chunk.first_sequence, chunk.roots, chunk.outcomes) == (1, [1, 3], [1, 3])

@@ -29,8 +29,10 @@ def read_outcomes(stream, count, first=None):
     while True:
         for batch in batches:
             dropped += batch.dropped
-            got += [(batch.first_sequence + i, root, outcome)
-                    for i, (root, outcome) in enumerate(zip(batch.root_ids, batch.outcomes))]
+            got += [
+                (batch.first_sequence + i, root, outcome)
+                for i, (root, outcome) in enumerate(zip(batch.root_ids, batch.outcomes))
+            ]
         if len(got) >= count:
             return got, dropped
         batches = [next(stream)]
@@ -46,7 +48,11 @@ def test_first_batch_confirms_the_subscription(make_server, connect):
     server = make_server()
     stream, first = subscribe(connect(server))
     assert (first.incarnation, first.first_sequence, len(first.root_ids), first.dropped) == (
-        server.incarnation, 1, 0, 0)
+        server.incarnation,
+        1,
+        0,
+        0,
+    )
     stream.cancel()
 
 

@@ -66,7 +66,9 @@ class StoreWords:
         words = list(tuples)
         with open_db(self.db) as conn:
             conn.execute("CREATE TABLE IF NOT EXISTS task_runs (stage TEXT, partition INT, attempt INT)")
-            conn.execute("INSERT INTO task_runs VALUES ('store', ?, ?)", (context.partitionId(), context.attemptNumber()))
+            conn.execute(
+                "INSERT INTO task_runs VALUES ('store', ?, ?)", (context.partitionId(), context.attemptNumber())
+            )
             upsert(conn, "words", SINK_COLUMNS, [tuple(w.value) for w in words])
         if (context.partitionId(), context.attemptNumber()) == (self.crash_partition, 0):
             raise RuntimeError("injected: first attempt dies after writing")
@@ -130,7 +132,9 @@ def test_apply_df_output_columns_and_tracking(spark: Any, ackers: Any) -> None:
     out = split.apply_df(delivery_frame(spark, batch, 2), WORDS)
     assert out.columns == ["key", "position", "word", "_acker_ids"]
     rows = out.collect()
-    assert sorted((r.key, r.position, r.word) for r in rows) == [(f"k{i}", p, w) for i in range(3) for p, w in enumerate("ab")]
+    assert sorted((r.key, r.position, r.word) for r in rows) == [
+        (f"k{i}", p, w) for i in range(3) for p, w in enumerate("ab")
+    ]
     assert all(unpack_ids(r["_acker_ids"]) == MessageId.EMPTY for r in rows)  # untracked children
     tracked = Bolt(split_rows, ackers.addresses, name="split")
     children = tracked.apply_df(delivery_frame(spark, batch, 2), WORDS).collect()

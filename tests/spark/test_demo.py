@@ -52,17 +52,13 @@ def test_demo_with_faults_injected(spark: Any, tmp_path: Path, capsys: pytest.Ca
         assert key in summary
 
 
-def test_demo_untracked_from_a_directory(
-    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_demo_untracked_from_a_directory(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--no-tracking over --source-dir runs the same pipeline with no acker and still matches the input."""
     source = tmp_path / "in"
     source.mkdir()
     (source / "a.txt").write_text("the quick brown fox\njumps over\n\nthe lazy dog\n")
     (source / "b.txt").write_text("dog eat dog\n")
-    code, summary = run_main(
-        capsys, "--no-tracking", "--source-dir", str(source), "--db", str(tmp_path / "u.sqlite")
-    )
+    code, summary = run_main(capsys, "--no-tracking", "--source-dir", str(source), "--db", str(tmp_path / "u.sqlite"))
     assert code == 0
     assert (summary["mode"], summary["records"], summary["acked"]) == ("untracked", 4, 4)
     assert summary["words_in_sink"] == summary["words_expected"] == 12

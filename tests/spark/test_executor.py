@@ -60,9 +60,7 @@ def run_twice_then_ack(bolt: Bolt, ackers: Any, client: ClusterClient, count: in
         sentences = emit_sentences(spout, count)
         first = list(bolt.run_partition(0, shipped(sentences)))
         second = list(bolt.run_partition(0, shipped(sentences)[::-1]))
-        assert sorted(tuple(t.message_id.items()) for t in first) == sorted(
-            tuple(t.message_id.items()) for t in second
-        )
+        assert sorted(tuple(t.message_id.items()) for t in first) == sorted(tuple(t.message_id.items()) for t in second)
         list(Bolt(ack_all, ackers.addresses).run_partition(0, second))
         assert spout.wait_idle(20.0)
     return outcomes

@@ -60,9 +60,7 @@ class Audit:
     def __call__(self, delivery: Delivery, outcome: str) -> None:
         if outcome == ACKED:
             with sqlite3.connect(self.db) as conn:
-                (rows,) = conn.execute(
-                    "SELECT COUNT(*) FROM words WHERE record_key = ?", (delivery.key,)
-                ).fetchone()
+                (rows,) = conn.execute("SELECT COUNT(*) FROM words WHERE record_key = ?", (delivery.key,)).fetchone()
             conn.close()
             if rows != self.words[delivery.key]:
                 self.false_acks.append(delivery.key)
@@ -105,9 +103,7 @@ def task_attempts(db: Path) -> Counter[int]:
         return Counter(a for (a,) in conn.execute("SELECT attempt FROM task_runs"))
 
 
-def audited(
-    fn: Callable[..., Any], db: Path, stage: str, crash_partition: int | None = None
-) -> Callable[..., Any]:
+def audited(fn: Callable[..., Any], db: Path, stage: str, crash_partition: int | None = None) -> Callable[..., Any]:
     """Wrap a bolt function: log each task run, and crash attempt 0 of one partition after its first tuple."""
 
     def wrapper(tuples: Any, collector: Any) -> Any:
@@ -144,9 +140,7 @@ def assert_every_record_acked_once(stats: Any, audit: Audit, records: list[Any],
     assert sink_counts(db) == expected_counts(records)
 
 
-def test_multi_stage_shuffle_acks_every_record_once(
-    spark: Any, ackers: Any, client: ClusterClient, db: Path
-) -> None:
+def test_multi_stage_shuffle_acks_every_record_once(spark: Any, ackers: Any, client: ClusterClient, db: Path) -> None:
     """Sentences -> words -> shuffle by word -> sink: every record ACKED exactly once, sink exact."""
     records = list(generated_sentences(300, seed=1))
     job, _ = build_job(ackers.addresses, db, partitions=3)

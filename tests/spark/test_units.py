@@ -143,12 +143,8 @@ def test_sink_counts_exclude_dead_letters(db: Path) -> None:
     from acker_spark.sqlite import open_db, upsert
 
     with open_db(db) as conn:
-        upsert(
-            conn, "words", ("record_key", "position", "word"), [("a", 0, "x"), ("a", 1, "y"), ("b", 0, "x")]
-        )
-        upsert(
-            conn, "words", ("record_key", "position", "word"), [("a", 0, "x")]
-        )  # a replay: no double count
+        upsert(conn, "words", ("record_key", "position", "word"), [("a", 0, "x"), ("a", 1, "y"), ("b", 0, "x")])
+        upsert(conn, "words", ("record_key", "position", "word"), [("a", 0, "x")])  # a replay: no double count
     assert sink_counts(db) == {"x": 2, "y": 1}
     DeadLetterStore(db).add("b", "x", "FAILED", 3)
     assert sink_counts(db) == {"x": 1, "y": 1} == expected_counts([("a", "x y"), ("b", "x")], {"b"})
