@@ -15,7 +15,7 @@ SYSTEM_BINARIES := prometheus promtool docker-compose java
 help:
 	@echo "make demo   run the word-count job with tracking, failures and replays (local ackers, local Spark)"
 	@echo "make test   set up .venv and system packages, lint, then run the test suite"
-	@echo "make lint   ruff check and ruff format --check (generated code excluded)"
+	@echo "make lint   ruff check, ruff format --check and mypy (generated code excluded)"
 	@echo "make bench  run acker-bench against an embedded cluster"
 	@echo "make proto  regenerate acker_service/v1 from proto/"
 
@@ -44,6 +44,7 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test: $(VENV)/.installed system-deps lint
 	$(PY) -m pytest $(PYTEST_ARGS)

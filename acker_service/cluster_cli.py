@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 def _announce(cluster: ProcessCluster) -> None:
     """Print the address line on stdout and one status line per shard on stderr."""
     print(",".join(cluster.addresses), flush=True)
-    urls = cluster.metrics_urls or [None] * cluster.count
+    urls: list[str] | list[None] = cluster.metrics_urls or [None] * cluster.count
     for i, (address, url) in enumerate(zip(cluster.addresses, urls, strict=True)):
         metrics = f", metrics {url}" if url else ""
         log.info("shard %d/%d SERVING on %s (pid %s%s)", i, cluster.count, address, cluster.pid(i), metrics)

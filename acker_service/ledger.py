@@ -140,6 +140,7 @@ class Ledger:
         stats = self.stats
         n = len(batch.kinds)
         spouts = batch.spouts  # one str object per name, shared by all its entries
+        op_spouts: Iterable[str | None]
         if len(batch.spout_index):
             op_spouts = [spouts[i] if i < len(spouts) else None for i in batch.spout_index.tolist()]
         else:

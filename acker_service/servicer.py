@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from operator import itemgetter
+from typing import cast
 
 import grpc
 
@@ -106,7 +107,8 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
                         incarnation=self._incarnation,
                         first_sequence=chunk.first_sequence,
                         root_ids=chunk.roots,
-                        outcomes=chunk.outcomes,
+                        # Plain ints from the (protobuf-free) hub are the enum's wire values.
+                        outcomes=cast("list[acker_pb2.Outcome.ValueType]", chunk.outcomes),
                         latency_micros=chunk.latency_micros,
                         dropped=chunk.dropped,
                     )

@@ -62,7 +62,7 @@ def _run_worker(config: BenchConfig, start_at: float, results) -> None:
         while time.perf_counter() < end:
             level = [spout.emit(trees, trees)]
             for _ in range(config.depth):
-                children = []
+                children: list = []
                 for parent in level:
                     children.extend(bolt.emit(None, [parent]) for _ in range(config.fan_out))
                     bolt.ack(parent)
@@ -245,7 +245,7 @@ def _memory_mode(args: argparse.Namespace) -> int:
     # A long timeout keeps every tree pending while RSS is read.
     with ProcessCluster(count=1, message_timeout=3600.0) as cluster:
         result = measure_pending_bytes(
-            cluster.addresses[0], lambda: _rss_from_proc(cluster.pid(0)) or 0, trees=args.pending_trees
+            cluster.addresses[0], lambda: _rss_from_proc(cluster.pid(0) or 0) or 0, trees=args.pending_trees
         )
     result["mode"] = "memory"
     if args.json:

@@ -46,10 +46,11 @@ def _trees_request(rng: np.random.Generator, trees: int, shard: int, shard_count
 
     roots = shard_roots(rng, trees, shard, shard_count).tolist()
     values = rng.integers(1, 2**63, size=trees, dtype=np.uint64).tolist()
+    init, ack_kind = acker_pb2.OP_KIND_INIT, acker_pb2.OP_KIND_ACK
     if not ack:
-        return acker_pb2.ApplyRequest(kinds=[1] * trees, root_ids=roots, values=values, spouts=[_SPOUT])
+        return acker_pb2.ApplyRequest(kinds=[init] * trees, root_ids=roots, values=values, spouts=[_SPOUT])
     return acker_pb2.ApplyRequest(
-        kinds=[1] * trees + [2] * trees, root_ids=roots + roots, values=values + values, spouts=[_SPOUT]
+        kinds=[init] * trees + [ack_kind] * trees, root_ids=roots + roots, values=values + values, spouts=[_SPOUT]
     )
 
 

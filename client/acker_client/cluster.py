@@ -22,6 +22,7 @@ from .errors import (
     RequestRefused,
     ShardFailure,
     ShardUnavailable,
+    _BatchError,
 )
 
 __all__ = ["ClusterClient", "ClientStats"]
@@ -76,7 +77,7 @@ class _Sending:
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.error: AckerError | None = None
+        self.error: _BatchError | None = None
 
 
 class _ProcessState:
@@ -337,7 +338,7 @@ class ClusterClient:
             self._report(error, background=False)
             raise error
 
-    def _send(self, st: _ProcessState, batches: dict[int, OpBuffer], sending: _Sending) -> AckerError | None:
+    def _send(self, st: _ProcessState, batches: dict[int, OpBuffer], sending: _Sending) -> _BatchError | None:
         """Send one batch per shard in parallel; return the combined error, or None."""
         if not batches:
             return None
@@ -349,7 +350,7 @@ class ClusterClient:
             sending.done.set()
         return sending.error
 
-    def _send_batches(self, st: _ProcessState, batches: dict[int, OpBuffer]) -> AckerError | None:
+    def _send_batches(self, st: _ProcessState, batches: dict[int, OpBuffer]) -> _BatchError | None:
         calls = []
         for shard, buf in batches.items():
             request = buf.to_request()
@@ -388,7 +389,7 @@ class ClusterClient:
         return ShardFailure(shard, self._addresses[shard], code, detail or "", count, init_roots)
 
     @staticmethod
-    def _error(failures: list[ShardFailure]) -> AckerError:
+    def _error(failures: list[ShardFailure]) -> _BatchError:
         refused = [f for f in failures if f.code in REFUSAL_CODES]
         if refused:
             return RequestRefused(failures, "an acker refused a batch; nothing of that batch was applied")
@@ -424,9 +425,12 @@ class ClusterClient:
                     return
                 now = time.monotonic()
                 # The predicate runs inside _take, in this iteration: `now` is current.
-                batches, sending = self._take(st, lambda buf: now - buf.started >= interval)  # noqa: B023
+                batches, sending = self._take(
+                    st,
+                    lambda buf: buf.started is not None and now - buf.started >= interval,  # noqa: B023
+                )
                 if not batches:
-                    starts = [b.started for b in st.buffers if b.started is not None]
+                    starts: list[float] = [b.started for b in st.buffers if b.started is not None]
                     st.wake.wait(min(starts) + interval - now if starts else None)
                     continue
             error = self._send(st, batches, sending)

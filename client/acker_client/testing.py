@@ -79,8 +79,8 @@ def local_cluster(
             raise ValueError("a clock can only drive in-process ackers (processes=False)")
         from acker_service.cluster import ProcessCluster
 
-        with ProcessCluster(count=count, message_timeout=message_timeout, buckets=buckets) as cluster:
-            yield cluster
+        with ProcessCluster(count=count, message_timeout=message_timeout, buckets=buckets) as process_cluster:
+            yield process_cluster
         return
     from acker_service.config import ServerConfig
     from acker_service.server import AckerServer

@@ -93,6 +93,14 @@ def test_cut_streams_under_load_lose_and_repeat_nothing(make_ackers, make_client
     try:
         for i in range(3000):
             _tree(spout, bolt, i)
+            if i % 300 == 299:
+                # Besides the random cuts: one cut per 300 trees that is waited out, so
+                # the stream is cut and resumed at least 10 times however fast this runs.
+                client.flush()
+                before = spout.stats.reconnects
+                for sub in spout.subscriptions:
+                    sub.interrupt()
+                wait_until(lambda: spout.stats.reconnects > before, "the streams to resume")  # noqa: B023
         client.flush()
         assert spout.wait_idle(120)
     finally:
