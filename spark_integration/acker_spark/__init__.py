@@ -10,7 +10,11 @@ Typical use::
 
 DataFrames: ``pipeline.run(records, job, as_dataframe=True)`` and ``bolt.apply_df(df, schema)``
 (see :mod:`acker_spark.frames`). Test helpers: :mod:`acker_spark.testing`.
+Structured Streaming: ``register_acker_spout(spark)``, then ``spark.readStream.format("acker_spout")``
+(see :mod:`acker_spark.streaming`; needs the ``[streaming]`` extra, pyarrow).
 """
+
+from typing import Any
 
 from .dead_letter import DeadLetter, DeadLetterStore
 from .executor import Bolt, BoltFunction, UntrackedCollector, client_for, close_clients
@@ -19,9 +23,29 @@ from .ids import DeterministicEdgeIds, dedup_key, stable_id
 from .pipeline import ACKED, GuaranteedPipeline, Job, PipelineStats, ReplayPolicy, run_untracked
 from .session import LOCAL_MASTER, local_session
 from .sources import Delivery, Record, TextDirectorySource, generated_sentences, records_from
+from .stream_ledger import StreamDelivery, StreamLedger
+
+# Imported on first use: the streaming source imports pyspark.sql, which `import acker_spark` does not.
+_LAZY = {
+    "AckerSpoutDataSource": "streaming",
+    "StreamOptions": "streaming",
+    "StreamSpout": "stream_spout",
+    "register_acker_spout": "streaming",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load the streaming source's names on first access."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ACKED",
+    "AckerSpoutDataSource",
     "Bolt",
     "BoltFunction",
     "DeadLetter",
@@ -34,6 +58,10 @@ __all__ = [
     "PipelineStats",
     "Record",
     "ReplayPolicy",
+    "StreamDelivery",
+    "StreamLedger",
+    "StreamOptions",
+    "StreamSpout",
     "TRACKING_COLUMN",
     "TextDirectorySource",
     "UntrackedCollector",
@@ -44,6 +72,7 @@ __all__ = [
     "local_session",
     "pack_ids",
     "records_from",
+    "register_acker_spout",
     "run_untracked",
     "stable_id",
     "unpack_ids",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 from acker_client import BoltCollector, ClusterClient, MessageId, ShardUnavailable, TrackedTuple, new_id
@@ -129,7 +129,7 @@ class Bolt:
             self.commits = sc.accumulator(0)
             self.commit_errors = sc.accumulator(0)
 
-    def __call__(self, tuples: Iterator[TrackedTuple]) -> Iterator[TrackedTuple]:
+    def __call__(self, tuples: Iterator[TrackedTuple]) -> Generator[TrackedTuple, None, None]:
         """The mapPartitions function: the partition index comes from Spark's TaskContext."""
         from pyspark import TaskContext
 
@@ -138,7 +138,7 @@ class Bolt:
             raise RuntimeError(f"bolt {self.name!r} called outside a Spark task: use run_partition(index, tuples)")
         return self.run_partition(context.partitionId(), tuples)
 
-    def run_partition(self, partition: int, tuples: Iterable[TrackedTuple]) -> Iterator[TrackedTuple]:
+    def run_partition(self, partition: int, tuples: Iterable[TrackedTuple]) -> Generator[TrackedTuple, None, None]:
         """Run the function over one partition, then commit its held acks and fails (task's dedup key)."""
         if not self.tracking:
             yield from self.fn(iter(tuples), UntrackedCollector())

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from acker_client import AckerError, ClusterClient, FailReason, MessageId, Spout, TrackedTuple, new_id
@@ -301,9 +301,7 @@ class GuaranteedPipeline:
         with self._cond:
             self.stats.pending = len(self._inflight)
             self.stats.awaiting_replay = len(self._replays) + len(self._dead)
-            copy = PipelineStats(**self.stats.as_dict())
-            copy.replayed_keys = set(self.stats.replayed_keys)
-        return copy
+            return replace(self.stats, replayed_keys=set(self.stats.replayed_keys))
 
     # -- outcomes (the spout's callback thread) ----------------------------------
 
