@@ -187,6 +187,15 @@ def assert_conserved(ledger: Ledger) -> None:
     assert s.inits == s.acked + s.failed + s.timed_out + ledger.pending_trees, s
 
 
+def assert_all_timed_out(ledger: Ledger, timed_out: list, roots: list[int], forest: Forest) -> None:
+    """Exactly ``roots`` timed out, each to its own spout, and the ledger is empty and conserved."""
+    assert sorted(res.root for res in timed_out) == sorted(roots)
+    assert all(res.outcome == Outcome.TIMED_OUT for res in timed_out)
+    assert all(res.spout == spout_name(forest.spout_of[res.root]) for res in timed_out)
+    assert (ledger.pending_trees, ledger.orphan_entries, ledger.stats.timed_out) == (0, 0, len(roots))
+    assert_conserved(ledger)
+
+
 @dataclass
 class Expected:
     """Where in the delivery order each tree must end, and how."""
@@ -412,12 +421,7 @@ def test_dropped_ack_never_acks_and_times_out(clock_factory, trees_checked, seed
     clock.set(t0 + T - slack)
     assert ledger.advance() == [], "a tree timed out before t + T"
     clock.set(t0 + T + T / (b - 1) + slack)
-    timed_out = ledger.advance()
-    assert sorted(res.root for res in timed_out) == sorted(dropped)
-    assert all(res.outcome == Outcome.TIMED_OUT for res in timed_out)
-    assert all(res.spout == spout_name(forest.spout_of[res.root]) for res in timed_out)
-    assert (ledger.pending_trees, ledger.orphan_entries, ledger.stats.timed_out) == (0, 0, len(dropped))
-    assert_conserved(ledger)
+    assert_all_timed_out(ledger, ledger.advance(), dropped, forest)
     trees_checked["dropped_ack_never_acks"] += len(forest.roots)
 
 
@@ -449,12 +453,7 @@ def test_duplicated_init_never_acks_early(clock_factory, trees_checked, seed, sh
     assert (ledger.pending_trees, ledger.orphan_entries) == (len(resent), 0)
     # Those new trees get a second outcome: TIMED_OUT, once, to the init's spout.
     clock.advance((T + T / (b - 1)) * (1 + 1e-9))
-    timed_out = ledger.advance()
-    assert sorted(res.root for res in timed_out) == sorted(resent)
-    assert all(res.outcome == Outcome.TIMED_OUT for res in timed_out)
-    assert all(res.spout == spout_name(forest.spout_of[res.root]) for res in timed_out)
-    assert (ledger.pending_trees, ledger.orphan_entries, ledger.stats.timed_out) == (0, 0, len(resent))
-    assert_conserved(ledger)
+    assert_all_timed_out(ledger, ledger.advance(), resent, forest)
     trees_checked["duplicated_init_never_acks_early"] += len(forest.roots)
 
 

@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -34,17 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from acker_client import ClusterClient
-from acker_spark import ACKED, Bolt, DeadLetterStore, GuaranteedPipeline, ReplayPolicy, close_clients, local_session
+from acker_spark import Bolt, DeadLetterStore, GuaranteedPipeline, ReplayPolicy, close_clients, local_session
 from acker_spark.executor import client_for
 from acker_spark.testing import StandaloneCluster
 from acker_spark.wordcount import (
+    AckAudit,
     CountWords,
     create_sink,
     expected_counts,
     sink_counts,
     split_words,
     stable_partition,
-    tokenize,
     word_of,
 )
 from prometheus_client.parser import text_string_to_metric_families
@@ -168,29 +166,6 @@ class StallingSplit:
             yield from split_words(iter([sentence]), collector)
 
 
-class Audit:
-    """Each delivery's outcome, and whether an acked record's words were all in the sink when it was acked."""
-
-    def __init__(self, db: Path, records: list[Any]) -> None:
-        self.db = db
-        self.words = {key: len(tokenize(text)) for key, text in records}
-        self.outcomes: dict[str, list[str]] = {}
-        self.false_acks: list[str] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, delivery: Any, outcome: str) -> None:
-        if outcome == ACKED:
-            conn = sqlite3.connect(self.db)
-            try:
-                (rows,) = conn.execute("SELECT COUNT(*) FROM words WHERE record_key = ?", (delivery.key,)).fetchone()
-            finally:
-                conn.close()
-            if rows != self.words[delivery.key]:
-                self.false_acks.append(delivery.key)
-        with self._lock:
-            self.outcomes.setdefault(delivery.key, []).append(outcome)
-
-
 def acker_metrics(urls: list[str]) -> dict[str, float]:
     """The ackers' counters and gauges this test checks, summed over shards."""
     totals: dict[str, float] = {}
@@ -236,7 +211,7 @@ def run_pipeline(spark: Any, addresses: list[str], work: Path, records: list[Any
         by_word = words.keyBy(word_of).partitionBy(PARTITIONS, stable_partition).values()
         by_word.mapPartitions(observed(count, "count", log)).count()
 
-    audit = Audit(db, records)
+    audit = AckAudit(db, records)
     with ClusterClient(addresses) as client:
         pipeline = GuaranteedPipeline(
             spark,

@@ -12,12 +12,12 @@ from acker_client import ClusterClient, MessageId, TrackedTuple
 from acker_spark import Bolt, DeadLetterStore, Delivery, GuaranteedPipeline, generated_sentences, run_untracked
 from acker_spark.frames import delivery_frame, unpack_ids
 from acker_spark.sqlite import open_db, upsert
-from acker_spark.wordcount import expected_counts, sink_counts, tokenize
+from acker_spark.wordcount import AckAudit, expected_counts, sink_counts, tokenize
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
-from .test_pipeline import FAST, Audit, assert_every_record_acked_once, task_attempts
+from .test_pipeline import FAST, assert_every_record_acked_once, task_attempts
 
 # Spark's workers cannot import this test module: ship its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -77,9 +77,9 @@ class StoreWords:
         return iter(())
 
 
-def run_frames(spark: Any, client: ClusterClient, db: Path, records: list[Any], job: Any) -> tuple[Any, Audit]:
+def run_frames(spark: Any, client: ClusterClient, db: Path, records: list[Any], job: Any) -> tuple[Any, AckAudit]:
     """Run ``job`` over DataFrame micro-batches of ``records``; return the stats and the audit."""
-    audit = Audit(db, records)
+    audit = AckAudit(db, records)
     pipeline = GuaranteedPipeline(
         spark, client, max_pending=100, partitions=4, policy=FAST, dead_letters=DeadLetterStore(db), on_outcome=audit
     )

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import sqlite3
 import sys
-import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,6 @@ from acker_spark import (
     ACKED,
     Bolt,
     DeadLetterStore,
-    Delivery,
     GuaranteedPipeline,
     Job,
     ReplayPolicy,
@@ -25,6 +22,7 @@ from acker_spark import (
 )
 from acker_spark.sqlite import open_db
 from acker_spark.wordcount import (
+    AckAudit,
     CountWords,
     FailureInjection,
     build_job,
@@ -32,7 +30,6 @@ from acker_spark.wordcount import (
     sink_counts,
     split_words,
     stable_partition,
-    tokenize,
     word_of,
 )
 from pyspark import cloudpickle
@@ -47,31 +44,6 @@ pytestmark = pytest.mark.spark
 FAST = ReplayPolicy(max_attempts=4, backoff_base=0.05, backoff_factor=2.0, backoff_cap=0.5)
 
 
-class Audit:
-    """Every delivery's outcome, and whether an acked record's words were all in the sink at ack time."""
-
-    def __init__(self, db: Path, records: Iterable[tuple[str, str]]) -> None:
-        self.db = db
-        self.words = {key: len(tokenize(text)) for key, text in records}
-        self.outcomes: dict[str, list[str]] = {}
-        self.false_acks: list[str] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, delivery: Delivery, outcome: str) -> None:
-        if outcome == ACKED:
-            with sqlite3.connect(self.db) as conn:
-                (rows,) = conn.execute("SELECT COUNT(*) FROM words WHERE record_key = ?", (delivery.key,)).fetchone()
-            conn.close()
-            if rows != self.words[delivery.key]:
-                self.false_acks.append(delivery.key)
-        with self._lock:
-            self.outcomes.setdefault(delivery.key, []).append(outcome)
-
-    def first_failures(self) -> dict[str, str]:
-        """Keys whose first delivery failed, with the reason."""
-        return {key: seq[0] for key, seq in self.outcomes.items() if seq[0] != ACKED}
-
-
 def run(
     spark: Any,
     client: ClusterClient,
@@ -81,9 +53,9 @@ def run(
     *,
     policy: ReplayPolicy = FAST,
     max_pending: int = 100,
-) -> tuple[Any, Audit]:
+) -> tuple[Any, AckAudit]:
     """Run ``job`` over ``records`` through a GuaranteedPipeline; return its stats and audit."""
-    audit = Audit(db, records)
+    audit = AckAudit(db, records)
     pipeline = GuaranteedPipeline(
         spark,
         client,
@@ -127,7 +99,7 @@ def audited(fn: Callable[..., Any], db: Path, stage: str, crash_partition: int |
     return wrapper
 
 
-def assert_every_record_acked_once(stats: Any, audit: Audit, records: list[Any], db: Path) -> None:
+def assert_every_record_acked_once(stats: Any, audit: AckAudit, records: list[Any], db: Path) -> None:
     assert audit.outcomes == {key: [ACKED] for key, _ in records}
     assert audit.false_acks == []
     assert (stats.emitted, stats.acked, stats.replayed, stats.dead_lettered) == (
