@@ -29,7 +29,8 @@ from rich.table import Table
 from . import wordcount
 from .dead_letter import DeadLetterStore
 from .executor import close_clients
-from .pipeline import GuaranteedPipeline, PipelineStats, ReplayPolicy, run_untracked
+from .pipeline import GuaranteedPipeline, PipelineStats, run_untracked
+from .replays import ReplayPolicy
 from .session import LOCAL_MASTER, local_session
 from .sources import Record, TextDirectorySource, generated_sentences
 

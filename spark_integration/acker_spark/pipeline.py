@@ -10,7 +10,6 @@ to the dead-letter table.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import threading
@@ -23,9 +22,10 @@ from acker_client import AckerError, ClusterClient, FailReason, MessageId, Spout
 
 from .dead_letter import DeadLetterStore
 from .frames import delivery_frame
+from .replays import ReplayPolicy, ReplaySchedule
 from .sources import Delivery, Record
 
-__all__ = ["ReplayPolicy", "PipelineStats", "GuaranteedPipeline", "run_untracked", "Job", "ACKED"]
+__all__ = ["PipelineStats", "GuaranteedPipeline", "run_untracked", "Job", "ACKED"]
 
 log = logging.getLogger(__name__)
 
@@ -38,26 +38,6 @@ DataFrame with columns ``key``, ``value``, ``attempt`` and ``_acker_ids``.
 
 ACKED = "ACKED"
 """The outcome name passed to ``on_outcome`` for an acked delivery (failures pass a FailReason name)."""
-
-
-@dataclass(frozen=True)
-class ReplayPolicy:
-    """How often and how soon a failed record is delivered again."""
-
-    max_attempts: int = 5  # deliveries in all, the first one included
-    backoff_base: float = 0.5  # seconds before the first replay
-    backoff_factor: float = 2.0
-    backoff_cap: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.backoff_base < 0 or self.backoff_cap < 0 or self.backoff_factor < 1:
-            raise ValueError("backoff_base and backoff_cap must be >= 0 and backoff_factor >= 1")
-
-    def delay(self, attempts_made: int) -> float:
-        """Seconds to wait before delivery number ``attempts_made + 1``."""
-        return min(self.backoff_cap, self.backoff_base * self.backoff_factor ** max(0, attempts_made - 1))
 
 
 @dataclass
@@ -137,11 +117,9 @@ class GuaranteedPipeline:
         self.stats = PipelineStats()
         self._cond = threading.Condition()
         self._inflight: dict[tuple[str, int], Delivery] = {}
-        self._replays: list[tuple[float, int, Delivery]] = []  # heap by due time
+        self._schedule = ReplaySchedule(policy, clock)
         self._dead: list[tuple[Delivery, str]] = []  # written by the driver thread
-        self._lookahead: Delivery | None = None
         self._exhausted = False
-        self._seq = itertools.count()
         self._as_dataframe = False
         self._value_type: Any = None
 
@@ -215,10 +193,8 @@ class GuaranteedPipeline:
 
     def _next_delivery(self, records: Iterator[Any]) -> Delivery | None:
         with self._cond:
-            if self._replays and self._replays[0][0] <= self.clock():
-                return heapq.heappop(self._replays)[2]
-        if self._lookahead is not None:
-            delivery, self._lookahead = self._lookahead, None
+            delivery = self._schedule.pop_due()
+        if delivery is not None:
             return delivery
         if self._exhausted:
             return None
@@ -230,11 +206,8 @@ class GuaranteedPipeline:
         return Delivery(str(key), value, 1)
 
     def _push_back(self, delivery: Delivery) -> None:
-        if delivery.attempt == 1:
-            self._lookahead = delivery
-        else:
-            with self._cond:
-                heapq.heappush(self._replays, (self.clock(), next(self._seq), delivery))
+        with self._cond:
+            self._schedule.push_back(delivery)
 
     def _count_delivery(self, delivery: Delivery) -> None:
         with self._cond:
@@ -282,14 +255,14 @@ class GuaranteedPipeline:
 
     def _finished(self) -> bool:
         with self._cond:
-            busy = self._inflight or self._replays or self._dead
-        return self._exhausted and self._lookahead is None and not busy
+            return self._exhausted and self._schedule.empty and not (self._inflight or self._dead)
 
     def _wait(self) -> None:
         with self._cond:
             timeout = self.progress_interval
-            if self._replays:
-                timeout = max(0.0, min(timeout, self._replays[0][0] - self.clock()))
+            due = self._schedule.next_due()
+            if due is not None:
+                timeout = max(0.0, min(timeout, due - self.clock()))
             self._cond.wait(timeout)
 
     def _report(self) -> None:
@@ -300,7 +273,7 @@ class GuaranteedPipeline:
         """A consistent copy of the stats, with ``pending`` and ``awaiting_replay`` filled in."""
         with self._cond:
             self.stats.pending = len(self._inflight)
-            self.stats.awaiting_replay = len(self._replays) + len(self._dead)
+            self.stats.awaiting_replay = self._schedule.waiting + len(self._dead)
             return replace(self.stats, replayed_keys=set(self.stats.replayed_keys))
 
     # -- outcomes (the spout's callback thread) ----------------------------------
@@ -322,11 +295,8 @@ class GuaranteedPipeline:
                 self.stats.timed_out += 1
             else:
                 self.stats.lost += 1
-            if delivery.attempt >= self.policy.max_attempts:
+            if not self._schedule.retry(delivery):
                 self._dead.append((delivery, reason.name))
-            else:
-                due = self.clock() + self.policy.delay(delivery.attempt)
-                heapq.heappush(self._replays, (due, next(self._seq), delivery._replace(attempt=delivery.attempt + 1)))
             self._cond.notify_all()
         if self.on_outcome is not None:
             self.on_outcome(delivery, reason.name)

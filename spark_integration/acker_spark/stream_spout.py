@@ -11,7 +11,6 @@ replay as new trees after an exponential backoff.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import threading
@@ -24,7 +23,7 @@ from acker_client import ClusterClient, FailReason, Spout, new_id
 
 from .dead_letter import DeadLetterStore
 from .frames import pack_ids
-from .pipeline import ReplayPolicy
+from .replays import ReplayPolicy, ReplaySchedule
 from .sources import Delivery, Record
 from .stream_ledger import ACKED, StreamLedger
 
@@ -110,10 +109,8 @@ class StreamSpout:
         self.spout = Spout(cluster, on_ack=self._on_ack, on_fail=self._on_fail, name=name, max_pending=max_pending)
         self._cond = threading.Condition()
         self._inflight: dict[tuple[str, int], Delivery] = {}
-        self._replays: list[tuple[float, int, Delivery]] = []  # heap by due time
-        self._seq = itertools.count()
+        self._schedule = ReplaySchedule(self.policy, clock)
         self._pending_records: Iterator[Record] = iter(())
-        self._lookahead: Delivery | None = None
         self._log: deque[Row] = deque()
         self._first = 0  # the offset of self._log[0]
         self._closing = False
@@ -185,18 +182,17 @@ class StreamSpout:
     def busy(self) -> bool:
         """True while a record is in flight or waiting for its replay."""
         with self._cond:
-            return bool(self._inflight or self._replays or self._lookahead)
+            return bool(self._inflight) or not self._schedule.empty
 
     def wait_for_work(self, timeout: float) -> None:
         """Block until a replay is due, nothing is in flight or waiting any more, or ``timeout`` passed."""
         deadline = self.clock() + timeout
         with self._cond:
-            while self._inflight or self._replays:
-                now = self.clock()
-                if now >= deadline or (self._replays and self._replays[0][0] <= now):
+            while self._inflight or self._schedule.waiting:
+                now, due = self.clock(), self._schedule.next_due()
+                if now >= deadline or (due is not None and due <= now):
                     return
-                due = self._replays[0][0] if self._replays else deadline
-                self._cond.wait(min(due, deadline) - now)
+                self._cond.wait(min(due if due is not None else deadline, deadline) - now)
 
     def close(self) -> None:
         """Close the spout: trees still pending end LOST, recorded but not replayed (the query is over)."""
@@ -208,11 +204,9 @@ class StreamSpout:
 
     def _next_delivery(self) -> Delivery | None:
         with self._cond:
-            if self._replays and self._replays[0][0] <= self.clock():
-                return heapq.heappop(self._replays)[2]
-            if self._lookahead is not None:
-                delivery, self._lookahead = self._lookahead, None
-                return delivery
+            delivery = self._schedule.pop_due()
+        if delivery is not None:
+            return delivery
         record = next(self._pending_records, None)
         if record is None:
             self._pending_records = self.feed.poll()
@@ -221,10 +215,7 @@ class StreamSpout:
 
     def _push_back(self, delivery: Delivery) -> None:
         with self._cond:
-            if delivery.attempt == 1:
-                self._lookahead = delivery
-            else:
-                heapq.heappush(self._replays, (self.clock(), next(self._seq), delivery))
+            self._schedule.push_back(delivery)
 
     def _on_ack(self, message_id: tuple[str, int]) -> None:
         with self._cond:
@@ -239,12 +230,8 @@ class StreamSpout:
             delivery = self._inflight[message_id]
             # A tree cut short by close() is no failure of the record: it is recorded but
             # neither replayed nor dead-lettered, so it stays unsettled in the table.
-            final = delivery.attempt >= self.policy.max_attempts and not self._closing
-            if not final and not self._closing:
-                # Queued before the SQLite writes: a write error must not lose the replay.
-                due = self.clock() + self.policy.delay(delivery.attempt)
-                replay = delivery._replace(attempt=delivery.attempt + 1)
-                heapq.heappush(self._replays, (due, next(self._seq), replay))
+            # Queued before the SQLite writes: a write error must not lose the replay.
+            final = not self._closing and not self._schedule.retry(delivery)
         try:
             if final:
                 self.dead_letters.add(delivery.key, delivery.value, reason.name, delivery.attempt)

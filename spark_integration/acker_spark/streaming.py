@@ -19,7 +19,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from .pipeline import ReplayPolicy
+from .replays import ReplayPolicy
 from .stream_spout import Row, StreamSpout
 
 __all__ = [
