@@ -64,7 +64,8 @@ class AckerServer:
     and call :meth:`advance` instead of sleeping.
     """
 
-    def __init__(self, config: ServerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: ServerConfig, clock: Callable[[], float] | None = None) -> None:
+        clock = clock or time.monotonic  # None: real time (callers can pass an optional clock through)
         self.config = config
         self.incarnation = new_incarnation()
         self.ledger = Ledger(config.message_timeout, config.buckets, clock)

@@ -97,8 +97,7 @@ def local_cluster(
                 buckets=buckets,
                 grace=0.5,
             )
-            server = AckerServer(config) if clock is None else AckerServer(config, clock=clock)
-            cluster.servers.append(server.start())
+            cluster.servers.append(AckerServer(config, clock=clock).start())
         yield cluster
     finally:
         for server in cluster.servers:

@@ -93,7 +93,7 @@ def make_ackers() -> Iterator[Callable[..., list[AckerServer]]]:
                     **overrides,
                 }
             )
-            server = AckerServer(config, clock=clock) if clock is not None else AckerServer(config)
+            server = AckerServer(config, clock=clock)
             servers.append(server.start())
             started.append(server)
         return started

@@ -337,6 +337,23 @@ def new_ledger(clock_factory, rng, T=1000.0, b=3):
     return ledger, clock
 
 
+def deliver_all_acked(clock_factory, rng, forest: Forest, msgs: list, mean, timeout):
+    """Shuffle ``msgs``, deliver them in random batches within 0.9 T, and check every tree ended ACKED.
+
+    Spread over 0.9 T, rotations happen mid-delivery, yet no entry can expire.
+    Returns the ledger, its clock, the delivery order and the expected outcomes.
+    """
+    order = shuffled(rng, msgs)
+    expected = expected_outcomes(order, forest.roots)
+    T, b = timeout
+    ledger, clock = new_ledger(clock_factory, rng, T, b)
+    cuts = splits(rng, len(order), mean)
+    resolved = deliver(ledger, clock, order, cuts, forest, expected, 0.9 * T / len(cuts))
+    assert sorted(resolved) == sorted(forest.roots)
+    assert all(res.outcome == Outcome.ACKED for res in resolved.values())
+    return ledger, clock, order, expected
+
+
 # --- the properties ----------------------------------------------------------------------
 
 
@@ -347,15 +364,7 @@ def test_acked_exactly_at_last_message(clock_factory, trees_checked, seed, shape
     rng = random.Random(seed)
     forest = build_forest(rng, FOREST, shape)
     event(f"cross-root tuples: {'yes' if forest.cross_root_tuples else 'no'}")
-    order = shuffled(rng, forest.all_messages())
-    expected = expected_outcomes(order, forest.roots)
-    T, b = timeout
-    ledger, clock = new_ledger(clock_factory, rng, T, b)
-    cuts = splits(rng, len(order), mean)
-    # Spread over 0.9 T: rotations happen mid-delivery, yet no entry can expire.
-    resolved = deliver(ledger, clock, order, cuts, forest, expected, 0.9 * T / len(cuts))
-    assert sorted(resolved) == sorted(forest.roots)
-    assert all(res.outcome == Outcome.ACKED for res in resolved.values())
+    ledger, clock, order, expected = deliver_all_acked(clock_factory, rng, forest, forest.all_messages(), mean, timeout)
     model = Entries(expected)
     model.feed(order)
     check_entries(ledger, model)
@@ -433,15 +442,8 @@ def test_duplicated_init_never_acks_early(clock_factory, trees_checked, seed, sh
     forest = build_forest(rng, FOREST, shape)
     dup_inits = [m for r in forest.roots for m in forest.msgs[r] if m.kind == INIT]
     msgs = forest.all_messages() + dup_inits
-    order = shuffled(rng, msgs)
-    expected = expected_outcomes(order, forest.roots)
+    ledger, clock, order, expected = deliver_all_acked(clock_factory, rng, forest, msgs, mean, timeout)
     T, b = timeout
-    ledger, clock = new_ledger(clock_factory, rng, T, b)
-    cuts = splits(rng, len(order), mean)
-    # Spread over 0.9 T: rotations happen mid-delivery, yet no entry can expire.
-    resolved = deliver(ledger, clock, order, cuts, forest, expected, 0.9 * T / len(cuts))
-    assert sorted(resolved) == sorted(forest.roots)
-    assert all(res.outcome == Outcome.ACKED for res in resolved.values())
     # A copy after the end is a new tree (the spec keeps no memory of ended roots).
     resent = {m.root for i, m in enumerate(order) if m.kind == INIT and i > expected.at[m.root][0]}
     event(f"init copies after the end: {'some' if resent else 'none'}")

@@ -28,7 +28,7 @@ def make_server() -> Iterator[Callable[..., AckerServer]]:
 
     def make(clock: Callable[[], float] | None = None, **overrides) -> AckerServer:
         config = ServerConfig(**{"host": "127.0.0.1", "port": 0, "grace": 0.5, **overrides})
-        server = AckerServer(config, clock=clock) if clock is not None else AckerServer(config)
+        server = AckerServer(config, clock=clock)
         server.start()
         servers.append(server)
         return server
