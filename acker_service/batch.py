@@ -13,6 +13,8 @@ from enum import IntEnum
 
 import numpy as np
 
+from .text import clip
+
 __all__ = [
     "OpKind",
     "Outcome",
@@ -154,7 +156,7 @@ def _validate_spouts(batch: Batch) -> None:
         size = len(name.encode("utf-8"))
         if size == 0 or size > MAX_SPOUT_NAME_BYTES:
             raise InvalidBatch(
-                f"spout name {name!r} is {size} bytes; spout names must be 1 to {MAX_SPOUT_NAME_BYTES} bytes"
+                f"spout name {clip(name)} is {size} bytes; spout names must be 1 to {MAX_SPOUT_NAME_BYTES} bytes"
             )
     inits = batch.kinds == OpKind.INIT
     n = len(batch.kinds)

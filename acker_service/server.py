@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from . import grpc_options
 from .config import ServerConfig
+from .decode_guard import DecodeGuardInterceptor
 from .interceptors import MetricsInterceptor
 from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
@@ -154,7 +155,8 @@ class AckerServer:
         config = self.config
         server = grpc.aio.server(
             options=grpc_options.server_options(config.max_message_bytes),
-            interceptors=[MetricsInterceptor(self.metrics)],
+            # Metrics outermost, so refusals of undecodable requests are counted by code too.
+            interceptors=[MetricsInterceptor(self.metrics), DecodeGuardInterceptor()],
         )
         acker_pb2_grpc.add_AckerServicer_to_server(self.servicer, server)
         self._health = health.aio.HealthServicer()

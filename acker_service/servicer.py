@@ -18,6 +18,7 @@ from .config import ServerConfig
 from .ledger import Ledger, Resolution
 from .metrics import AckerMetrics
 from .outcome_hub import OutcomeHub
+from .text import clip
 from .v1 import acker_pb2, acker_pb2_grpc
 
 __all__ = ["AckerServicer", "OUTCOMES_PER_MESSAGE"]
@@ -99,7 +100,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
                 if subscription.superseded:
                     await context.abort(
                         grpc.StatusCode.ABORTED,
-                        f"a newer Subscribe for spout {spout!r} took over; one subscription per spout per acker",
+                        f"a newer Subscribe for spout {clip(spout)} took over; one subscription per spout per acker",
                     )
                 chunk = self._hub.take(subscription, OUTCOMES_PER_MESSAGE)
                 if chunk is not None:

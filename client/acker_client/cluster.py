@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 import grpc
 
 from acker_service import grpc_options
+from acker_service.text import clip
 from acker_service.v1 import acker_pb2, acker_pb2_grpc
 
 from .batching import OpBuffer
@@ -497,4 +498,4 @@ def _check_id(root: int, value: int) -> None:
 def _check_spout(spout: str) -> None:
     size = len(spout.encode("utf-8"))
     if not 0 < size <= _MAX_SPOUT_BYTES:
-        raise ValueError(f"spout name {spout!r} is {size} bytes; spout names must be 1 to {_MAX_SPOUT_BYTES} bytes")
+        raise ValueError(f"spout name {clip(spout)} is {size} bytes; spout names must be 1 to {_MAX_SPOUT_BYTES} bytes")
