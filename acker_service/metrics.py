@@ -109,6 +109,11 @@ class _AckerCollector(Collector):
         )
         yield GaugeMetricFamily("acker_subscribers", "Open Subscribe streams.", value=hub.subscribers)
         yield GaugeMetricFamily(
+            "acker_spouts_tracked",
+            "Spouts with outcome state on this acker (idle ones are forgotten after the retention window).",
+            value=hub.tracked_spouts,
+        )
+        yield GaugeMetricFamily(
             "acker_outcomes_retained", "Outcomes held for delivery or resume, all spouts.", value=hub.retained
         )
         yield CounterMetricFamily(

@@ -72,18 +72,20 @@ class _SpoutLog:
         "delivered",
         "unreported_drops",
         "subscription",
+        "active_at",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, first_seq: int, now: float) -> None:
         self.roots: list[int] = []
         self.outcomes: list[int] = []
         self.latencies: list[int] = []
         self.times: list[float] = []
         self.head = 0
-        self.first_seq = 1
+        self.first_seq = first_seq
         self.delivered = 0  # highest sequence handed to any subscriber
         self.unreported_drops = 0  # evicted undelivered since the last chunk handed out
         self.subscription: Subscription | None = None
+        self.active_at = now  # last outcome appended or subscription ended
 
     def __len__(self) -> int:
         return len(self.roots) - self.head
@@ -130,6 +132,10 @@ class OutcomeHub:
         self.incarnation = incarnation
         self._clock = clock
         self._logs: dict[str, _SpoutLog] = {}
+        # The highest sequence any forgotten log had reached: a log made again for
+        # the same name continues above it, so a spout resuming with an old
+        # position never mistakes new outcomes for ones it already processed.
+        self._sequence_floor = 0
         self.retained = 0  # outcomes held, all spouts
         self.dropped_total = 0  # outcomes evicted before any subscriber received them
         self.subscribers = 0
@@ -137,7 +143,7 @@ class OutcomeHub:
     def _log(self, spout: str) -> _SpoutLog:
         log = self._logs.get(spout)
         if log is None:
-            log = self._logs[spout] = _SpoutLog()
+            log = self._logs[spout] = _SpoutLog(self._sequence_floor + 1, self._clock())
         return log
 
     def publish(self, resolutions: Sequence[Resolution]) -> None:
@@ -174,25 +180,43 @@ class OutcomeHub:
         log.outcomes.extend(outcomes)
         log.latencies.extend(micros)
         log.times.extend([now] * len(roots))
+        log.active_at = now
         return log
 
     def expire(self) -> int:
-        """Evict outcomes older than ``retain_seconds``; return how many were evicted."""
+        """Evict outcomes older than ``retain_seconds``, forget idle spouts; return how many outcomes were evicted.
+
+        A spout is idle when no subscription is open, nothing is retained and
+        nothing happened for ``retain_seconds``: its state would otherwise stay
+        forever (spout names include a process id, so every restart adds one).
+        """
         cutoff = self._clock() - self.retain_seconds
         evicted = 0
-        for log in self._logs.values():
+        idle = []
+        for spout, log in self._logs.items():
             if len(log) and log.times[log.head] < cutoff:
                 # Times are appended in clock order, so the old ones form a prefix.
                 n = bisect.bisect_left(log.times, cutoff, lo=log.head) - log.head
-                self._evict(log, n)
+                if self._evict(log, n):
+                    # Undelivered drops are news for the next subscriber: keep the log another window.
+                    log.active_at = cutoff + self.retain_seconds
                 evicted += n
                 if log.subscription is not None and log.unreported_drops:
                     log.subscription.wake()
+            if log.subscription is None and not len(log) and log.active_at <= cutoff:
+                idle.append(spout)
+        for spout in idle:
+            # Drops never reported on a stream stay counted in dropped_total.
+            self._sequence_floor = max(self._sequence_floor, self._logs.pop(spout).next_seq - 1)
+        if len(idle) > len(self._logs):
+            self._logs = dict(self._logs)  # a dict never shrinks its table on deletion; a copy does
         return evicted
 
-    def _evict(self, log: _SpoutLog, n: int) -> None:
-        self.dropped_total += log.evict(n)
+    def _evict(self, log: _SpoutLog, n: int) -> int:
+        undelivered = log.evict(n)
+        self.dropped_total += undelivered
         self.retained -= n
+        return undelivered
 
     def subscribe(self, spout: str, *, incarnation: int, after_sequence: int, wake: Callable[[], None]) -> Subscription:
         """Start a subscription, taking over any older one for the same spout.
@@ -223,6 +247,7 @@ class OutcomeHub:
         log = subscription._log
         if log.subscription is subscription:
             log.subscription = None
+            log.active_at = self._clock()
             self.subscribers -= 1
 
     def take(self, subscription: Subscription, limit: int = 4096) -> OutcomeChunk | None:
@@ -250,6 +275,11 @@ class OutcomeHub:
         for log in self._logs.values():
             if log.subscription is not None:
                 log.subscription.wake()
+
+    @property
+    def tracked_spouts(self) -> int:
+        """Spouts the hub holds state for (a log, a sequence counter), subscribed or not."""
+        return len(self._logs)
 
     def retained_for(self, spout: str) -> int:
         """Outcomes currently retained for one spout."""
