@@ -46,6 +46,28 @@ _FLAGS = (
     _Flag("retain_outcomes", int, "outcomes kept per spout for delivery and resume"),
     _Flag("retain_seconds", float, "seconds an outcome is kept for delivery and resume"),
     _Flag("grace", float, "seconds running calls get to finish at shutdown"),
+    _Flag(
+        "max_concurrent_rpcs",
+        int,
+        "most RPCs in progress at once, open Subscribe streams included (RESOURCE_EXHAUSTED above); 0 for no limit",
+    ),
+    _Flag(
+        "max_streams_per_connection",
+        int,
+        "most concurrent HTTP/2 streams one client connection may open "
+        "(further calls wait for a free stream); 0 for gRPC's default",
+    ),
+    _Flag(
+        "max_subscriptions",
+        int,
+        "most open Subscribe streams, all spouts (RESOURCE_EXHAUSTED above; a takeover "
+        "of an open one is allowed); 0 for no limit",
+    ),
+    _Flag(
+        "min_ping_interval",
+        float,
+        "seconds a client must leave between keepalive pings; one pinging more often is disconnected (too_many_pings)",
+    ),
 )
 
 

@@ -30,6 +30,11 @@ class ServerConfig:
     retain_outcomes: int = 100_000  # per spout
     retain_seconds: float = 300.0
     grace: float = 5.0
+    # Limits (0 = no limit). Streams count as RPCs: every open Subscribe holds one.
+    max_concurrent_rpcs: int = 4096
+    max_streams_per_connection: int = 256
+    max_subscriptions: int = 1024
+    min_ping_interval: float = grpc_options.MIN_PING_INTERVAL_MS / 1000
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -76,4 +81,13 @@ def _problems(c: ServerConfig) -> list[str]:
         problems.append(f"retain seconds must be positive, got {c.retain_seconds}")
     if not c.grace >= 0:
         problems.append(f"grace must be zero or more seconds, got {c.grace}")
+    for name in ("max_concurrent_rpcs", "max_streams_per_connection", "max_subscriptions"):
+        if getattr(c, name) < 0:
+            problems.append(f"{name.replace('_', ' ')} must be 0 (no limit) or more, got {getattr(c, name)}")
+    client_ping = grpc_options.KEEPALIVE_TIME_MS / 1000
+    if not 0 < c.min_ping_interval <= client_ping:
+        problems.append(
+            f"min ping interval must be positive and at most {client_ping:g} s (the acker clients' keepalive "
+            f"interval; they would be disconnected for pinging too often), got {c.min_ping_interval}"
+        )
     return problems

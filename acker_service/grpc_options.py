@@ -26,9 +26,15 @@ MIN_PING_INTERVAL_MS = 10_000
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
-def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
-    """Options for the acker's gRPC server."""
-    return [
+def server_options(
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    *,
+    max_streams_per_connection: int = 0,
+    min_ping_interval_ms: int = MIN_PING_INTERVAL_MS,
+) -> list[tuple[str, int]]:
+    """Options for the acker's gRPC server (``max_streams_per_connection`` 0: gRPC's default, no limit)."""
+    streams = [("grpc.max_concurrent_streams", max_streams_per_connection)] if max_streams_per_connection else []
+    return streams + [
         # A second server on the same port would take half the connections and
         # split a shard's trees over two ledgers: refuse to share the port.
         ("grpc.so_reuseport", 0),
@@ -37,7 +43,10 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[t
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+        # A client pinging more often than this gets strikes, then GOAWAY "too_many_pings":
+        # keepalive floods cost the server, and a sane client never does it.
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", min_ping_interval_ms),
+        ("grpc.http2.max_ping_strikes", 2),
         ("grpc.http2.max_pings_without_data", 0),
     ]
 

@@ -276,6 +276,11 @@ class OutcomeHub:
             if log.subscription is not None:
                 log.subscription.wake()
 
+    def is_subscribed(self, spout: str) -> bool:
+        """True if a subscription for ``spout`` is open."""
+        log = self._logs.get(spout)
+        return log is not None and log.subscription is not None
+
     @property
     def tracked_spouts(self) -> int:
         """Spouts the hub holds state for (a log, a sequence counter), subscribed or not."""

@@ -154,7 +154,13 @@ class AckerServer:
     async def _open(self) -> None:
         config = self.config
         server = grpc.aio.server(
-            options=grpc_options.server_options(config.max_message_bytes),
+            options=grpc_options.server_options(
+                config.max_message_bytes,
+                max_streams_per_connection=config.max_streams_per_connection,
+                min_ping_interval_ms=round(config.min_ping_interval * 1000),
+            ),
+            # grpc answers RESOURCE_EXHAUSTED above this; open Subscribe streams count too.
+            maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
             # Metrics outermost, so refusals of undecodable requests are counted by code too.
             interceptors=[MetricsInterceptor(self.metrics), DecodeGuardInterceptor()],
         )

@@ -91,6 +91,14 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             )
         if self._closing:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "this acker is shutting down; subscribe again later")
+        limit = self._config.max_subscriptions
+        if limit and self._hub.subscribers >= limit and not self._hub.is_subscribed(spout):
+            # A takeover replaces a stream and is allowed; a new spout would exceed the bound.
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this acker has {self._hub.subscribers} open subscriptions, its maximum (--max-subscriptions "
+                f"{limit}); close unused spouts or raise the limit",
+            )
         wakeup = asyncio.Event()
         subscription = self._hub.subscribe(
             spout, incarnation=request.incarnation, after_sequence=request.after_sequence, wake=wakeup.set

@@ -65,6 +65,8 @@ def _start(tmp: Path, shard_index: int, shard_count: int) -> AckerProcess:
         sys.executable, "-m", "acker_service", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
         "--shard-index", str(shard_index), "--shard-count", str(shard_count), "--max-batch", str(MAX_BATCH),
         "--max-message-bytes", str(MAX_MESSAGE_BYTES), "--grace", "0.5",
+        # The seeded trees must outlive a long run: a timeout would change the ledger legitimately.
+        "--message-timeout", "86400",
     ]  # fmt: skip
     # stderr goes to a file: a pipe nobody reads would block the server once full.
     with log_path.open("wb") as log:

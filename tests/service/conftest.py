@@ -40,11 +40,16 @@ def make_server() -> Iterator[Callable[..., AckerServer]]:
 
 @pytest.fixture
 def connect() -> Iterator[Callable[..., acker_pb2_grpc.AckerStub]]:
-    """Open a channel to a server and return an Acker stub; channels are closed at teardown."""
+    """Open a channel to a server and return an Acker stub; channels are closed at teardown.
+
+    ``local_pool=True`` gives the channel a connection of its own (by default
+    channels with equal options share one).
+    """
     channels: list[grpc.Channel] = []
 
-    def open_stub(server: AckerServer, **options) -> acker_pb2_grpc.AckerStub:
-        channel = grpc.insecure_channel(server.address, options=grpc_options.client_options(**options))
+    def open_stub(server: AckerServer, local_pool: bool = False, **options) -> acker_pb2_grpc.AckerStub:
+        extra = [("grpc.use_local_subchannel_pool", 1)] if local_pool else []
+        channel = grpc.insecure_channel(server.address, options=grpc_options.client_options(**options) + extra)
         channels.append(channel)
         return acker_pb2_grpc.AckerStub(channel)
 
