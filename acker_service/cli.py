@@ -25,6 +25,11 @@ def _optional_port(text: str) -> int | None:
     return None if text.strip().lower() in ("", "off", "none") else int(text)
 
 
+def _optional_path(text: str) -> str | None:
+    """A file path, or '' for none (so an empty ACKER_* variable means off)."""
+    return text or None
+
+
 @dataclass(frozen=True)
 class _Flag:
     name: str  # ServerConfig field (and flag --name-with-dashes, env ACKER_NAME)
@@ -92,6 +97,8 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
             except ValueError:
                 parser.error(f"{env_name}={env[env_name]!r} is not a valid value for --{_dashed(flag.name)}")
         shown = {"metrics_port": "off", "metrics_host": "same as --host"}.get(flag.name, _DEFAULTS[flag.name])
+        if shown is None:
+            shown = "off"
         parser.add_argument(
             f"--{_dashed(flag.name)}",
             dest=flag.name,

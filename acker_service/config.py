@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from . import grpc_options
@@ -35,6 +36,15 @@ class ServerConfig:
     max_streams_per_connection: int = 256
     max_subscriptions: int = 1024
     min_ping_interval: float = grpc_options.MIN_PING_INTERVAL_MS / 1000
+    # Security (see docs/security.md). PEM file paths; None = off.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None  # set: clients must present a certificate this CA signed (mTLS)
+    metrics_tls_cert: str | None = None
+    metrics_tls_key: str | None = None
+    metrics_tls_client_ca: str | None = None
+    auth_tokens: str | None = None  # file of "name sha256-hex" lines
+    auth_policy: str | None = None  # TOML: principals and their rights
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -84,10 +94,37 @@ def _problems(c: ServerConfig) -> list[str]:
     for name in ("max_concurrent_rpcs", "max_streams_per_connection", "max_subscriptions"):
         if getattr(c, name) < 0:
             problems.append(f"{name.replace('_', ' ')} must be 0 (no limit) or more, got {getattr(c, name)}")
+    problems += _security_problems(c)
     client_ping = grpc_options.KEEPALIVE_TIME_MS / 1000
     if not 0 < c.min_ping_interval <= client_ping:
         problems.append(
             f"min ping interval must be positive and at most {client_ping:g} s (the acker clients' keepalive "
             f"interval; they would be disconnected for pinging too often), got {c.min_ping_interval}"
         )
+    return problems
+
+
+def _security_problems(c: ServerConfig) -> list[str]:
+    """TLS files that must come in pairs, and authentication that needs its transport and policy."""
+    problems = []
+    for prefix, flag in (("tls", "--tls"), ("metrics_tls", "--metrics-tls")):
+        cert, key, ca = (getattr(c, f"{prefix}_{part}") for part in ("cert", "key", "client_ca"))
+        if (cert is None) != (key is None):
+            problems.append(f"{flag}-cert and {flag}-key go together: give both or neither")
+        if ca is not None and cert is None:
+            problems.append(f"{flag}-client-ca (mutual TLS) needs {flag}-cert and {flag}-key")
+        for path in (cert, key, ca):
+            if path is not None and not os.path.isfile(path):
+                problems.append(f"{path} is not a readable file")
+    if c.auth_tokens is not None and c.tls_cert is None:
+        problems.append(
+            "--auth-tokens needs --tls-cert and --tls-key: bearer tokens must not cross the network in clear"
+        )
+    if c.auth_tokens is not None and c.auth_policy is None:
+        problems.append("--auth-tokens needs --auth-policy, which says what each token may do")
+    if c.auth_policy is not None and c.auth_tokens is None and c.tls_client_ca is None:
+        problems.append("--auth-policy needs a way to identify clients: --auth-tokens and/or --tls-client-ca")
+    for path in (c.auth_tokens, c.auth_policy):
+        if path is not None and not os.path.isfile(path):
+            problems.append(f"{path} is not a readable file")
     return problems

@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from . import grpc_options
+from .credentials import ChannelSecurity, open_channel
 
 __all__ = ["probe", "is_serving", "main", "EXIT_SERVING", "EXIT_NOT_SERVING"]
 
@@ -23,13 +24,13 @@ EXIT_SERVING = 0
 EXIT_NOT_SERVING = 1
 
 
-def probe(address: str, service: str = "", timeout: float = 2.0) -> str:
+def probe(address: str, service: str = "", timeout: float = 2.0, security: ChannelSecurity | None = None) -> str:
     """Return the health status name ("SERVING", "NOT_SERVING", ...) reported by `address`.
 
     Raises grpc.RpcError when the acker cannot be reached within `timeout`
     seconds (UNAVAILABLE for a closed port, DEADLINE_EXCEEDED for a hung one).
     """
-    with grpc.insecure_channel(address, options=grpc_options.client_options()) as channel:
+    with open_channel(address, security, grpc_options.client_options()) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         # wait_for_ready stays off: a closed port must fail now, not at the deadline.
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
@@ -72,6 +73,15 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("ACKER_HEALTHCHECK_SERVICE", ""),
         help='health service name; "" is the whole server (env ACKER_HEALTHCHECK_SERVICE; default: "")',
     )
+    env = ChannelSecurity.from_env(prefix="ACKER_HEALTHCHECK_")
+    for flag, default, what in (
+        ("--tls-ca", env.tls_ca, "PEM CA that signed the acker's certificate: probe over TLS"),
+        ("--tls-cert", env.tls_cert, "PEM client certificate, for an acker that requires mutual TLS"),
+        ("--tls-key", env.tls_key, "PEM key of --tls-cert"),
+        ("--server-name", env.server_name, "name to check the acker's certificate against (default: the host)"),
+    ):
+        env_name = "ACKER_HEALTHCHECK_" + flag[2:].upper().replace("-", "_")
+        parser.add_argument(flag, default=default, help=f"{what} (env {env_name})")
     parser.add_argument(
         "--timeout",
         type=float,
@@ -85,7 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     """Run the probe; print the status on stdout (or the failure on stderr) and return the exit code."""
     args = _parser().parse_args(argv)
     try:
-        status = probe(args.address, args.service, args.timeout)
+        security = ChannelSecurity(
+            tls=bool(args.tls_ca or args.tls_cert),
+            tls_ca=args.tls_ca,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            server_name=args.server_name,
+        )
+    except ValueError as exc:
+        print(f"acker-healthcheck: {exc}", file=sys.stderr)
+        return EXIT_NOT_SERVING
+    try:
+        status = probe(args.address, args.service, args.timeout, security)
     except grpc.RpcError as err:
         code = err.code().name if hasattr(err, "code") else "UNKNOWN"
         details = err.details() if hasattr(err, "details") else str(err)

@@ -175,12 +175,35 @@ class AckerMetrics:
 
 
 class MetricsHttpServer:
-    """prometheus_client's HTTP exposition of one registry, on its own daemon thread."""
+    """prometheus_client's HTTP exposition of one registry, on its own daemon thread.
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+    With ``certfile``/``keyfile`` it serves HTTPS (prometheus_client's own TLS
+    support); with ``client_cafile`` too, scrapers must present a certificate
+    that CA signed.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        *,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        client_cafile: str | None = None,
+    ) -> None:
+        self._server, self._thread = start_http_server(
+            port,
+            addr=host,
+            registry=registry,
+            certfile=certfile,
+            keyfile=keyfile,
+            client_cafile=client_cafile,
+            client_auth_required=client_cafile is not None,
+        )
         self.port: int = self._server.server_port
         self.host = host
+        self.scheme = "https" if certfile else "http"
 
     def close(self) -> None:
         """Stop serving and release the socket."""

@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from . import grpc_options
+from .auth import Authenticator, AuthInterceptor
 from .config import ServerConfig
 from .decode_guard import DecodeGuardInterceptor
 from .interceptors import MetricsInterceptor
@@ -75,6 +76,9 @@ class AckerServer:
             self.ledger.stats, self.hub, shard_index=config.shard_index, shard_count=config.shard_count
         )
         self.servicer = AckerServicer(config, self.ledger, self.hub, self.metrics, self.incarnation)
+        self.auth = (
+            Authenticator(config.auth_tokens, config.auth_policy, self.metrics.registry) if config.auth_policy else None
+        )
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._http: MetricsHttpServer | None = None
@@ -97,7 +101,8 @@ class AckerServer:
         """The metrics endpoint, or None when metrics are off."""
         if self.metrics_port is None:
             return None
-        return f"http://{_host_port(self.config.effective_metrics_host, self.metrics_port)}/metrics"
+        scheme = "https" if self.config.metrics_tls_cert else "http"
+        return f"{scheme}://{_host_port(self.config.effective_metrics_host, self.metrics_port)}/metrics"
 
     def start(self, timeout: float = 30.0) -> AckerServer:
         """Bind, start serving and report SERVING; raise :class:`PortInUse` if a port is taken."""
@@ -118,14 +123,20 @@ class AckerServer:
             self._thread.join()
             self._thread = None
             raise outcome["error"]
-        if self.config.metrics_port is not None:
+        c = self.config
+        if c.metrics_port is not None:
             try:
                 self._http = MetricsHttpServer(
-                    self.metrics.registry, self.config.effective_metrics_host, self.config.metrics_port
+                    self.metrics.registry,
+                    c.effective_metrics_host,
+                    c.metrics_port,
+                    certfile=c.metrics_tls_cert,
+                    keyfile=c.metrics_tls_key,
+                    client_cafile=c.metrics_tls_client_ca,
                 )
             except OSError as exc:
                 self.stop(0)
-                where = _host_port(self.config.effective_metrics_host, self.config.metrics_port)
+                where = _host_port(c.effective_metrics_host, c.metrics_port)
                 raise PortInUse(exc.errno, f"cannot serve metrics on {where}: {exc.strerror or exc}") from exc
             self.metrics_port = self._http.port
         return self
@@ -162,7 +173,9 @@ class AckerServer:
             # grpc answers RESOURCE_EXHAUSTED above this; open Subscribe streams count too.
             maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
             # Metrics outermost, so refusals of undecodable requests are counted by code too.
-            interceptors=[MetricsInterceptor(self.metrics), DecodeGuardInterceptor()],
+            # Authorization innermost: it sees only requests that decoded.
+            interceptors=[MetricsInterceptor(self.metrics), DecodeGuardInterceptor()]
+            + ([AuthInterceptor(self.auth)] if self.auth is not None else []),
         )
         acker_pb2_grpc.add_AckerServicer_to_server(self.servicer, server)
         self._health = health.aio.HealthServicer()
@@ -170,7 +183,11 @@ class AckerServer:
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         address = _host_port(config.host, config.port)
         try:
-            self.port = server.add_insecure_port(address)
+            credentials = server_credentials(config)
+            if credentials is None:
+                self.port = server.add_insecure_port(address)
+            else:
+                self.port = server.add_secure_port(address, credentials)
         except RuntimeError as exc:
             # grpc reports only "Failed to bind"; with so_reuseport=0 the usual cause is a taken port.
             await server.stop(None)
@@ -202,6 +219,10 @@ class AckerServer:
             return fn()
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def reload_auth(self) -> bool:
+        """Read the tokens and policy files again (SIGHUP); False if they are broken (the old ones stay)."""
+        return self.auth.reload() if self.auth is not None else False
 
     def advance(self) -> int:
         """Expire what the clock says is due, now; return how many trees timed out."""
@@ -241,22 +262,37 @@ class AckerServer:
         self.stop()
 
 
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials for the gRPC port (requiring client certificates with --tls-client-ca), or None."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    with open(config.tls_key, "rb") as key, open(config.tls_cert, "rb") as cert:
+        pair = (key.read(), cert.read())
+    client_ca = None
+    if config.tls_client_ca is not None:
+        with open(config.tls_client_ca, "rb") as ca:
+            client_ca = ca.read()
+    return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
+
+
 def start_line(server: AckerServer) -> str:
     """The one line logged at start: shard, addresses, timeout and buckets."""
     c = server.config
     metrics = f"metrics on {server.metrics_url}" if server.metrics_url else "metrics off"
+    transport = ", mutual TLS" if c.tls_client_ca else ", TLS" if c.tls_cert else ""
     return (
         f"acker shard {c.shard_index}/{c.shard_count} serving on {server.address}, {metrics}, "
-        f"timeout {c.message_timeout:g}s, {c.buckets} buckets"
+        f"timeout {c.message_timeout:g}s, {c.buckets} buckets{transport}"
     )
 
 
 def serve(config: ServerConfig) -> None:
-    """Run one shard until SIGTERM or SIGINT, then NOT_SERVING, stop with grace, and return."""
+    """Run one shard until SIGTERM or SIGINT (SIGHUP reloads tokens and policy), then stop with grace."""
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         server = AckerServer(config).start()
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: server.reload_auth())
         log.info(start_line(server))
         try:
             stop.wait()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 import grpc
 
 from acker_service import grpc_options
+from acker_service.credentials import ChannelSecurity, open_channel
 from acker_service.text import clip
 from acker_service.v1 import acker_pb2, acker_pb2_grpc
 
@@ -84,9 +85,9 @@ class _Sending:
 class _ProcessState:
     """Channels, stubs, buffers and the flusher thread of one process (never shared across a fork)."""
 
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(self, addresses: Sequence[str], security: ChannelSecurity | None = None) -> None:
         self.pid = _pid
-        self.channels = [grpc.insecure_channel(a, options=grpc_options.client_options()) for a in addresses]
+        self.channels = [open_channel(a, security, grpc_options.client_options()) for a in addresses]
         self.stubs = [acker_pb2_grpc.AckerStub(c) for c in self.channels]
         self.buffers = [OpBuffer() for _ in addresses]
         self.lock = threading.Lock()
@@ -110,6 +111,8 @@ class ClusterClient:
     the parent's buffered operations).
 
     ``on_error`` receives the error of every failed background flush.
+    ``security`` gives TLS / mTLS files and a bearer token (see
+    :class:`acker_service.credentials.ChannelSecurity`); None is plaintext.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class ClusterClient:
         deadline: float = 5.0,
         verify: bool = True,
         on_error: Callable[[AckerError], None] | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a for a in addresses.split(",") if a]
@@ -129,6 +133,7 @@ class ClusterClient:
         if batch_size < 1 or flush_interval <= 0 or deadline <= 0:
             raise ValueError("batch_size, flush_interval and deadline must be positive")
         self._addresses = tuple(addresses)
+        self.security = security
         self._n = len(self._addresses)
         self.batch_size = batch_size
         self.flush_interval = flush_interval
@@ -199,7 +204,7 @@ class ClusterClient:
                 # The parent's channels belong to the parent: keep a reference
                 # so that garbage collection never runs their finalizers here.
                 self._abandoned.append(st)
-            st = _ProcessState(self._addresses)
+            st = _ProcessState(self._addresses, self.security)
             self._proc = st
             return st
 

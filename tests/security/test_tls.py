@@ -1,0 +1,109 @@
+"""TLS and mutual TLS on the gRPC port and the metrics endpoint, with real handshakes."""
+
+from __future__ import annotations
+
+import ssl
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from acker_client import ClusterClient
+
+from acker_service.config import ConfigError, ServerConfig
+from acker_service.credentials import ChannelSecurity, open_channel
+from acker_service.healthcheck import main as healthcheck_main
+from acker_service.server import AckerServer
+from acker_service.v1 import acker_pb2, acker_pb2_grpc
+
+
+@pytest.fixture
+def start():
+    """Start servers on 127.0.0.1 free ports with overrides; stop them at teardown."""
+    servers = []
+
+    def make(**overrides) -> AckerServer:
+        server = AckerServer(ServerConfig(host="127.0.0.1", port=0, grace=0.2, **overrides)).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop(0)
+
+
+def _describe(address: str, security: ChannelSecurity | None) -> acker_pb2.DescribeResponse:
+    with open_channel(address, security) as channel:
+        return acker_pb2_grpc.AckerStub(channel).Describe(acker_pb2.DescribeRequest(), timeout=5)
+
+
+def test_tls_server_serves_a_client_that_trusts_its_ca(start, pki):
+    """Over TLS, a ClusterClient with the CA applies a batch; a plaintext client is refused."""
+    server = start(tls_cert=pki.server.cert, tls_key=pki.server.key)
+    with ClusterClient([server.address], security=ChannelSecurity(tls_ca=pki.ca)) as client:
+        client.init(7, 1, "s")
+        client.flush()
+    assert server.call(lambda: server.ledger.pending_trees) == 1
+    with pytest.raises(grpc.RpcError) as caught:
+        _describe(server.address, None)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_client_refuses_a_server_certificate_it_cannot_verify(start, pki, tmp_path):
+    """A client trusting another CA does not talk to the server (UNAVAILABLE: handshake failed)."""
+    from .certs import CertificateAuthority
+
+    other = CertificateAuthority(tmp_path, "other-ca")
+    server = start(tls_cert=pki.server.cert, tls_key=pki.server.key)
+    with pytest.raises(grpc.RpcError) as caught:
+        _describe(server.address, ChannelSecurity(tls_ca=other.ca))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("client", ["none", "expired", "untrusted"])
+def test_mutual_tls_refuses_clients_without_a_valid_certificate(start, pki, client):
+    """With --tls-client-ca, no certificate, an expired one or one from another CA fails the handshake."""
+    server = start(tls_cert=pki.server.cert, tls_key=pki.server.key, tls_client_ca=pki.ca)
+    issued = {"none": None, "expired": pki.expired, "untrusted": pki.untrusted}[client]
+    security = ChannelSecurity(
+        tls_ca=pki.ca, tls_cert=issued.cert if issued else None, tls_key=issued.key if issued else None
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        _describe(server.address, security)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    good = ChannelSecurity(tls_ca=pki.ca, tls_cert=pki.spout.cert, tls_key=pki.spout.key)
+    assert _describe(server.address, good).shard_count == 1
+
+
+def test_healthcheck_speaks_tls(start, pki, capsys):
+    """acker-healthcheck with --tls-ca and a client certificate reports SERVING from an mTLS acker."""
+    server = start(tls_cert=pki.server.cert, tls_key=pki.server.key, tls_client_ca=pki.ca)
+    argv = ["--address", server.address, "--tls-ca", pki.ca, "--tls-cert", pki.executor.cert]
+    assert healthcheck_main([*argv, "--tls-key", pki.executor.key]) == 0
+    assert "SERVING" in capsys.readouterr().out
+    assert healthcheck_main(["--address", server.address, "--timeout", "2"]) == 1
+
+
+def test_metrics_endpoint_over_https_with_client_certificates(start, pki):
+    """/metrics over HTTPS requires a scraper certificate from the client CA."""
+    server = start(
+        metrics_port=0,
+        metrics_tls_cert=pki.server.cert,
+        metrics_tls_key=pki.server.key,
+        metrics_tls_client_ca=pki.ca,
+    )
+    assert server.metrics_url is not None and server.metrics_url.startswith("https://")
+    trusting = ssl.create_default_context(cafile=pki.ca)
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+        urllib.request.urlopen(server.metrics_url, context=trusting, timeout=5).read()
+    trusting.load_cert_chain(pki.executor.cert, pki.executor.key)
+    body = urllib.request.urlopen(server.metrics_url, context=trusting, timeout=5).read().decode()
+    assert "acker_pending_trees" in body
+
+
+def test_half_a_key_pair_is_refused_at_start(pki):
+    """A certificate without its key (or a client CA without a server certificate) fails configuration."""
+    with pytest.raises(ConfigError):
+        ServerConfig(tls_cert=pki.server.cert)
+    with pytest.raises(ConfigError):
+        ServerConfig(tls_client_ca=pki.ca)
