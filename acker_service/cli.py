@@ -73,6 +73,18 @@ _FLAGS = (
         float,
         "seconds a client must leave between keepalive pings; one pinging more often is disconnected (too_many_pings)",
     ),
+    _Flag("tls_cert", _optional_path, "PEM certificate (chain) of this acker: serve gRPC over TLS"),
+    _Flag("tls_key", _optional_path, "PEM private key of --tls-cert"),
+    _Flag("tls_client_ca", _optional_path, "PEM CA bundle: require client certificates it signed (mutual TLS)"),
+    _Flag("metrics_tls_cert", _optional_path, "PEM certificate: serve /metrics over HTTPS"),
+    _Flag("metrics_tls_key", _optional_path, "PEM private key of --metrics-tls-cert"),
+    _Flag("metrics_tls_client_ca", _optional_path, "PEM CA bundle: require scrapers' certificates it signed"),
+    _Flag(
+        "auth_tokens", _optional_path, "file of 'name sha256-hex' lines, the accepted bearer tokens; reloaded on SIGHUP"
+    ),
+    _Flag(
+        "auth_policy", _optional_path, "TOML file: what each principal may do (docs/security.md); reloaded on SIGHUP"
+    ),
 )
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import healthcheck
+from .credentials import ChannelSecurity
 
 __all__ = ["ProcessCluster", "ClusterError"]
 
@@ -146,7 +147,8 @@ class ProcessCluster:
     watcher thread restarts any child that exits while the cluster runs,
     including one stopped by kill(), which simulates a crash. Each child's
     output goes to shard-<i>.log in log_dir (a temporary directory, removed on
-    stop, when log_dir is None).
+    stop, when log_dir is None). ``security`` is how this object's own health
+    probes reach children started with TLS flags in extra_args.
     """
 
     def __init__(
@@ -160,6 +162,7 @@ class ProcessCluster:
         extra_args: Sequence[str] = (),
         restart: bool = False,
         log_dir: str | os.PathLike[str] | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
@@ -171,6 +174,7 @@ class ProcessCluster:
         self.buckets = buckets
         self.extra_args = tuple(str(a) for a in extra_args)
         self.restart_on_exit = restart
+        self.security = security
         self._own_log_dir = log_dir is None
         self._log_dir = Path(log_dir) if log_dir is not None else None
         self._shards: list[_Shard] = []
@@ -371,7 +375,7 @@ class ProcessCluster:
                 return False
             for shard in list(waiting):
                 self._raise_if_dead(shard)
-                if healthcheck.is_serving(self._address(shard), timeout=1.0):
+                if healthcheck.is_serving(self._address(shard), timeout=1.0, security=self.security):
                     waiting.remove(shard)
             if waiting and time.monotonic() > deadline:
                 shard = waiting[0]

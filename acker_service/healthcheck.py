@@ -37,10 +37,10 @@ def probe(address: str, service: str = "", timeout: float = 2.0, security: Chann
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
-def is_serving(address: str, service: str = "", timeout: float = 2.0) -> bool:
+def is_serving(address: str, service: str = "", timeout: float = 2.0, security: ChannelSecurity | None = None) -> bool:
     """True iff `address` answers the health check with SERVING within `timeout` seconds."""
     try:
-        return probe(address, service, timeout) == "SERVING"
+        return probe(address, service, timeout, security) == "SERVING"
     except grpc.RpcError:
         return False
 

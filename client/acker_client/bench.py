@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from acker_service.credentials import ChannelSecurity
+
 from .bench_apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
 
 __all__ = ["main", "BenchConfig", "run_bench"]
@@ -30,6 +32,7 @@ class BenchConfig:
     duration: float = 10.0
     processes: int = 1
     max_pending: int = 5_000
+    security: ChannelSecurity | None = None
 
 
 def _run_worker(config: BenchConfig, start_at: float, results) -> None:
@@ -51,7 +54,12 @@ def _run_worker(config: BenchConfig, start_at: float, results) -> None:
         with lock:
             last_ack.pop(tree, None)
 
-    with ClusterClient(config.addresses, batch_size=config.batch_size, flush_interval=config.flush_interval) as client:
+    with ClusterClient(
+        config.addresses,
+        batch_size=config.batch_size,
+        flush_interval=config.flush_interval,
+        security=config.security,
+    ) as client:
         spout = Spout(client, on_ack=on_ack, on_fail=on_fail, max_pending=config.max_pending).start()
         bolt = BoltCollector(client)
         while time.time() < start_at:
@@ -127,7 +135,7 @@ def _sample_pending(config: BenchConfig, start_at: float, procs) -> list[int]:
     from acker_client import AckerError, ClusterClient
 
     samples = []
-    with ClusterClient(config.addresses) as client:
+    with ClusterClient(config.addresses, security=config.security) as client:
         while time.time() < start_at:
             time.sleep(0.05)
         while any(p.is_alive() for p in procs) and time.time() < start_at + config.duration:
@@ -194,6 +202,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-ops", type=int, default=8192, help="apply mode: operations per Apply call")
     p.add_argument("--pending-trees", type=int, default=1_000_000, help="memory mode: trees left pending")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--tls-ca", help="--ackers serve TLS: PEM CA that signed their certificates")
+    p.add_argument("--tls-cert", help="client certificate for ackers that require mutual TLS")
+    p.add_argument("--tls-key", help="key of --tls-cert")
+    p.add_argument("--token-file", help="file holding a bearer token for ackers with --auth-tokens")
+    p.add_argument("--server-name", help="name to check the ackers' certificates against")
+    p.add_argument(
+        "--compare-tls",
+        action="store_true",
+        help="apply mode: run the same load into embedded plaintext and TLS ackers, alternating, and report both",
+    )
     return p
 
 
@@ -205,6 +223,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.mode == "memory":
         return _memory_mode(args)
+    if args.compare_tls:
+        return _compare_tls_mode(args)
+    security = None
+    if args.tls_ca or args.tls_cert:
+        security = ChannelSecurity(
+            tls=True, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+            token_file=args.token_file, server_name=args.server_name,
+        )  # fmt: skip
     cluster = None
     if args.ackers:
         addresses = tuple(a for a in args.ackers.split(",") if a)
@@ -220,12 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode == "apply":
             result = run_apply_bench(ApplyBenchConfig(
                 addresses=addresses, batch_ops=args.batch_ops, duration=args.duration, processes=args.processes,
+                security=security,
             ))  # fmt: skip
         else:
             result = run_bench(BenchConfig(
                 addresses=addresses, fan_out=args.fan_out, depth=args.depth, batch_size=args.batch_size,
                 flush_interval=args.flush_interval, duration=args.duration, processes=args.processes,
-                max_pending=args.max_pending,
+                max_pending=args.max_pending, security=security,
             ))  # fmt: skip
         result["server_rss_bytes"] = _server_rss(cluster, metrics_urls)
     finally:
@@ -235,6 +262,28 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         _print_table(result)
+    return 0
+
+
+def _compare_tls_mode(args: argparse.Namespace) -> int:
+    """Apply throughput into embedded plaintext and TLS ackers in the same run."""
+    from .bench_tls import compare_tls
+
+    if args.mode != "apply" or args.ackers:
+        print("acker-bench: --compare-tls runs --mode apply against embedded ackers (no --ackers)", file=sys.stderr)
+        return 2
+    result = compare_tls(args.embedded_ackers, args.batch_ops, args.duration, args.processes, args.message_timeout)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        rows = [
+            ("plaintext Apply ops/s", ", ".join(f"{v:,.0f}" for v in result["plaintext_ops_per_s"])),
+            ("TLS Apply ops/s", ", ".join(f"{v:,.0f}" for v in result["tls_ops_per_s"])),
+            ("TLS overhead (median)", f"{result['tls_overhead_percent']} %"),
+        ]
+        _print_rows(
+            f"acker-bench --mode apply --compare-tls: {result['ackers']} acker(s), {result['rounds']} rounds", rows
+        )
     return 0
 
 

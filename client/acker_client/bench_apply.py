@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from acker_service.credentials import ChannelSecurity
+
 __all__ = ["ApplyBenchConfig", "run_apply_bench", "measure_pending_bytes"]
 
 _SPOUT = "acker-bench-apply"
@@ -30,6 +32,7 @@ class ApplyBenchConfig:
     batch_ops: int = 8192
     duration: float = 10.0
     processes: int = 2
+    security: ChannelSecurity | None = None  # TLS / token for the channels (None: plaintext)
 
 
 def shard_roots(rng: np.random.Generator, count: int, shard: int, shard_count: int) -> np.ndarray:
@@ -67,7 +70,6 @@ def _drain(stream, counter: list[int]) -> None:
 
 def _apply_worker(config: ApplyBenchConfig, start_at: float, results) -> None:
     """One client process: send batches for ``duration`` seconds, report calls and operations."""
-    import grpc
 
     from acker_service import grpc_options
     from acker_service.v1 import acker_pb2, acker_pb2_grpc
@@ -75,7 +77,9 @@ def _apply_worker(config: ApplyBenchConfig, start_at: float, results) -> None:
     rng = np.random.default_rng(secrets.randbits(64))
     n = len(config.addresses)
     trees = max(1, config.batch_ops // 2)
-    channels = [grpc.insecure_channel(a, options=grpc_options.client_options()) for a in config.addresses]
+    from acker_service.credentials import open_channel
+
+    channels = [open_channel(a, config.security, grpc_options.client_options()) for a in config.addresses]
     try:
         applies = [
             ch.unary_unary("/acker_service.v1.Acker/Apply", response_deserializer=acker_pb2.ApplyResponse.FromString)

@@ -17,6 +17,8 @@ from typing import Any
 
 from acker_client import BoltCollector, ClusterClient, MessageId, ShardUnavailable, TrackedTuple, new_id
 
+from acker_service.credentials import ChannelSecurity
+
 from .ids import DeterministicEdgeIds, dedup_key
 
 __all__ = ["Bolt", "BoltFunction", "UntrackedCollector", "client_for", "close_clients"]
@@ -29,19 +31,19 @@ BoltFunction = Callable[[Iterator[TrackedTuple], Any], Iterable[TrackedTuple]]
 # One client per (cluster, process). PySpark forks its workers from a daemon and
 # reuses them across tasks: keying by pid means a forked child never touches its
 # parent's channels, and a reused worker keeps its connections warm.
-_clients: dict[tuple[tuple[str, ...], int], ClusterClient] = {}
+_clients: dict[tuple[tuple[str, ...], ChannelSecurity | None, int], ClusterClient] = {}
 _clients_lock = threading.Lock()
 
 
-def client_for(addresses: Sequence[str]) -> ClusterClient:
-    """This process's client for the cluster at ``addresses``, created on first use."""
-    key = (tuple(addresses), os.getpid())
+def client_for(addresses: Sequence[str], security: ChannelSecurity | None = None) -> ClusterClient:
+    """This process's client for the cluster at ``addresses`` (with ``security``), created on first use."""
+    key = (tuple(addresses), security, os.getpid())
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
             # verify=False: the driver's spout already checked the shard layout, and an
             # executor must not fail its task because one acker is restarting right now.
-            client = _clients[key] = ClusterClient(list(addresses), verify=False)
+            client = _clients[key] = ClusterClient(list(addresses), verify=False, security=security)
         return client
 
 
@@ -49,7 +51,7 @@ def close_clients() -> None:
     """Close the clients this process created (tests, and drivers that ran bolts locally)."""
     pid = os.getpid()
     with _clients_lock:
-        mine = [key for key in _clients if key[1] == pid]
+        mine = [key for key in _clients if key[2] == pid]
         clients = [_clients.pop(key) for key in mine]
     for client in clients:
         client.close()
@@ -92,9 +94,11 @@ class Bolt:
         *,
         name: str | None = None,
         uid: int | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.fn = fn
         self.addresses = tuple(addresses) if addresses is not None else None
+        self.security = security  # TLS files and token: paths that must exist on the executors too
         self.name = name or getattr(fn, "__name__", "bolt")
         # Drawn once, on the driver: every task attempt of this step sees the same uid.
         self.uid = uid if uid is not None else new_id()
@@ -144,7 +148,9 @@ class Bolt:
             yield from self.fn(iter(tuples), UntrackedCollector())
             return
         assert self.addresses is not None
-        collector = BoltCollector(client_for(self.addresses), edge_ids=DeterministicEdgeIds(self.uid), hold=True)
+        collector = BoltCollector(
+            client_for(self.addresses, self.security), edge_ids=DeterministicEdgeIds(self.uid), hold=True
+        )
         try:
             yield from self.fn(iter(tuples), collector)
         except BaseException:

@@ -19,6 +19,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
+from acker_service.credentials import ChannelSecurity
+
 from .replays import ReplayPolicy
 from .stream_spout import Row, StreamSpout
 
@@ -55,6 +57,7 @@ class StreamOptions:
     max_pending: int = 1_000
     partitions: int = 2
     policy: ReplayPolicy = ReplayPolicy()
+    security: ChannelSecurity | None = None  # options tls_ca, tls_cert, tls_key, token_file, server_name
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StreamOptions:
@@ -84,7 +87,17 @@ class StreamOptions:
             max_pending=_int(opts, "max_pending", 1_000),
             partitions=max(1, _int(opts, "partitions", 2)),
             policy=policy,
+            security=_security(opts),
         )
+
+
+def _security(opts: Mapping[str, str]) -> ChannelSecurity | None:
+    """TLS / token options, or None when none is given (plaintext)."""
+    keys = ("tls_ca", "tls_cert", "tls_key", "token_file", "server_name")
+    given = {key: opts[key] for key in keys if opts.get(key)}
+    if not given:
+        return None
+    return ChannelSecurity(tls=True, **given)
 
 
 def _int(opts: Mapping[str, str], key: str, default: int | None) -> Any:
@@ -134,7 +147,7 @@ class AckerSpoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
             opts = self.options
             feed = DirectoryFeed(opts.path) if opts.path else generated_sentences(opts.generated or 0, seed=opts.seed)
-            cluster = ClusterClient(list(opts.ackers))
+            cluster = ClusterClient(list(opts.ackers), security=opts.security)
             try:
                 spout = StreamSpout(
                     cluster,

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from .certs import CertificateAuthority
+from acker_service.testcerts import CertificateAuthority
 
 
 @pytest.fixture(scope="session")

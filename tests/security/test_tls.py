@@ -51,7 +51,7 @@ def test_tls_server_serves_a_client_that_trusts_its_ca(start, pki):
 
 def test_client_refuses_a_server_certificate_it_cannot_verify(start, pki, tmp_path):
     """A client trusting another CA does not talk to the server (UNAVAILABLE: handshake failed)."""
-    from .certs import CertificateAuthority
+    from acker_service.testcerts import CertificateAuthority
 
     other = CertificateAuthority(tmp_path, "other-ca")
     server = start(tls_cert=pki.server.cert, tls_key=pki.server.key)
@@ -107,3 +107,41 @@ def test_half_a_key_pair_is_refused_at_start(pki):
         ServerConfig(tls_cert=pki.server.cert)
     with pytest.raises(ConfigError):
         ServerConfig(tls_client_ca=pki.ca)
+
+
+def test_bolt_and_stream_options_carry_security_to_their_clients(start, pki):
+    """client_for (used by Bolt on executors) and the acker_spout options build TLS clients."""
+    from acker_spark.executor import client_for, close_clients
+    from acker_spark.streaming import StreamOptions
+
+    server = start(tls_cert=pki.server.cert, tls_key=pki.server.key)
+    security = ChannelSecurity(tls_ca=pki.ca)
+    try:
+        client = client_for([server.address], security)
+        assert client is client_for([server.address], security)
+        client.init(9, 1, "s")
+        client.flush()
+    finally:
+        close_clients()
+    assert server.call(lambda: server.ledger.pending_trees) == 1
+    options = StreamOptions.parse({"ackers": server.address, "database": "x.db", "generated": "3", "TLS_CA": pki.ca})
+    assert options.security == ChannelSecurity(tls=True, tls_ca=pki.ca)
+    assert StreamOptions.parse({"ackers": "a:1", "database": "x.db", "generated": "3"}).security is None
+
+
+def test_security_flags_fall_back_to_environment(pki, tmp_path):
+    """--tls-* and --auth-* read ACKER_* variables; an empty variable means off."""
+    from acker_service.cli import build_parser, config_from_args
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text("")
+    env = {
+        "ACKER_TLS_CERT": pki.server.cert,
+        "ACKER_TLS_KEY": pki.server.key,
+        "ACKER_TLS_CLIENT_CA": pki.ca,
+        "ACKER_AUTH_POLICY": str(policy),
+        "ACKER_METRICS_TLS_CERT": "",
+    }
+    config = config_from_args(build_parser(env).parse_args([]))
+    assert (config.tls_cert, config.tls_key, config.tls_client_ca) == (pki.server.cert, pki.server.key, pki.ca)
+    assert (config.auth_policy, config.metrics_tls_cert) == (str(policy), None)

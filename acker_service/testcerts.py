@@ -1,4 +1,9 @@
-"""Throwaway certificate authorities and certificates for real TLS handshakes in tests (``cryptography``)."""
+"""Throwaway certificate authorities and certificates for real TLS handshakes in tests and benchmarks.
+
+Needs the ``cryptography`` package (in the ``dev`` extra). For tests and
+``acker-bench --compare-tls`` only: production certificates come from your
+own CA (see docs/security.md).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import datetime
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+
+__all__ = ["CertificateAuthority", "Issued"]
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
