@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -28,7 +29,6 @@ from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
 from .outcome_hub import OutcomeHub
 from .servicer import AckerServicer
-from .v1 import acker_pb2, acker_pb2_grpc
 
 __all__ = ["AckerServer", "PortInUse", "serve", "SERVICE_NAME", "start_line"]
 

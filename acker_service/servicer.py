@@ -11,6 +11,7 @@ from operator import itemgetter
 from typing import cast
 
 import grpc
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from ._version import __version__
 from .batch import MAX_SPOUT_NAME_BYTES, Batch, BatchTooLarge, InvalidBatch, WrongShard, validate_batch
@@ -18,7 +19,6 @@ from .config import ServerConfig
 from .ledger import Ledger, Resolution
 from .metrics import AckerMetrics
 from .outcome_hub import OutcomeHub
-from .v1 import acker_pb2, acker_pb2_grpc
 
 __all__ = ["AckerServicer", "OUTCOMES_PER_MESSAGE"]
 

@@ -5,7 +5,7 @@ Pure: no I/O, no clock, no lock (the cluster client holds the lock).
 
 from __future__ import annotations
 
-from acker_service.v1 import acker_pb2
+from acker_protocol.v1 import acker_pb2
 
 __all__ = ["OpBuffer", "INIT", "ACK", "FAIL", "RESET_TIMEOUT"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from acker_protocol.v1 import acker_pb2
 
 from acker_service.batch import OpKind
-from acker_service.v1 import acker_pb2
 
 INIT, ACK, FAIL, RESET = (int(k) for k in OpKind)
 
