@@ -18,11 +18,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
+from acker_protocol import grpc_options
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from . import grpc_options
 from .config import ServerConfig
 from .interceptors import MetricsInterceptor
 from .ledger import Ledger

@@ -68,9 +68,8 @@ def _drain(stream, counter: list[int]) -> None:
 def _apply_worker(config: ApplyBenchConfig, start_at: float, results) -> None:
     """One client process: send batches for ``duration`` seconds, report calls and operations."""
     import grpc
+    from acker_protocol import grpc_options
     from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
-
-    from acker_service import grpc_options
 
     rng = np.random.default_rng(secrets.randbits(64))
     n = len(config.addresses)
@@ -141,9 +140,8 @@ def measure_pending_bytes(address: str, rss_of, trees: int = 1_000_000, batch: i
     pending until the acker's timeout, so run it against a fresh acker.
     """
     import grpc
+    from acker_protocol import grpc_options
     from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
-
-    from acker_service import grpc_options
 
     rng = np.random.default_rng(secrets.randbits(64))
     with grpc.insecure_channel(address, options=grpc_options.client_options()) as channel:

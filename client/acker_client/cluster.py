@@ -10,9 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import grpc
+from acker_protocol import grpc_options
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
-
-from acker_service import grpc_options
 
 from .batching import OpBuffer
 from .errors import (
