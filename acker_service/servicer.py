@@ -12,9 +12,10 @@ from typing import cast
 
 import grpc
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+from acker_protocol.wire import check_spout_name
 
 from ._version import __version__
-from .batch import MAX_SPOUT_NAME_BYTES, Batch, BatchTooLarge, InvalidBatch, WrongShard, validate_batch
+from .batch import Batch, BatchTooLarge, InvalidBatch, WrongShard, validate_batch
 from .config import ServerConfig
 from .ledger import Ledger, Resolution
 from .metrics import AckerMetrics
@@ -81,13 +82,10 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
     async def Subscribe(self, request: acker_pb2.SubscribeRequest, context: grpc.aio.ServicerContext):
         """Stream the spout's retained outcomes after the resume position, then live ones."""
         spout = request.spout
-        size = len(spout.encode("utf-8"))
-        if not 1 <= size <= MAX_SPOUT_NAME_BYTES:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"spout name is {size} bytes; name the spout used in INIT operations (1 to "
-                f"{MAX_SPOUT_NAME_BYTES} bytes)",
-            )
+        try:
+            check_spout_name(spout)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}; name the spout used in INIT operations")
         if self._closing:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "this acker is shutting down; subscribe again later")
         wakeup = asyncio.Event()

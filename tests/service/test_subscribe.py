@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import OpKind
 
-from acker_service.batch import OpKind
 from acker_service.servicer import OUTCOMES_PER_MESSAGE
 
 INIT, ACK, FAIL, RESET = (int(k) for k in (OpKind.INIT, OpKind.ACK, OpKind.FAIL, OpKind.RESET_TIMEOUT))
