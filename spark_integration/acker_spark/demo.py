@@ -183,8 +183,7 @@ def _run_tracked(
     args: argparse.Namespace, spark: Any, records: list[Record], db: Path, live: _Live | None
 ) -> dict[str, Any]:
     from acker_client import ClusterClient
-
-    from acker_service.cluster import ProcessCluster
+    from acker_cluster import ProcessCluster
 
     with ProcessCluster(count=args.ackers, message_timeout=args.message_timeout) as cluster:
         job, bolts = wordcount.build_job(cluster.addresses, db, partitions=args.partitions, injection=_injection(args))
@@ -301,7 +300,7 @@ def _quiet_expected_warnings() -> Iterator[None]:
     # The demo kills an acker on purpose: the client's per-batch warnings and the
     # cluster's "exited unexpectedly" would drown the progress bar; the demo
     # reports the kill itself and the summary counts what those warnings report.
-    levels = {"acker_client": logging.ERROR, "acker_service.cluster": logging.CRITICAL}
+    levels = {"acker_client": logging.ERROR, "acker_cluster": logging.CRITICAL}
     saved = {name: logging.getLogger(name).level for name in levels}
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)

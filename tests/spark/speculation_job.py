@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from acker_client import ClusterClient
+from acker_cluster import ProcessCluster
 from acker_spark import Bolt, DeadLetterStore, GuaranteedPipeline, ReplayPolicy, close_clients, local_session
 from acker_spark.executor import client_for
 from acker_spark.testing import StandaloneCluster
@@ -46,8 +47,6 @@ from acker_spark.wordcount import (
     word_of,
 )
 from prometheus_client.parser import text_string_to_metric_families
-
-from acker_service.cluster import ProcessCluster
 
 SLOW_AFTER_COMMIT = 1
 STALLED = 2
