@@ -28,7 +28,6 @@ EXCEPTIONS = {
     ("acker_client/testing.py", "acker_service"),
     ("acker_client/testing.py", "acker_cluster"),
     # Tools still inside the libraries (moved out in their own commits).
-    ("acker_client/bench.py", "acker_cluster"),
     ("acker_spark/demo.py", "acker_cluster"),
 }
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bench_apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
+from .apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
 
 __all__ = ["main", "BenchConfig", "run_bench"]
 
