@@ -27,8 +27,6 @@ EXCEPTIONS = {
     # as processes with the launcher (lazily, only for processes=True).
     ("acker_client/testing.py", "acker_service"),
     ("acker_client/testing.py", "acker_cluster"),
-    # Tools still inside the libraries (moved out in their own commits).
-    ("acker_spark/demo.py", "acker_cluster"),
 }
 
 

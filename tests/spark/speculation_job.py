@@ -33,10 +33,7 @@ from typing import Any
 
 from acker_client import ClusterClient
 from acker_cluster import ProcessCluster
-from acker_spark import Bolt, DeadLetterStore, GuaranteedPipeline, ReplayPolicy, close_clients, local_session
-from acker_spark.executor import client_for
-from acker_spark.testing import StandaloneCluster
-from acker_spark.wordcount import (
+from acker_demo.wordcount import (
     AckAudit,
     CountWords,
     create_sink,
@@ -46,6 +43,9 @@ from acker_spark.wordcount import (
     stable_partition,
     word_of,
 )
+from acker_spark import Bolt, DeadLetterStore, GuaranteedPipeline, ReplayPolicy, close_clients, local_session
+from acker_spark.executor import client_for
+from acker_spark.testing import StandaloneCluster
 from prometheus_client.parser import text_string_to_metric_families
 
 SLOW_AFTER_COMMIT = 1

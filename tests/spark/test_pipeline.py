@@ -11,17 +11,7 @@ from typing import Any
 import pytest
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
-from acker_spark import (
-    ACKED,
-    Bolt,
-    DeadLetterStore,
-    GuaranteedPipeline,
-    Job,
-    ReplayPolicy,
-    generated_sentences,
-)
-from acker_spark.sqlite import open_db
-from acker_spark.wordcount import (
+from acker_demo.wordcount import (
     AckAudit,
     CountWords,
     FailureInjection,
@@ -32,6 +22,16 @@ from acker_spark.wordcount import (
     stable_partition,
     word_of,
 )
+from acker_spark import (
+    ACKED,
+    Bolt,
+    DeadLetterStore,
+    GuaranteedPipeline,
+    Job,
+    ReplayPolicy,
+    generated_sentences,
+)
+from acker_spark.sqlite import open_db
 from pyspark import cloudpickle
 
 from .conftest import MESSAGE_TIMEOUT

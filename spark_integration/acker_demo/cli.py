@@ -22,21 +22,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from acker_spark.dead_letter import DeadLetterStore
+from acker_spark.executor import close_clients
+from acker_spark.pipeline import GuaranteedPipeline, PipelineStats, run_untracked
+from acker_spark.replays import ReplayPolicy
+from acker_spark.session import LOCAL_MASTER, local_session
+from acker_spark.sources import Record, TextDirectorySource, generated_sentences
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import wordcount
-from .dead_letter import DeadLetterStore
-from .executor import close_clients
-from .pipeline import GuaranteedPipeline, PipelineStats, run_untracked
-from .replays import ReplayPolicy
-from .session import LOCAL_MASTER, local_session
-from .sources import Record, TextDirectorySource, generated_sentences
 
 __all__ = ["main", "parse_args", "run_demo", "AckerChaos"]
 
-log = logging.getLogger("acker_spark.demo")
+log = logging.getLogger("acker_demo")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

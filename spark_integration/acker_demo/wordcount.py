@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .dead_letter import DeadLetterStore
-from .executor import Bolt
-from .ids import stable_id
-from .pipeline import ACKED, Job
-from .sources import Record
-from .sqlite import open_db, upsert
+from acker_spark.dead_letter import DeadLetterStore
+from acker_spark.executor import Bolt
+from acker_spark.ids import stable_id
+from acker_spark.pipeline import ACKED, Job
+from acker_spark.sources import Record
+from acker_spark.sqlite import open_db, upsert
 
 __all__ = [
     "Word",
