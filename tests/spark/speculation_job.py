@@ -45,8 +45,10 @@ from acker_demo.wordcount import (
 )
 from acker_spark import Bolt, DeadLetterStore, GuaranteedPipeline, ReplayPolicy, close_clients, local_session
 from acker_spark.executor import client_for
-from acker_spark.testing import StandaloneCluster
 from prometheus_client.parser import text_string_to_metric_families
+
+# Run as a script: its own folder (tests/spark) is first on sys.path.
+from standalone import StandaloneCluster
 
 SLOW_AFTER_COMMIT = 1
 STALLED = 2

@@ -19,7 +19,8 @@ from acker_spark import (
     stable_id,
 )
 from acker_spark.frames import _RowCodec, pack_ids, tracked_schema, unpack_ids
-from acker_spark.testing import StandaloneCluster, can_bind, loopback_hosts
+
+from .standalone import StandaloneCluster, can_bind, loopback_hosts
 
 
 class TestDeterministicEdgeIds:
