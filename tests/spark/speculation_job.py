@@ -34,7 +34,6 @@ from typing import Any
 from acker_client import ClusterClient
 from acker_cluster import ProcessCluster
 from acker_demo.wordcount import (
-    AckAudit,
     CountWords,
     create_sink,
     expected_counts,
@@ -45,9 +44,10 @@ from acker_demo.wordcount import (
 )
 from acker_spark import Bolt, DeadLetterStore, GuaranteedPipeline, ReplayPolicy, close_clients, local_session
 from acker_spark.executor import client_for
-from prometheus_client.parser import text_string_to_metric_families
 
 # Run as a script: its own folder (tests/spark) is first on sys.path.
+from audit import AckAudit
+from prometheus_client.parser import text_string_to_metric_families
 from standalone import StandaloneCluster
 
 SLOW_AFTER_COMMIT = 1

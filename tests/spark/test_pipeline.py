@@ -12,7 +12,6 @@ import pytest
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
 from acker_demo.wordcount import (
-    AckAudit,
     CountWords,
     FailureInjection,
     build_job,
@@ -34,6 +33,7 @@ from acker_spark import (
 from acker_spark.sqlite import open_db
 from pyspark import cloudpickle
 
+from .audit import AckAudit
 from .conftest import MESSAGE_TIMEOUT
 
 # Spark's workers cannot import this test module: ship its functions by value.
