@@ -10,6 +10,7 @@ the project's acker-semantics spec.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -108,6 +109,10 @@ class Ledger:
         self._pending: RotatingMap[int, _Entry] = RotatingMap(buckets)
         self._period = self.message_timeout / (buckets - 1)
         self._next_rotation = clock() + self._period
+        # Buckets a rotation detached and whose entries have not all been expired
+        # yet (sliced expiry, see ``advance_some``). Their trees are already due:
+        # an operation that touches one expires it first.
+        self._draining: deque[dict[int, _Entry]] = deque()
         self._open_trees = 0  # entries whose init was applied
         self.stats = LedgerStats()
 
@@ -129,15 +134,23 @@ class Ledger:
     @property
     def orphan_entries(self) -> int:
         """Entries created by acks or fails whose init has not (yet) arrived."""
-        return len(self._pending) - self._open_trees
+        return len(self._pending) + sum(map(len, self._draining)) - self._open_trees
 
-    def apply_batch(self, batch: Batch) -> BatchResult:
+    @property
+    def expiry_due(self) -> int:
+        """Entries a rotation already detached that ``advance_some`` has not expired yet."""
+        return sum(map(len, self._draining))
+
+    def apply_batch(self, batch: Batch, max_expired: int | None = None) -> BatchResult:
         """Apply a batch that :func:`~acker_service.batch.validate_batch` accepted.
 
         This is the hot path, so the per-operation rules are inlined in one
         loop over plain Python ints (the numpy arrays are converted once).
+        Trees that are due collect first, at most ``max_expired`` of them (all
+        by default); a due tree the batch touches expires before the batch
+        applies to it, so a sliced expiry never changes what a client sees.
         """
-        resolutions = self.advance()
+        resolutions, _ = self.advance_some(max_expired)
         now = self._clock()
         stats = self.stats
         n = len(batch.kinds)
@@ -150,6 +163,8 @@ class Ledger:
         keys = batch.dedup_keys.tolist() if len(batch.dedup_keys) else repeat(0, n)
         # No rotation happens inside a batch, so the bucket lists stay valid.
         nursery, *older = self._pending.live_buckets()
+        draining = self._draining
+        timed_out = 0
         applied = deduplicated = ignored = 0
         inits = acks = fails = resets = dup_inits = acked = failed = 0
         timeout_resets: list[Resolution] = []
@@ -164,6 +179,9 @@ class Ledger:
                     if entry is not None:
                         break
                 else:
+                    if draining:
+                        # Due, not collected yet: it expires now, as the scan would have.
+                        timed_out += self._expire_touched(root, now, resolutions)
                     if kind == _RESET:
                         # Nothing to keep alive; an entry would only be an orphan.
                         ignored += 1
@@ -219,7 +237,8 @@ class Ledger:
                     continue
                 del home[root]
                 resolutions.append(Resolution(entry.spout, root, outcome, now - entry.started))
-        self._open_trees += inits - acked - failed
+        self._open_trees += inits - acked - failed - timed_out
+        stats.timed_out += timed_out
         stats.acked += acked
         stats.failed += failed
         stats.inits += inits
@@ -231,32 +250,74 @@ class Ledger:
         return BatchResult(applied, deduplicated, ignored, resolutions, timeout_resets)
 
     def advance(self) -> list[Resolution]:
-        """Rotate as many times as the clock says are due; return the trees that timed out.
+        """Rotate as many times as the clock says are due; return every tree that timed out.
 
         Entries without a spout (acks whose init never came) are dropped and
         counted as orphaned, as the spec says.
         """
-        now = self._clock()
-        resolutions: list[Resolution] = []
-        if now < self._next_rotation:
-            return resolutions
-        # A long stall (a suspended host) may owe many rotations; count them
-        # instead of looping, since more than `buckets` of them change nothing.
-        due = int((now - self._next_rotation) // self._period) + 1
-        self._next_rotation += due * self._period
-        # After `buckets` rotations everything has expired; more would be no-ops.
-        for _ in range(min(due, self.buckets)):
-            self._expire(self._pending.rotate(), now, resolutions)
+        resolutions, _ = self.advance_some(None)
         return resolutions
 
-    def _expire(self, expired: dict[int, _Entry], now: float, resolutions: list[Resolution]) -> None:
-        for root, entry in expired.items():
+    def advance_some(self, max_expired: int | None) -> tuple[list[Resolution], bool]:
+        """Rotate as due, then expire at most ``max_expired`` due entries (None: all).
+
+        Returns the trees that timed out and whether more are due. A rotation
+        detaches its expired bucket at once, so the expiry window is the same
+        however the expiry is sliced; only collecting the entries is spread
+        over calls (the server yields to its event loop in between).
+        """
+        now = self._clock()
+        resolutions: list[Resolution] = []
+        if now >= self._next_rotation:
+            # A long stall (a suspended host) may owe many rotations; count them
+            # instead of looping, since more than `buckets` of them change nothing.
+            due = int((now - self._next_rotation) // self._period) + 1
+            self._next_rotation += due * self._period
+            for _ in range(min(due, self.buckets)):
+                expired = self._pending.rotate()
+                if expired:
+                    self._draining.append(expired)
+        budget = -1 if max_expired is None else max_expired
+        draining = self._draining
+        while draining and budget != 0:
+            bucket = draining[0]
+            taken = self._expire(bucket, budget, now, resolutions)
+            if budget > 0:
+                budget -= taken
+            if not bucket:
+                draining.popleft()
+        return resolutions, bool(draining)
+
+    def _expire(self, bucket: dict[int, _Entry], limit: int, now: float, resolutions: list[Resolution]) -> int:
+        """Remove up to ``limit`` entries (-1: all) from a detached bucket; return how many."""
+        if limit < 0 or limit >= len(bucket):
+            items = list(bucket.items())
+            bucket.clear()
+        else:
+            items = [bucket.popitem() for _ in range(limit)]
+        stats = self.stats
+        timed_out = 0
+        for root, entry in items:
             if entry.spout is None:
-                self.stats.orphaned += 1
+                stats.orphaned += 1
                 continue
-            self._open_trees -= 1
-            self.stats.timed_out += 1
+            timed_out += 1
             resolutions.append(Resolution(entry.spout, root, Outcome.TIMED_OUT, max(0.0, now - entry.started)))
+        self._open_trees -= timed_out
+        stats.timed_out += timed_out
+        return len(items)
+
+    def _expire_touched(self, root: int, now: float, resolutions: list[Resolution]) -> int:
+        """Expire ``root`` if a detached bucket still holds it; return 1 if it was a tree (0: absent or orphan)."""
+        for bucket in self._draining:
+            entry = bucket.pop(root, None)
+            if entry is not None:
+                if entry.spout is None:
+                    self.stats.orphaned += 1
+                    return 0
+                resolutions.append(Resolution(entry.spout, root, Outcome.TIMED_OUT, max(0.0, now - entry.started)))
+                return 1
+        return 0
 
     def seconds_until_rotation(self) -> float:
         """Seconds until the next rotation is due (never negative)."""
@@ -264,4 +325,6 @@ class Ledger:
 
     def pending_roots(self) -> Iterable[int]:
         """Root ids of all entries (for tests and diagnostics; not the hot path)."""
-        return iter(self._pending)
+        yield from self._pending
+        for bucket in self._draining:
+            yield from bucket

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,7 +28,7 @@ from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
 from .outcome_hub import OutcomeHub
 from .servicer import AckerServicer
-from .shard import Shard
+from .shard import EXPIRY_SLICE, Shard
 
 __all__ = ["AckerServer", "PortInUse", "serve", "SERVICE_NAME", "start_line"]
 
@@ -37,6 +38,8 @@ SERVICE_NAME = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name
 T = TypeVar("T")
 # The ticker wakes at least this often, so retention ages out promptly even with long timeouts.
 _MAX_TICK_SECONDS = 1.0
+# An expiry of at least this many trees at once is logged as a mass timeout.
+MASS_TIMEOUT_LOG_THRESHOLD = 10_000
 
 
 class PortInUse(OSError):
@@ -186,9 +189,33 @@ class AckerServer:
         while True:
             await asyncio.sleep(min(max(self.shard.ledger.seconds_until_rotation(), 0.001), cap))
             try:
-                self.shard.advance()
+                await self._expire_in_slices()
             except Exception:  # a bug here must not stop expiry for good; it is logged and retried
                 log.exception("advancing the ledger failed")
+
+    async def _expire_in_slices(self) -> int:
+        """Expire what is due one slice at a time, yielding to the loop in between; return how many timed out.
+
+        Health checks, Apply and Subscribe run between slices, so a mass
+        timeout delays them by one slice, not by the whole expiry.
+        """
+        started = time.monotonic()
+        total = 0
+        while True:
+            timed_out, more = self.shard.advance_slice(EXPIRY_SLICE)
+            total += timed_out
+            if not more:
+                break
+            await asyncio.sleep(0)
+        if total >= MASS_TIMEOUT_LOG_THRESHOLD:
+            log.warning(
+                "mass timeout: %d trees timed out at once on shard %d, expired in %.2f s; "
+                "their spouts get TIMED_OUT and replay them",
+                total,
+                self.config.shard_index,
+                time.monotonic() - started,
+            )
+        return total
 
     def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
         """Run ``fn`` on the server's event loop and return its result (tests, diagnostics)."""

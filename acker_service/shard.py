@@ -21,8 +21,11 @@ from .ledger import BatchResult, Ledger, Resolution
 from .metrics import AckerMetrics
 from .outcome_hub import OutcomeChunk, OutcomeHub
 
-__all__ = ["Shard", "SubscribeRefused", "BadSpoutName", "ShardClosing", "Superseded", "new_incarnation"]
+__all__ = ["EXPIRY_SLICE", "Shard", "SubscribeRefused", "BadSpoutName", "ShardClosing", "Superseded", "new_incarnation"]
 
+# Trees expired per slice: about 10 ms of work with the reference ledger, so health
+# checks, Apply and Subscribe wait at most that long during a mass expiry.
+EXPIRY_SLICE = 4096
 _LATENCY = itemgetter(3)  # Resolution.latency_seconds, without attribute lookups
 
 
@@ -66,7 +69,13 @@ class Shard:
         self.config = config
         self.incarnation = incarnation or new_incarnation()
         self.ledger = Ledger(config.message_timeout, config.buckets, clock)
-        self.hub = OutcomeHub(config.retain_outcomes, config.retain_seconds, self.incarnation, clock)
+        self.hub = OutcomeHub(
+            config.retain_outcomes,
+            config.retain_seconds,
+            self.incarnation,
+            clock,
+            subscriber_buffer_bytes=config.subscriber_buffer_bytes,
+        )
         self.metrics = AckerMetrics(
             self.ledger.stats, self.hub, shard_index=config.shard_index, shard_count=config.shard_count
         )
@@ -83,7 +92,8 @@ class Shard:
         validate_batch(
             batch, shard_index=config.shard_index, shard_count=config.shard_count, max_batch=config.max_batch
         )
-        result = self.ledger.apply_batch(batch)
+        # Due trees collect in slices on the ticker; a batch takes one slice at most.
+        result = self.ledger.apply_batch(batch, max_expired=EXPIRY_SLICE)
         self._settle(result.resolutions)
         # Not ends, so no latency or outcome metrics: only the spout must know.
         self.hub.publish(result.timeout_resets)
@@ -91,11 +101,22 @@ class Shard:
         return result
 
     def advance(self) -> int:
-        """Expire due trees and old retained outcomes; return how many trees timed out."""
+        """Expire every due tree and old retained outcomes at once; return how many trees timed out."""
         resolutions = self.ledger.advance()
         self._settle(resolutions)
         self.hub.expire()
         return len(resolutions)
+
+    def advance_slice(self, max_expired: int = EXPIRY_SLICE) -> tuple[int, bool]:
+        """Expire at most ``max_expired`` due trees and old retained outcomes.
+
+        Returns how many trees timed out and whether more are due: the caller
+        yields to the event loop and calls again while they are.
+        """
+        resolutions, more = self.ledger.advance_some(max_expired)
+        self._settle(resolutions)
+        self.hub.expire()
+        return len(resolutions), more
 
     def _settle(self, resolutions: list[Resolution]) -> None:
         """Record and route the outcomes of ended trees, refresh the scrape-time gauges."""
