@@ -45,6 +45,12 @@ _FLAGS = (
     _Flag("max_message_bytes", int, "largest gRPC message accepted or sent, in bytes"),
     _Flag("retain_outcomes", int, "outcomes kept per spout for delivery and resume"),
     _Flag("retain_seconds", float, "seconds an outcome is kept for delivery and resume"),
+    _Flag(
+        "subscriber_buffer_bytes",
+        int,
+        "bytes of outcomes kept per subscribed spout while its stream catches up (a mass timeout); "
+        "only a backlog beyond this is evicted",
+    ),
     _Flag("grace", float, "seconds running calls get to finish at shutdown"),
 )
 

@@ -29,6 +29,7 @@ class ServerConfig:
     max_message_bytes: int = grpc_options.DEFAULT_MAX_MESSAGE_BYTES
     retain_outcomes: int = 100_000  # per spout
     retain_seconds: float = 300.0
+    subscriber_buffer_bytes: int = 256 * 1024 * 1024  # per subscribed spout: its undelivered backlog
     grace: float = 5.0
 
     def __post_init__(self) -> None:
@@ -72,6 +73,8 @@ def _problems(c: ServerConfig) -> list[str]:
         problems.append(f"max message bytes must be at least 1024, got {c.max_message_bytes}")
     if c.retain_outcomes < 1:
         problems.append(f"retain outcomes must be at least 1 per spout, got {c.retain_outcomes}")
+    if c.subscriber_buffer_bytes < 0:
+        problems.append(f"subscriber buffer bytes must be zero or more, got {c.subscriber_buffer_bytes}")
     if not c.retain_seconds > 0:
         problems.append(f"retain seconds must be positive, got {c.retain_seconds}")
     if not c.grace >= 0:
