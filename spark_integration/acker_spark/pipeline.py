@@ -18,14 +18,15 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from acker_client import AckerError, ClusterClient, FailReason, MessageId, Spout, TrackedTuple, new_id
+from acker_client import AckerError, ClusterClient, MessageId, Spout, TrackedTuple, new_id
+from acker_protocol.wire import Outcome
 
 from .dead_letter import DeadLetterStore
 from .frames import delivery_frame
 from .replays import ReplayPolicy, ReplaySchedule
 from .sources import Delivery, Record
 
-__all__ = ["PipelineStats", "GuaranteedPipeline", "run_untracked", "Job", "ACKED"]
+__all__ = ["PipelineStats", "GuaranteedPipeline", "run_untracked", "Job"]
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,6 @@ Job = Callable[[Any], object]
 ``batch`` is an RDD of TrackedTuple[Delivery], or with ``as_dataframe=True`` a
 DataFrame with columns ``key``, ``value``, ``attempt`` and ``_acker_ids``.
 """
-
-ACKED = "ACKED"
-"""The outcome name passed to ``on_outcome`` for an acked delivery (failures pass a FailReason name)."""
 
 
 @dataclass
@@ -75,8 +73,9 @@ class GuaranteedPipeline:
 
     ``job(batch)`` must complete the work (run the actions) before it returns;
     the bolts inside it ack the trees. ``on_outcome(delivery, outcome)`` is called
-    once per delivery from the spout's callback thread (``outcome`` is ``"ACKED"``
-    or a FailReason name); ``on_progress(stats)`` from the driver thread.
+    once per delivery from the spout's callback thread (``outcome`` is an
+    :class:`~acker_protocol.wire.Outcome`: ACKED, FAILED, TIMED_OUT or LOST);
+    ``on_progress(stats)`` from the driver thread.
     """
 
     def __init__(
@@ -92,7 +91,7 @@ class GuaranteedPipeline:
         dead_letters: DeadLetterStore | None = None,
         spout_timeout: float | None = None,
         on_progress: Callable[[PipelineStats], None] | None = None,
-        on_outcome: Callable[[Delivery, str], None] | None = None,
+        on_outcome: Callable[[Delivery, Outcome], None] | None = None,
         progress_interval: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -118,7 +117,7 @@ class GuaranteedPipeline:
         self._cond = threading.Condition()
         self._inflight: dict[tuple[str, int], Delivery] = {}
         self._schedule = ReplaySchedule(policy, clock)
-        self._dead: list[tuple[Delivery, str]] = []  # written by the driver thread
+        self._dead: list[tuple[Delivery, Outcome]] = []  # written by the driver thread
         self._exhausted = False
         self._as_dataframe = False
         self._value_type: Any = None
@@ -284,22 +283,22 @@ class GuaranteedPipeline:
             self.stats.acked += 1
             self._cond.notify_all()
         if self.on_outcome is not None:
-            self.on_outcome(delivery, ACKED)
+            self.on_outcome(delivery, Outcome.ACKED)
 
-    def _on_fail(self, message_id: tuple[str, int], reason: FailReason) -> None:
+    def _on_fail(self, message_id: tuple[str, int], reason: Outcome) -> None:
         with self._cond:
             delivery = self._inflight.pop(message_id)
-            if reason is FailReason.FAILED:
+            if reason is Outcome.FAILED:
                 self.stats.failed += 1
-            elif reason is FailReason.TIMED_OUT:
+            elif reason is Outcome.TIMED_OUT:
                 self.stats.timed_out += 1
             else:
                 self.stats.lost += 1
             if not self._schedule.retry(delivery):
-                self._dead.append((delivery, reason.name))
+                self._dead.append((delivery, reason))
             self._cond.notify_all()
         if self.on_outcome is not None:
-            self.on_outcome(delivery, reason.name)
+            self.on_outcome(delivery, reason)
 
     def _write_dead_letters(self) -> None:
         with self._cond:
@@ -312,7 +311,7 @@ class GuaranteedPipeline:
                     "record %s failed %d times (last: %s); no dead-letter store",
                     delivery.key,
                     delivery.attempt,
-                    reason,
+                    reason.name,
                 )
             with self._cond:
                 self.stats.dead_lettered += 1

@@ -19,13 +19,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from acker_client import ClusterClient, FailReason, Spout, new_id
+from acker_client import ClusterClient, Spout, new_id
+from acker_protocol.wire import Outcome
 
 from .dead_letter import DeadLetterStore
 from .frames import pack_ids
 from .replays import ReplayPolicy, ReplaySchedule
 from .sources import Delivery, Record
-from .stream_ledger import ACKED, StreamLedger
+from .stream_ledger import StreamLedger
 
 __all__ = ["StreamSpout", "DirectoryFeed", "Row"]
 
@@ -221,11 +222,11 @@ class StreamSpout:
         with self._cond:
             delivery = self._inflight[message_id]
         try:
-            self.ledger.record(self.run, delivery.key, delivery.attempt, ACKED, final=True, at=time.time())
+            self.ledger.record(self.run, delivery.key, delivery.attempt, Outcome.ACKED, final=True, at=time.time())
         finally:
             self._settle(message_id)
 
-    def _on_fail(self, message_id: tuple[str, int], reason: FailReason) -> None:
+    def _on_fail(self, message_id: tuple[str, int], reason: Outcome) -> None:
         with self._cond:
             delivery = self._inflight[message_id]
             # A tree cut short by close() is no failure of the record: it is recorded but
@@ -234,8 +235,8 @@ class StreamSpout:
             final = not self._closing and not self._schedule.retry(delivery)
         try:
             if final:
-                self.dead_letters.add(delivery.key, delivery.value, reason.name, delivery.attempt)
-            self.ledger.record(self.run, delivery.key, delivery.attempt, reason.name, final=final, at=time.time())
+                self.dead_letters.add(delivery.key, delivery.value, reason, delivery.attempt)
+            self.ledger.record(self.run, delivery.key, delivery.attempt, reason, final=final, at=time.time())
         finally:
             self._settle(message_id)
 
