@@ -4,7 +4,7 @@ from .bolt import BoltCollector
 from .cluster import ClientStats, ClusterClient
 from .errors import AckerError, ClusterMisconfigured, RequestRefused, ShardFailure, ShardUnavailable, SpoutFull
 from .ids import EdgeIdSource, RandomEdgeIds, new_id
-from .process import close_shared_clients, shared_client
+from .shared import close_shared_clients, shared_client
 from .spout import Spout, SpoutStats
 from .tuples import MessageId, TrackedTuple
 
