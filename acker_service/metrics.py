@@ -17,8 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ._version import __version__
-from .ledger import LedgerStats
 from .outcome_hub import OutcomeHub
+from .reference_ledger import LedgerStats
 
 __all__ = ["AckerMetrics", "ExactHistogram", "LATENCY_BUCKETS", "BATCH_SIZE_BUCKETS", "MetricsHttpServer"]
 

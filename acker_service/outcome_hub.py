@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .ledger import Resolution
+from .reference_ledger import Resolution
 
 __all__ = ["OutcomeHub", "Subscription", "OutcomeChunk"]
 

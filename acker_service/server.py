@@ -24,9 +24,9 @@ from grpc_reflection.v1alpha import reflection
 from . import grpc_options
 from .config import ServerConfig
 from .interceptors import MetricsInterceptor
-from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
 from .outcome_hub import OutcomeHub
+from .reference_ledger import ReferenceLedger
 from .servicer import AckerServicer
 from .v1 import acker_pb2, acker_pb2_grpc
 
@@ -68,7 +68,7 @@ class AckerServer:
         clock = clock or time.monotonic  # None: real time (callers can pass an optional clock through)
         self.config = config
         self.incarnation = new_incarnation()
-        self.ledger = Ledger(config.message_timeout, config.buckets, clock)
+        self.ledger = ReferenceLedger(config.message_timeout, config.buckets, clock)
         self.hub = OutcomeHub(config.retain_outcomes, config.retain_seconds, self.incarnation, clock)
         self.metrics = AckerMetrics(
             self.ledger.stats, self.hub, shard_index=config.shard_index, shard_count=config.shard_count

@@ -15,9 +15,9 @@ import grpc
 from ._version import __version__
 from .batch import MAX_SPOUT_NAME_BYTES, Batch, BatchTooLarge, InvalidBatch, WrongShard, validate_batch
 from .config import ServerConfig
-from .ledger import Ledger, Resolution
 from .metrics import AckerMetrics
 from .outcome_hub import OutcomeHub
+from .reference_ledger import ReferenceLedger, Resolution
 from .v1 import acker_pb2, acker_pb2_grpc
 
 __all__ = ["AckerServicer", "OUTCOMES_PER_MESSAGE"]
@@ -38,7 +38,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
     """Apply, Subscribe and Describe for one shard."""
 
     def __init__(
-        self, config: ServerConfig, ledger: Ledger, hub: OutcomeHub, metrics: AckerMetrics, incarnation: int
+        self, config: ServerConfig, ledger: ReferenceLedger, hub: OutcomeHub, metrics: AckerMetrics, incarnation: int
     ) -> None:
         self._config = config
         self._ledger = ledger

@@ -18,7 +18,7 @@ from acker_service.batch import (
     WrongShard,
     validate_batch,
 )
-from acker_service.ledger import Ledger
+from acker_service.reference_ledger import ReferenceLedger
 
 INIT, ACK, FAIL, RESET = (int(k) for k in OpKind)
 
@@ -50,7 +50,7 @@ class TestValidBatches:
             spouts=["s"],
         )
         assert check(batch) is None
-        result = Ledger(message_timeout=30.0, clock=lambda: 0.0).apply_batch(batch)
+        result = ReferenceLedger(message_timeout=30.0, clock=lambda: 0.0).apply_batch(batch)
         assert (result.applied, result.deduplicated, result.ignored) == (5, 0, 0)
         assert sorted((r.root, r.outcome) for r in result.resolutions) == [
             (10, Outcome.ACKED),
@@ -94,7 +94,7 @@ class TestMixedSpouts:
             spout_index=[2, 0, 1, 0, 0, 0],
         )
         check(batch)
-        result = Ledger(message_timeout=30.0, clock=lambda: 0.0).apply_batch(batch)
+        result = ReferenceLedger(message_timeout=30.0, clock=lambda: 0.0).apply_batch(batch)
         routed = sorted((r.root, r.spout) for r in result.resolutions)
         assert routed == [(1, "gamma"), (2, "alpha"), (3, "beta")]
 

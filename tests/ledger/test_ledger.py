@@ -1,4 +1,4 @@
-"""Unit tests of the Ledger against the acker-semantics spec, with an injected fake clock."""
+"""Unit tests of the ReferenceLedger against the acker-semantics spec, with an injected fake clock."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from acker_service.batch import Batch, OpKind, Outcome
-from acker_service.ledger import BatchResult, Ledger
+from acker_service.reference_ledger import BatchResult, ReferenceLedger
 
 SPOUT = "spout-a"
 R = 0x9E3779B97F4A7C15  # a root id with the high bit set: ids are full 64-bit values
@@ -59,13 +59,13 @@ def batch_of(ops: list[Op]) -> Batch:
     )
 
 
-def assert_conserved(ledger: Ledger) -> None:
+def assert_conserved(ledger: ReferenceLedger) -> None:
     """Spec invariant 3: inits = acked + failed + timed out + pending."""
     s = ledger.stats
     assert s.inits == s.acked + s.failed + s.timed_out + ledger.pending_trees, s
 
 
-def apply(ledger: Ledger, *ops: Op) -> BatchResult:
+def apply(ledger: ReferenceLedger, *ops: Op) -> BatchResult:
     """Apply ops as one batch, check the result accounts for every op and conservation holds."""
     result = ledger.apply_batch(batch_of(list(ops)))
     assert result.applied + result.deduplicated + result.ignored == len(ops), result
@@ -80,9 +80,9 @@ def outcomes(result_or_list) -> list[tuple[int, Outcome]]:
 
 
 @pytest.fixture
-def ledger(clock) -> Ledger:
+def ledger(clock) -> ReferenceLedger:
     """A ledger with a long timeout (nothing expires unless a test moves the clock far)."""
-    return Ledger(message_timeout=1000.0, buckets=3, clock=clock)
+    return ReferenceLedger(message_timeout=1000.0, buckets=3, clock=clock)
 
 
 # --- the spec's table, transcribed, as the reference for the permutation tests ---
@@ -157,7 +157,7 @@ class TestEveryOrdering:
     @pytest.mark.parametrize(("scenario", "order"), PERMUTATIONS)
     def test_one_message_per_batch(self, clock, scenario, order):
         """Each message alone: the outcome comes at exactly the message the spec says, once."""
-        ledger = Ledger(message_timeout=1000.0, clock=clock)
+        ledger = ReferenceLedger(message_timeout=1000.0, clock=clock)
         model = SpecModel()
         seen = []
         for i, op in enumerate(order):
@@ -415,7 +415,7 @@ class TestTimeouts:
         """Not expired just before t + T; expired (TIMED_OUT, once) by t + T + T/(b-1)."""
         for offset in expiry_offsets(T / (b - 1)):
             c = type(clock)(start=clock.now)
-            ledger = Ledger(message_timeout=T, buckets=b, clock=c)
+            ledger = ReferenceLedger(message_timeout=T, buckets=b, clock=c)
             c.advance(offset)
             t = c.now
             apply(ledger, init(R, E1))
@@ -434,7 +434,7 @@ class TestTimeouts:
         period = T / (b - 1)
         for offset in expiry_offsets(period):
             c = type(clock)(start=clock.now)
-            ledger = Ledger(message_timeout=T, buckets=b, clock=c)
+            ledger = ReferenceLedger(message_timeout=T, buckets=b, clock=c)
             c.advance(offset)
             t = c.now
             apply(ledger, init(R, E1))
@@ -448,7 +448,7 @@ class TestTimeouts:
 
     def test_tree_completed_from_older_bucket_does_not_time_out(self, clock):
         """A tree that ends after a rotation moved it to an older bucket leaves the map for good."""
-        ledger = Ledger(message_timeout=4.0, buckets=3, clock=clock)
+        ledger = ReferenceLedger(message_timeout=4.0, buckets=3, clock=clock)
         apply(ledger, init(R, E1 ^ E2), ack(R, E1))
         clock.advance(3.0)  # past one rotation (every 2 s): the entry is no longer in the nursery
         assert ledger.advance() == [] and ledger.pending_trees == 1
@@ -459,7 +459,7 @@ class TestTimeouts:
 
     def test_timed_out_latency_from_init(self, clock):
         """A timed-out tree reports the time from its init to the expiry."""
-        ledger = Ledger(message_timeout=2.0, buckets=3, clock=clock)
+        ledger = ReferenceLedger(message_timeout=2.0, buckets=3, clock=clock)
         apply(ledger, init(R, E1))
         clock.advance(3.0)
         (res,) = ledger.advance()
@@ -467,7 +467,7 @@ class TestTimeouts:
 
     def test_apply_batch_reports_trees_that_expired_first(self, clock):
         """apply_batch rotates first and returns the TIMED_OUT trees alongside its own."""
-        ledger = Ledger(message_timeout=2.0, buckets=3, clock=clock)
+        ledger = ReferenceLedger(message_timeout=2.0, buckets=3, clock=clock)
         apply(ledger, init(R, E1))
         clock.advance(3.0)
         result = apply(ledger, init(R + 1, 0))
@@ -478,7 +478,7 @@ class TestTimeouts:
         """After reset_timeout at t', the tree lives until at least t' + T and ends by t' + T + T/(b-1)."""
         T = 12.0
         period = T / (b - 1)
-        ledger = Ledger(message_timeout=T, buckets=b, clock=clock)
+        ledger = ReferenceLedger(message_timeout=T, buckets=b, clock=clock)
         apply(ledger, init(R, E1))
         clock.advance(T - 2.0**-10)  # just before the earliest possible expiry
         assert ledger.advance() == []
@@ -492,7 +492,7 @@ class TestTimeouts:
     def test_reset_keeps_orphan_alive_until_its_init(self, clock):
         """reset_timeout also refreshes an entry whose init has not arrived yet."""
         T = 4.0
-        ledger = Ledger(message_timeout=T, buckets=3, clock=clock)
+        ledger = ReferenceLedger(message_timeout=T, buckets=3, clock=clock)
         apply(ledger, ack(R, E1))
         clock.advance(T - 0.25)
         apply(ledger, reset(R))
@@ -504,7 +504,7 @@ class TestTimeouts:
     def test_orphan_dropped_and_counted(self, clock, first):
         """An ack or fail whose init never comes expires with no outcome, counted as orphaned."""
         T = 6.0
-        ledger = Ledger(message_timeout=T, buckets=3, clock=clock)
+        ledger = ReferenceLedger(message_timeout=T, buckets=3, clock=clock)
         t = clock.now
         apply(ledger, first)
         assert (ledger.pending_trees, ledger.orphan_entries) == (0, 1)
@@ -517,7 +517,7 @@ class TestTimeouts:
 
     def test_clock_jump_expires_everything_once(self, clock):
         """A long pause (many rotations due) times every tree out exactly once."""
-        ledger = Ledger(message_timeout=3.0, buckets=4, clock=clock)
+        ledger = ReferenceLedger(message_timeout=3.0, buckets=4, clock=clock)
         roots = list(range(1, 51))
         apply(ledger, *(init(r, E1) for r in roots), ack(999, E2))
         clock.advance(100 * 3.0)
@@ -529,7 +529,7 @@ class TestTimeouts:
     def test_no_traffic_drains_within_one_window(self, clock):
         """Bounded memory: with no traffic, pending trees and orphans reach 0 within T + T/(b-1)."""
         T, b = 8.0, 5
-        ledger = Ledger(message_timeout=T, buckets=b, clock=clock)
+        ledger = ReferenceLedger(message_timeout=T, buckets=b, clock=clock)
         for i in range(40):  # spread puts over a window, then go quiet
             apply(ledger, init(1000 + i, E1), ack(5000 + i, E2))
             clock.advance(T / 40)
@@ -541,21 +541,21 @@ class TestTimeouts:
 
 
 class TestConstruction:
-    """Ledger arguments are checked and the rotation period follows T / (b - 1)."""
+    """ReferenceLedger arguments are checked and the rotation period follows T / (b - 1)."""
 
     @pytest.mark.parametrize(("T", "b"), [(30.0, 3), (12.0, 4), (1.0, 2)])
     def test_rotation_period(self, clock, T, b):
         """The rotation period is T / (b - 1)."""
-        ledger = Ledger(message_timeout=T, buckets=b, clock=clock)
+        ledger = ReferenceLedger(message_timeout=T, buckets=b, clock=clock)
         assert (ledger.rotation_period, ledger.buckets) == (T / (b - 1), b)
 
     @pytest.mark.parametrize("T", [0.0, -1.0])
     def test_non_positive_timeout_rejected(self, clock, T):
         """A zero or negative message timeout is refused with a message naming it."""
         with pytest.raises(ValueError, match="message_timeout must be positive"):
-            Ledger(message_timeout=T, clock=clock)
+            ReferenceLedger(message_timeout=T, clock=clock)
 
     def test_one_bucket_rejected(self, clock):
         """b = 1 leaves no timeout window and is refused."""
         with pytest.raises(ValueError, match="at least 2 buckets"):
-            Ledger(message_timeout=1.0, buckets=1, clock=clock)
+            ReferenceLedger(message_timeout=1.0, buckets=1, clock=clock)

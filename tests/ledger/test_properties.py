@@ -3,7 +3,7 @@
 The simulator follows the spec's "What each side sends" exactly (spout init with the xor
 of its k edge ids; bolts anchor children to one or more live tuples, possibly of other
 trees, and ack with ``id ^ out_ack_val``). Messages are shuffled, split into random
-batches and applied through ``Ledger.apply_batch``; the spec's invariants are checked
+batches and applied through ``ReferenceLedger.apply_batch``; the spec's invariants are checked
 after every batch. ``ACKER_PROPERTY_TREES`` sets how many trees each property covers
 (default 1000; the issue's on-demand configuration is 20000).
 """
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from acker_service.batch import Batch, OpKind, Outcome
-from acker_service.ledger import Ledger
+from acker_service.reference_ledger import ReferenceLedger
 
 TREES = int(os.environ.get("ACKER_PROPERTY_TREES", "1000"))
 EXAMPLES = min(40, max(10, TREES // 20))
@@ -181,13 +181,13 @@ def splits(rng: random.Random, total: int, mean: int) -> list[tuple[int, int]]:
     return cuts
 
 
-def assert_conserved(ledger: Ledger) -> None:
+def assert_conserved(ledger: ReferenceLedger) -> None:
     """Spec invariant 3: inits = acked + failed + timed out + pending."""
     s = ledger.stats
     assert s.inits == s.acked + s.failed + s.timed_out + ledger.pending_trees, s
 
 
-def assert_all_timed_out(ledger: Ledger, timed_out: list, roots: list[int], forest: Forest) -> None:
+def assert_all_timed_out(ledger: ReferenceLedger, timed_out: list, roots: list[int], forest: Forest) -> None:
     """Exactly ``roots`` timed out, each to its own spout, and the ledger is empty and conserved."""
     assert sorted(res.root for res in timed_out) == sorted(roots)
     assert all(res.outcome == Outcome.TIMED_OUT for res in timed_out)
@@ -294,7 +294,7 @@ class Entries:
         return len(self.entries) - self.pending
 
 
-def check_entries(ledger: Ledger, model: Entries) -> None:
+def check_entries(ledger: ReferenceLedger, model: Entries) -> None:
     """The ledger holds the trees and orphans the model says, with the model's counters."""
     s = ledger.stats
     assert (ledger.pending_trees, ledger.orphan_entries) == (model.pending, model.orphans)
@@ -332,7 +332,7 @@ def shuffled(rng: random.Random, msgs: list[Msg]) -> list[Msg]:
 def new_ledger(clock_factory, rng, T=1000.0, b=3):
     """A ledger whose rotation phase relative to the first message is random."""
     clock = clock_factory(start=1000.0)
-    ledger = Ledger(message_timeout=T, buckets=b, clock=clock)
+    ledger = ReferenceLedger(message_timeout=T, buckets=b, clock=clock)
     clock.advance(rng.random() * T / (b - 1))
     return ledger, clock
 
