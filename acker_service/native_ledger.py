@@ -15,13 +15,13 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import numpy as np
 
 from ._native import NativeCore
 from .batch import Batch
-from .outcome_columns import OutcomeColumns
+from .outcome_columns import ColumnarResult, OutcomeColumns
 from .reference_ledger import BatchResult, LedgerStats, Resolution
 
 __all__ = ["NativeLedger", "ColumnarResult", "MAX_BUCKETS"]
@@ -33,22 +33,6 @@ MAX_BUCKETS = 32
 _STAT_FIELDS = [f.name for f in fields(LedgerStats)]
 _NO_KEYS = np.zeros(0, dtype=np.uint64)
 _NO_INDEX = np.zeros(0, dtype=np.uint32)
-
-
-@dataclass
-class ColumnarResult:
-    """What one batch did, with outcomes as columns: ``ended`` trees, ``timeout_resets`` notices."""
-
-    applied: int
-    deduplicated: int
-    ignored: int
-    ended: OutcomeColumns
-    timeout_resets: OutcomeColumns
-
-    @property
-    def operations(self) -> int:
-        """Operations in the batch (each is applied, deduplicated or ignored)."""
-        return self.applied + self.deduplicated + self.ignored
 
 
 def _columns(raw) -> OutcomeColumns:

@@ -8,6 +8,7 @@ convert to and from it, so the servicer handles both engines alike.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from .batch import Outcome
 from .reference_ledger import Resolution
 
-__all__ = ["OutcomeColumns"]
+__all__ = ["OutcomeColumns", "ColumnarResult"]
 
 
 class OutcomeColumns(NamedTuple):
@@ -71,3 +72,19 @@ class OutcomeColumns(NamedTuple):
         if len(self.spouts) == 1:
             return [(self.spouts[0], None)]
         return [(name, np.flatnonzero(self.spout_index == i)) for i, name in enumerate(self.spouts)]
+
+
+@dataclass
+class ColumnarResult:
+    """What one batch did, with outcomes as columns: ``ended`` trees, ``timeout_resets`` notices."""
+
+    applied: int
+    deduplicated: int
+    ignored: int
+    ended: OutcomeColumns
+    timeout_resets: OutcomeColumns
+
+    @property
+    def operations(self) -> int:
+        """Operations in the batch (each is applied, deduplicated or ignored)."""
+        return self.applied + self.deduplicated + self.ignored

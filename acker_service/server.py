@@ -23,12 +23,12 @@ from grpc_reflection.v1alpha import reflection
 
 from . import grpc_options
 from .config import ServerConfig
+from .engines import new_ledger
 from .interceptors import MetricsInterceptor
 from .metrics import AckerMetrics, MetricsHttpServer
 from .outcome_hub import OutcomeHub
-from .reference_ledger import ReferenceLedger
-from .servicer import AckerServicer
-from .v1 import acker_pb2, acker_pb2_grpc
+from .servicer import AckerServicer, add_acker_servicer
+from .v1 import acker_pb2
 
 __all__ = ["AckerServer", "PortInUse", "serve", "SERVICE_NAME", "start_line"]
 
@@ -68,10 +68,14 @@ class AckerServer:
         clock = clock or time.monotonic  # None: real time (callers can pass an optional clock through)
         self.config = config
         self.incarnation = new_incarnation()
-        self.ledger = ReferenceLedger(config.message_timeout, config.buckets, clock)
+        self.ledger = new_ledger(config.engine, config.message_timeout, config.buckets, clock)
         self.hub = OutcomeHub(config.retain_outcomes, config.retain_seconds, self.incarnation, clock)
         self.metrics = AckerMetrics(
-            self.ledger.stats, self.hub, shard_index=config.shard_index, shard_count=config.shard_count
+            self.ledger.stats,
+            self.hub,
+            shard_index=config.shard_index,
+            shard_count=config.shard_count,
+            engine=config.engine,
         )
         self.servicer = AckerServicer(config, self.ledger, self.hub, self.metrics, self.incarnation)
         self.port: int | None = None
@@ -156,7 +160,7 @@ class AckerServer:
             options=grpc_options.server_options(config.max_message_bytes),
             interceptors=[MetricsInterceptor(self.metrics)],
         )
-        acker_pb2_grpc.add_AckerServicer_to_server(self.servicer, server)
+        add_acker_servicer(self.servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -234,12 +238,12 @@ class AckerServer:
 
 
 def start_line(server: AckerServer) -> str:
-    """The one line logged at start: shard, addresses, timeout and buckets."""
+    """The one line logged at start: shard, addresses, timeout, buckets and ledger engine."""
     c = server.config
     metrics = f"metrics on {server.metrics_url}" if server.metrics_url else "metrics off"
     return (
         f"acker shard {c.shard_index}/{c.shard_count} serving on {server.address}, {metrics}, "
-        f"timeout {c.message_timeout:g}s, {c.buckets} buckets"
+        f"timeout {c.message_timeout:g}s, {c.buckets} buckets, {c.engine} ledger engine"
     )
 
 

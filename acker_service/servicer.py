@@ -1,31 +1,31 @@
 """The Acker gRPC servicer: translates between protobuf and the ledger and outcome hub.
 
 All methods run on the server's event loop, the only place the ledger and the
-hub are touched, so nothing here needs a lock.
+hub are touched, so nothing here needs a lock. Apply receives the request's raw
+bytes (see :func:`add_acker_servicer`): the ledger engine decodes them, so the
+native engine never builds a Python object per operation.
 """
 
 from __future__ import annotations
 
 import asyncio
-from operator import itemgetter
 from typing import cast
 
 import grpc
 
 from ._version import __version__
-from .batch import MAX_SPOUT_NAME_BYTES, Batch, BatchTooLarge, InvalidBatch, WrongShard, validate_batch
+from .batch import MAX_SPOUT_NAME_BYTES, BatchTooLarge, InvalidBatch, WrongShard
 from .config import ServerConfig
+from .engines import Engine
 from .metrics import AckerMetrics
+from .outcome_columns import OutcomeColumns
 from .outcome_hub import OutcomeHub
-from .reference_ledger import ReferenceLedger, Resolution
 from .v1 import acker_pb2, acker_pb2_grpc
 
-__all__ = ["AckerServicer", "OUTCOMES_PER_MESSAGE"]
+__all__ = ["AckerServicer", "OUTCOMES_PER_MESSAGE", "add_acker_servicer"]
 
 # Outcomes per OutcomeBatch message: ~20 bytes each, so well under any message limit.
 OUTCOMES_PER_MESSAGE = 4096
-
-_LATENCY = itemgetter(3)  # Resolution.latency_seconds, without attribute lookups
 
 _STATUS_OF = {
     InvalidBatch: grpc.StatusCode.INVALID_ARGUMENT,
@@ -38,7 +38,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
     """Apply, Subscribe and Describe for one shard."""
 
     def __init__(
-        self, config: ServerConfig, ledger: ReferenceLedger, hub: OutcomeHub, metrics: AckerMetrics, incarnation: int
+        self, config: ServerConfig, ledger: Engine, hub: OutcomeHub, metrics: AckerMetrics, incarnation: int
     ) -> None:
         self._config = config
         self._ledger = ledger
@@ -47,20 +47,13 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
         self._incarnation = incarnation
         self._closing = False
 
-    async def Apply(self, request: acker_pb2.ApplyRequest, context: grpc.aio.ServicerContext):
-        """Validate the whole batch, apply it, route the outcomes it produced."""
-        batch = Batch.of(
-            request.kinds,
-            request.root_ids,
-            request.values,
-            request.dedup_keys,
-            request.spouts,
-            request.spout_index,
-        )
+    # The generated base class types the request as ApplyRequest; here it is its bytes (add_acker_servicer).
+    async def Apply(self, request: bytes, context: grpc.aio.ServicerContext):  # type: ignore[override]
+        """Decode and validate the whole batch, apply it, route the outcomes it produced."""
         config = self._config
         try:
-            validate_batch(
-                batch,
+            result = self._ledger.apply_request(
+                request,
                 shard_index=config.shard_index,
                 shard_count=config.shard_count,
                 max_batch=config.max_batch,
@@ -68,11 +61,10 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
         except (InvalidBatch, BatchTooLarge, WrongShard) as exc:
             status, message = _STATUS_OF[type(exc)], str(exc)
         else:
-            result = self._ledger.apply_batch(batch)
-            self.settle(result.resolutions)
+            self.settle(result.ended)
             # Not ends, so no latency or outcome metrics: only the spout must know.
-            self._hub.publish(result.timeout_resets)
-            self._metrics.batch_operations.observe(len(batch))
+            self._hub.publish_columns(result.timeout_resets)
+            self._metrics.batch_operations.observe(result.operations)
             return acker_pb2.ApplyResponse(
                 applied=result.applied, deduplicated=result.deduplicated, ignored=result.ignored
             )
@@ -142,19 +134,53 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
 
     def advance(self) -> int:
         """Expire due trees and old retained outcomes; return how many trees timed out."""
-        resolutions = self._ledger.advance()
-        self.settle(resolutions)
+        timed_out = self._ledger.advance_columns()
+        self.settle(timed_out)
         self._hub.expire()
-        return len(resolutions)
+        return len(timed_out)
 
-    def settle(self, resolutions: list[Resolution]) -> None:
+    def settle(self, ended: OutcomeColumns) -> None:
         """Record and route the outcomes of ended trees, refresh the scrape-time gauges."""
-        if resolutions:
-            self._metrics.complete_latency.observe_many(list(map(_LATENCY, resolutions)))
-            self._hub.publish(resolutions)
+        if len(ended):
+            self._metrics.complete_latency.observe_many(ended.latency_seconds())
+            self._hub.publish_columns(ended)
         self._metrics.refresh_gauges(self._ledger.pending_trees, self._ledger.orphan_entries)
 
     def close_streams(self) -> None:
         """End every Subscribe stream once it has sent what is retained (shutdown)."""
         self._closing = True
         self._hub.wake_all()
+
+
+def _raw_request(data: bytes) -> bytes:
+    """Apply's request deserializer: none; the ledger engine decodes the bytes itself."""
+    return data
+
+
+def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None:
+    """Register the servicer like the generated ``add_AckerServicer_to_server``, but Apply gets raw bytes.
+
+    The native engine decodes ``ApplyRequest`` in Rust; the reference engine decodes
+    with protobuf. Either way a request that does not decode is INVALID_ARGUMENT
+    (a failing deserializer would surface as a less helpful status).
+    """
+    handlers = {
+        "Apply": grpc.unary_unary_rpc_method_handler(
+            servicer.Apply,
+            request_deserializer=_raw_request,
+            response_serializer=acker_pb2.ApplyResponse.SerializeToString,
+        ),
+        "Subscribe": grpc.unary_stream_rpc_method_handler(
+            servicer.Subscribe,
+            request_deserializer=acker_pb2.SubscribeRequest.FromString,
+            response_serializer=acker_pb2.OutcomeBatch.SerializeToString,
+        ),
+        "Describe": grpc.unary_unary_rpc_method_handler(
+            servicer.Describe,
+            request_deserializer=acker_pb2.DescribeRequest.FromString,
+            response_serializer=acker_pb2.DescribeResponse.SerializeToString,
+        ),
+    }
+    service = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
