@@ -99,7 +99,7 @@ class ReferenceLedger:
         buckets: int = 3,
         clock: Clock = time.monotonic,
     ) -> None:
-        if message_timeout <= 0:
+        if not message_timeout > 0:  # also refuses NaN, which would make every comparison false
             raise ValueError(f"message_timeout must be positive, got {message_timeout}")
         self.message_timeout = float(message_timeout)
         self._clock = clock
