@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -155,6 +156,33 @@ def _rss_from_metrics(url: str) -> int | None:
     return None
 
 
+def _server_cpu(cluster) -> list[float] | None:
+    """CPU seconds (user + system) each embedded acker process has used so far, or None."""
+    if cluster is None:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds = []
+    for i in range(cluster.count):
+        try:
+            with open(f"/proc/{cluster.pid(i)}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, TypeError):
+            return None
+        seconds.append((int(fields[11]) + int(fields[12])) / ticks)  # utime, stime
+    return seconds
+
+
+def _add_server_cpu(result: dict, before: list[float] | None, after: list[float] | None) -> None:
+    """Add the ackers' CPU use: ops per acker CPU-second says what one acker does on a core of its own,
+    however busy the machine (the load generator shares it)."""
+    if before is None or after is None:
+        return
+    used = [a - b for a, b in zip(after, before)]
+    result["server_cpu_seconds"] = [round(u, 3) for u in used]
+    ops = result["apply_ops_per_s"] * result["duration_s"]
+    result["apply_ops_per_server_cpu_s"] = round(ops / sum(used), 1) if sum(used) else None
+
+
 def _rss_from_proc(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as status:
@@ -232,9 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         addresses, metrics_urls = tuple(cluster.addresses), list(cluster.metrics_urls or [])
     try:
         if args.mode == "apply":
+            cpu_before = _server_cpu(cluster)
             result = run_apply_bench(ApplyBenchConfig(
                 addresses=addresses, batch_ops=args.batch_ops, duration=args.duration, processes=args.processes,
             ))  # fmt: skip
+            _add_server_cpu(result, cpu_before, _server_cpu(cluster))
         else:
             result = run_bench(BenchConfig(
                 addresses=addresses, fan_out=args.fan_out, depth=args.depth, batch_size=args.batch_size,
@@ -325,6 +355,7 @@ def _print_table(result: dict) -> None:
                 ("Apply calls", f"{result['calls']:,}"),
                 ("outcomes streamed / trees sent", f"{result['outcomes_streamed']:,} / {result['trees_sent']:,}"),
                 ("Apply latency p50 / p99", f"{result['apply_p50_ms']} / {result['apply_p99_ms']} ms"),
+                ("Apply ops per acker CPU-second", f"{result.get('apply_ops_per_server_cpu_s') or 0:,.0f}"),
                 ("server RSS per acker", rss),
                 ("duration", f"{result['duration_s']} s"),
             ],

@@ -356,3 +356,31 @@ mod tests {
         assert!((9_901..=10_000).all(|r| t.find(r).is_some()));
     }
 }
+
+#[cfg(test)]
+mod probe_stats {
+    use super::*;
+
+    #[test]
+    fn mean_probe_length_at_max_load() {
+        let mut t = Table::new(99);
+        let mut x: u64 = 0x1234567;
+        let mut roots = vec![];
+        while t.len() * 5 < t.capacity() * 4 - 5 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            roots.push(x | 1);
+            t.insert_new(Entry::new(x | 1, 0, 0));
+        }
+        let mut total = 0usize;
+        for &r in &roots {
+            let h = t.home(r);
+            let i = t.find(r).unwrap();
+            total += (i + t.capacity() - h) % t.capacity() + 1;
+        }
+        let mean = total as f64 / roots.len() as f64;
+        println!("load {:.3}, mean probes {mean:.2}", t.len() as f64 / t.capacity() as f64);
+        assert!(mean < 4.0, "mean probe length {mean}");
+    }
+}

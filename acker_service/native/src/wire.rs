@@ -78,6 +78,58 @@ mod tests {
         }
     }
 
+    /// Random and mutated buffers: decoding and validating never panics (a cheap stand-in
+    /// for a fuzzer; `cargo fuzz` needs a nightly toolchain this project does not assume).
+    #[test]
+    fn random_bytes_never_panic() {
+        use crate::ledger::Ops;
+        use crate::validate::{validate, Limits};
+        let valid = ApplyRequest {
+            kinds: vec![1, 2, 3],
+            root_ids: vec![5, 6, 7],
+            values: vec![1, 1, 0],
+            dedup_keys: vec![],
+            spouts: vec!["s".into()],
+            spout_index: vec![0, 0, 0],
+        }
+        .encode_to_vec();
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let limits = Limits {
+            shard_index: 1,
+            shard_count: 3,
+            max_batch: 2,
+        };
+        for round in 0..50_000 {
+            let buf: Vec<u8> = if round % 2 == 0 {
+                (0..next() % 64).map(|_| next() as u8).collect()
+            } else {
+                let mut b = valid.clone();
+                for _ in 0..1 + next() % 3 {
+                    let i = (next() as usize) % b.len();
+                    b[i] = next() as u8;
+                }
+                b
+            };
+            if let Ok(req) = decode_apply_request(&buf) {
+                let ops = Ops {
+                    kinds: &req.kinds,
+                    roots: &req.root_ids,
+                    values: &req.values,
+                    dedup_keys: &req.dedup_keys,
+                    spouts: &req.spouts,
+                    spout_index: &req.spout_index,
+                };
+                let _ = validate(&ops, limits);
+            }
+        }
+    }
+
     #[test]
     fn response_wire_format() {
         let bytes = ApplyResponse {
