@@ -67,6 +67,13 @@ pub struct Outcomes {
 }
 
 impl Outcomes {
+    fn reserve(&mut self, n: usize) {
+        self.spout.reserve(n);
+        self.root.reserve(n);
+        self.outcome.reserve(n);
+        self.latency_us.reserve(n);
+    }
+
     fn push(&mut self, spout: u16, root: u64, outcome: u8, latency_us: u64) {
         self.spout.push(spout);
         self.root.push(root);
@@ -368,15 +375,21 @@ impl Ledger {
         let now_us = self.micros(now);
         let generation = self.generation & GEN_MASK;
         let n = ops.kinds.len();
+        // Room for every op to create an entry: no resize inside the loop, so the homes
+        // computed up front stay valid and each root is hashed once.
+        self.table.reserve(n);
+        let homes: Vec<usize> = ops.roots.iter().map(|&r| self.table.home(r)).collect();
+        out.ended.reserve(n / 2);
         let mut batch_ids = vec![0u16; ops.spouts.len()];
-        let (mut inits, mut acked, mut failed) = (0u64, 0u64, 0u64);
+        let (mut inits, mut acked, mut failed, mut acks, mut fails, mut resets, mut dup_inits) =
+            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
         const AHEAD: usize = 8;
         for i in 0..n {
-            if let Some(&r) = ops.roots.get(i + AHEAD) {
-                self.table.prefetch(r);
+            if let Some(&h) = homes.get(i + AHEAD) {
+                self.table.prefetch(h);
             }
             let (kind, root, value) = (ops.kinds[i], ops.roots[i], ops.values[i]);
-            let mut slot = self.table.find(root);
+            let mut slot = self.table.find_from(homes[i], root);
             if let Some(s) = slot {
                 let e = *self.table.get(s);
                 if self.is_expired(&e) {
@@ -395,7 +408,7 @@ impl Ledger {
                         continue;
                     }
                     // An ack or fail may overtake its init: create the entry now.
-                    self.table.insert_new(Entry::new(root, now_us, generation))
+                    self.table.insert_from(homes[i], Entry::new(root, now_us, generation))
                 }
             };
             match kind {
@@ -407,13 +420,13 @@ impl Ledger {
                         continue;
                     }
                     self.table.get_mut(s).val ^= value;
-                    self.stats.acks += 1;
+                    acks += 1;
                 }
                 INIT => {
                     if self.table.get(s).spout() != 0 {
                         // Init is set-once: a retried init must not XOR itself back out
                         // and let the tree reach 0 (a false ack).
-                        self.stats.duplicate_inits += 1;
+                        dup_inits += 1;
                         out.ignored += 1;
                         continue;
                     }
@@ -437,14 +450,14 @@ impl Ledger {
                 }
                 FAIL => {
                     self.table.get_mut(s).set_failed();
-                    self.stats.fails += 1;
+                    fails += 1;
                 }
                 _ => {
                     // reset_timeout: back to the nursery, a fresh timeout for slow work.
                     let e = self.table.get_mut(s);
                     e.set_gen(generation);
                     let e = *e;
-                    self.stats.resets += 1;
+                    resets += 1;
                     out.applied += 1;
                     if e.spout() != 0 {
                         out.resets.push(e.spout(), root, TIMEOUT_RESET, Self::latency(now_us, &e));
@@ -474,10 +487,15 @@ impl Ledger {
             }
         }
         self.open_trees = self.open_trees + inits - acked - failed;
-        self.stats.inits += inits;
-        self.stats.acked += acked;
-        self.stats.failed += failed;
-        self.stats.deduplicated += out.deduplicated;
+        let st = &mut self.stats;
+        st.inits += inits;
+        st.acked += acked;
+        st.failed += failed;
+        st.acks += acks;
+        st.fails += fails;
+        st.resets += resets;
+        st.duplicate_inits += dup_inits;
+        st.deduplicated += out.deduplicated;
         Ok(())
     }
 

@@ -139,8 +139,9 @@ impl Table {
         self.layout_version
     }
 
+    /// The slot where a probe for `root` starts (valid until the next resize).
     #[inline]
-    fn home(&self, root: u64) -> usize {
+    pub fn home(&self, root: u64) -> usize {
         // A strong 64-bit mixer (murmur3's finaliser) over the seeded root, then fastrange.
         let mut x = root ^ self.seed;
         x = (x ^ (x >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -158,26 +159,41 @@ impl Table {
         }
     }
 
-    /// Hint the CPU to load the slot where `root` would live (batch prefetching).
+    /// Hint the CPU to load slot `home` (batch prefetching).
     #[inline]
-    pub fn prefetch(&self, root: u64) {
+    pub fn prefetch(&self, home: usize) {
         #[cfg(target_arch = "x86_64")]
         {
-            let i = self.home(root);
-            // SAFETY: `i < slots.len()`; prefetching has no effect on program state.
+            let p = self.slots[home..].as_ptr();
+            // SAFETY: `p` points into the slots; prefetching has no effect on program state.
             unsafe {
                 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch(self.slots.as_ptr().add(i) as *const i8, _MM_HINT_T0);
+                _mm_prefetch(p as *const i8, _MM_HINT_T0);
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = root;
+        let _ = home;
+    }
+
+    /// Grow now so that `additional` more entries fit without a resize (slots and homes stay put).
+    pub fn reserve(&mut self, additional: usize) {
+        let wanted = self.len + additional;
+        if wanted * MAX_LOAD.1 > self.slots.len() * MAX_LOAD.0 {
+            let by_load = wanted * MAX_LOAD.1 / MAX_LOAD.0 + 1;
+            self.resize(by_load.max(self.slots.len() + self.slots.len() / 2));
+        }
     }
 
     /// The slot holding `root`, if any.
     #[inline]
     pub fn find(&self, root: u64) -> Option<usize> {
-        let mut i = self.home(root);
+        self.find_from(self.home(root), root)
+    }
+
+    /// The slot holding `root`, probing from its `home` slot.
+    #[inline]
+    pub fn find_from(&self, home: usize, root: u64) -> Option<usize> {
+        let mut i = home;
         loop {
             let r = self.slots[i].root;
             if r == root {
@@ -210,6 +226,19 @@ impl Table {
         }
         self.len += 1;
         self.place(entry)
+    }
+
+    /// Insert an absent root probing from its `home`; the caller `reserve`d room (no resize here).
+    #[inline]
+    pub fn insert_from(&mut self, home: usize, entry: Entry) -> usize {
+        debug_assert!((self.len + 1) * MAX_LOAD.1 <= self.slots.len() * MAX_LOAD.0 + MAX_LOAD.1);
+        self.len += 1;
+        let mut i = home;
+        while self.slots[i].root != 0 {
+            i = self.next(i);
+        }
+        self.slots[i] = entry;
+        i
     }
 
     fn place(&mut self, entry: Entry) -> usize {
