@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
+from acker_protocol.v1 import acker_pb2
 from google.protobuf.message import DecodeError
 
 from .batch import Batch, InvalidBatch, validate_batch
 from .config import ENGINES
 from .outcome_columns import ColumnarResult, OutcomeColumns
 from .reference_ledger import ReferenceLedger
-from .v1 import acker_pb2
 
 if TYPE_CHECKING:
     from .native_ledger import NativeLedger
@@ -32,7 +32,7 @@ def undecodable(detail: object) -> InvalidBatch:
     """The refusal for request bytes that are not an ApplyRequest (INVALID_ARGUMENT, never UNKNOWN)."""
     return InvalidBatch(
         f"the request is not a valid acker_service.v1.ApplyRequest ({detail}); "
-        "send a message encoded from proto/acker_service/v1/acker.proto"
+        "send a message encoded from proto/acker_protocol/v1/acker.proto"
     )
 
 

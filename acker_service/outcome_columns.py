@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+from acker_protocol.wire import Outcome
 
-from .batch import Outcome
 from .reference_ledger import Resolution
 
 __all__ = ["OutcomeColumns", "ColumnarResult"]

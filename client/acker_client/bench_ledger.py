@@ -25,7 +25,9 @@ _SPOUT = "acker-bench-ledger"
 
 def ledger_batches(trees: int, batch_ops: int, seed: int | None = None):
     """The benchmark's batches (``acker_service.batch.Batch``): INITs of new trees, ACKs of the previous ones."""
-    from acker_service.batch import Batch, OpKind
+    from acker_protocol.wire import OpKind
+
+    from acker_service.batch import Batch
 
     rng = np.random.default_rng(secrets.randbits(64) if seed is None else seed)
     per = max(1, batch_ops // 2)
@@ -51,7 +53,7 @@ def ledger_batches(trees: int, batch_ops: int, seed: int | None = None):
 
 
 def _encode(batches) -> list[bytes]:
-    from acker_service.v1 import acker_pb2
+    from acker_protocol.v1 import acker_pb2
 
     return [
         acker_pb2.ApplyRequest(

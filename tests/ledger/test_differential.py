@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import pytest
 from acker_client.testing import ManualClock
+from acker_protocol.wire import OpKind
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from acker_service.batch import Batch, OpKind
+from acker_service.batch import Batch
 from acker_service.native_ledger import NativeLedger
 from acker_service.reference_ledger import ReferenceLedger
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import MAX_SPOUT_NAME_BYTES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acker_service import _native
-from acker_service.batch import MAX_SPOUT_NAME_BYTES, Batch, BatchError, validate_batch
+from acker_service.batch import Batch, BatchError, validate_batch
 from acker_service.engines import undecodable
-from acker_service.v1 import acker_pb2
 
 # One value per field type of ApplyRequest, so every field of the descriptor gets content.
 SAMPLES = {

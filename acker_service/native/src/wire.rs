@@ -1,4 +1,4 @@
-//! The `ApplyRequest` / `ApplyResponse` messages of `proto/acker_service/v1/acker.proto`.
+//! The `ApplyRequest` / `ApplyResponse` messages of `proto/acker_protocol/v1/acker.proto`.
 //!
 //! Written with prost's derive macros instead of generated from the .proto (the build
 //! needs no `protoc`); a Python test decodes messages encoded by the generated Python
@@ -48,7 +48,7 @@ pub fn decode_apply_request(data: &[u8]) -> Result<ApplyRequest, String> {
     ApplyRequest::decode(data).map_err(|e| {
         format!(
             "the request is not a valid acker_service.v1.ApplyRequest ({e}); \
-             send a message encoded from proto/acker_service/v1/acker.proto"
+             send a message encoded from proto/acker_protocol/v1/acker.proto"
         )
     })
 }
