@@ -87,13 +87,20 @@ def _best(run: Callable[[], tuple[float, float]], repeats: int) -> tuple[float, 
 
 
 def run_ledger_bench(
-    trees: int = 1_000_000, batch_ops: int = 8192, reference_trees: int | None = None, repeats: int = 3
+    trees: int = 1_000_000,
+    batch_ops: int = 8192,
+    reference_trees: int | None = None,
+    repeats: int = 3,
+    background: int = 1_000_000,
 ) -> dict:
     """Ops/s of the native ledger (columnar and request paths) and of the reference ledger, same batches.
 
     Native figures are the best of ``repeats`` runs on fresh ledgers; the reference runs
-    once (on ``reference_trees``, default ``trees``).
+    once (on ``reference_trees``, default ``trees``). ``ops_per_s_with_pending`` repeats
+    the columnar run on a ledger already holding ``background`` pending trees, so the
+    table no longer fits in the CPU caches.
     """
+    from acker_service.batch import Batch
     from acker_service.engines import ReferenceEngine
     from acker_service.native_ledger import NativeLedger
 
@@ -116,7 +123,15 @@ def run_ledger_bench(
         assert ledger.stats.acked == trees, ledger.stats
         return took
 
+    def with_pending() -> tuple[float, float]:
+        ledger = NativeLedger(3600.0)
+        for batch in ledger_batches(background, 1 << 16):
+            ledger.apply_columns(Batch(batch.kinds[batch.kinds == 1], batch.roots[batch.kinds == 1], batch.values[batch.kinds == 1], spouts=batch.spouts))  # fmt: skip
+        assert ledger.pending_trees == background, ledger.pending_trees
+        return _timed(ledger.apply_columns, batches)
+
     native_wall, native_cpu = _best(columnar, repeats)
+    pending_wall, _ = _best(with_pending, 1) if background else (0.0, 0.0)
     request_wall, request_cpu = _best(request_path, repeats)
     ref_trees = trees if reference_trees is None else min(trees, reference_trees)
     ref_batches = batches if ref_trees == trees else ledger_batches(ref_trees, batch_ops)
@@ -131,6 +146,8 @@ def run_ledger_bench(
         "batch_ops": batch_ops,
         "ops_per_s": round(ops / native_wall, 1),
         "ops_per_cpu_s": round(ops / native_cpu, 1),
+        "ops_per_s_with_pending": round(ops / pending_wall, 1) if background else None,
+        "pending_background": background,
         "request_ops_per_s": round(ops / request_wall, 1),
         "request_ops_per_cpu_s": round(ops / request_cpu, 1),
         "reference_ops_per_s": round(ref_ops / ref_wall, 1),

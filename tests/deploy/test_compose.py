@@ -174,7 +174,9 @@ def test_dockerfile_installs_the_package_and_runs_unprivileged(repo: Path, deplo
     }
     pyproject = tomllib.loads((repo / "pyproject.toml").read_text())
     setuptools = pyproject["tool"]["setuptools"]
-    folders = [setuptools["package-dir"].get(p, p.replace(".", "/")) for p in setuptools["packages"]]
+    # A subpackage (acker_protocol.v1) lives inside its top-level package's folder.
+    tops = {p.split(".")[0] for p in setuptools["packages"]}
+    folders = [setuptools["package-dir"].get(top, top) for top in tops]
     packaged = {folder.split("/")[0] for folder in folders}
     assert packaged | {"pyproject.toml", "README.md", "proto"} <= copied
     users = [ln.split()[1] for ln in instructions if ln.startswith("USER")]
