@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from acker_bench.cli import main
 from acker_client import ClusterClient, new_id
-from acker_client.bench import main
 from acker_client.testing import local_cluster
 
 
@@ -75,7 +75,7 @@ def test_bench_ledger_mode_runs_both_engines_on_every_tree(capsys):
 
 def test_ledger_bench_batches_init_then_ack_every_tree_once():
     """The ledger benchmark's batches hold one INIT and, one batch later, one ACK per tree, values cancelling."""
-    from acker_client.bench_ledger import ledger_batches
+    from acker_bench.ledger import ledger_batches
 
     batches = ledger_batches(1000, 256, seed=3)
     assert all(len(b) <= 256 for b in batches)
@@ -91,7 +91,7 @@ def test_ledger_bench_batches_init_then_ack_every_tree_once():
 def test_shard_roots_belong_to_their_shard():
     """The apply bench draws non-zero roots that the named shard owns."""
     import numpy as np
-    from acker_client.bench_apply import shard_roots
+    from acker_bench.apply import shard_roots
 
     rng = np.random.default_rng(7)
     for shard in range(3):

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bench_apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
-from .bench_ledger import run_ledger_bench
+from .apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
+from .ledger import run_ledger_bench
 
 __all__ = ["main", "BenchConfig", "run_bench"]
 
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         addresses = tuple(a for a in args.ackers.split(",") if a)
         metrics_urls = [u for u in (args.metrics_urls or "").split(",") if u]
     else:
-        from acker_service.cluster import ProcessCluster
+        from acker_cluster import ProcessCluster
 
         cluster = ProcessCluster(
             count=args.embedded_ackers,
@@ -306,7 +306,7 @@ def _memory_mode(args: argparse.Namespace) -> int:
 
 
 def _pending_bytes(engine: str, trees: int) -> dict:
-    from acker_service.cluster import ProcessCluster
+    from acker_cluster import ProcessCluster
 
     # A long timeout keeps every tree pending while RSS is read.
     with ProcessCluster(count=1, message_timeout=3600.0, extra_args=("--engine", engine)) as cluster:
