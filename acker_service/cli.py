@@ -52,6 +52,7 @@ _FLAGS = (
         "only a backlog beyond this is evicted",
     ),
     _Flag("grace", float, "seconds running calls get to finish at shutdown"),
+    _Flag("engine", str, "ledger engine: native (the Rust core) or reference (the Python model)"),
 )
 
 

@@ -1,5 +1,9 @@
 """One acker shard's state and rules: ledger, outcome hub, expiry and metrics, without gRPC.
 
+The ledger is the engine the configuration names (``native`` by default, see
+:mod:`acker_service.engines`); its outcomes reach the metrics and the hub as
+columns (:class:`~acker_service.outcome_columns.OutcomeColumns`).
+
 The servicer translates protobuf to calls on a :class:`Shard`; the server owns
 the event loop, health and the timer that calls :meth:`Shard.advance`. Every
 method runs on that one event loop, so nothing here needs a lock.
@@ -11,22 +15,22 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
-from operator import itemgetter
 
 from acker_protocol.wire import check_spout_name
 
 from .batch import Batch, validate_batch
 from .config import ServerConfig
-from .ledger import BatchResult, Ledger, Resolution
+from .engines import new_ledger
 from .metrics import AckerMetrics
+from .outcome_columns import ColumnarResult, OutcomeColumns
 from .outcome_hub import OutcomeChunk, OutcomeHub
+from .reference_ledger import BatchResult
 
 __all__ = ["EXPIRY_SLICE", "Shard", "SubscribeRefused", "BadSpoutName", "ShardClosing", "Superseded", "new_incarnation"]
 
-# Trees expired per slice: about 10 ms of work with the reference ledger, so health
-# checks, Apply and Subscribe wait at most that long during a mass expiry.
+# Trees expired per slice: a few milliseconds of work, so health checks, Apply and
+# Subscribe wait at most that long during a mass expiry.
 EXPIRY_SLICE = 4096
-_LATENCY = itemgetter(3)  # Resolution.latency_seconds, without attribute lookups
 
 
 def new_incarnation() -> int:
@@ -68,7 +72,7 @@ class Shard:
         clock = clock or time.monotonic  # None: real time (callers can pass an optional clock through)
         self.config = config
         self.incarnation = incarnation or new_incarnation()
-        self.ledger = Ledger(config.message_timeout, config.buckets, clock)
+        self.ledger = new_ledger(config.engine, config.message_timeout, config.buckets, clock)
         self.hub = OutcomeHub(
             config.retain_outcomes,
             config.retain_seconds,
@@ -77,7 +81,11 @@ class Shard:
             subscriber_buffer_bytes=config.subscriber_buffer_bytes,
         )
         self.metrics = AckerMetrics(
-            self.ledger.stats, self.hub, shard_index=config.shard_index, shard_count=config.shard_count
+            self.ledger.stats,
+            self.hub,
+            shard_index=config.shard_index,
+            shard_count=config.shard_count,
+            engine=config.engine,
         )
         self._closing = False
 
@@ -85,6 +93,27 @@ class Shard:
     def pending_trees(self) -> int:
         """Trees started and not yet ended."""
         return self.ledger.pending_trees
+
+    def apply_request(self, data: bytes) -> ColumnarResult:
+        """Decode, validate whole and apply serialized ``ApplyRequest`` bytes; route the outcomes (the hot path).
+
+        Raises a :class:`~acker_service.batch.BatchError` that changes nothing,
+        also for bytes that are not an ``ApplyRequest``.
+        """
+        config = self.config
+        result = self.ledger.apply_request(
+            data,
+            shard_index=config.shard_index,
+            shard_count=config.shard_count,
+            max_batch=config.max_batch,
+            # Due trees collect in slices on the ticker; a batch takes one slice at most.
+            max_expired=EXPIRY_SLICE,
+        )
+        self._settle(result.ended)
+        # Not ends, so no latency or outcome metrics: only the spout must know.
+        self.hub.publish_columns(result.timeout_resets)
+        self.metrics.batch_operations.observe(result.operations)
+        return result
 
     def apply(self, batch: Batch) -> BatchResult:
         """Validate the whole batch, apply it and route the outcomes it produced."""
@@ -94,7 +123,7 @@ class Shard:
         )
         # Due trees collect in slices on the ticker; a batch takes one slice at most.
         result = self.ledger.apply_batch(batch, max_expired=EXPIRY_SLICE)
-        self._settle(result.resolutions)
+        self._settle(OutcomeColumns.from_resolutions(result.resolutions))
         # Not ends, so no latency or outcome metrics: only the spout must know.
         self.hub.publish(result.timeout_resets)
         self.metrics.batch_operations.observe(len(batch))
@@ -102,10 +131,10 @@ class Shard:
 
     def advance(self) -> int:
         """Expire every due tree and old retained outcomes at once; return how many trees timed out."""
-        resolutions = self.ledger.advance()
-        self._settle(resolutions)
+        timed_out = self.ledger.advance_columns()
+        self._settle(timed_out)
         self.hub.expire()
-        return len(resolutions)
+        return len(timed_out)
 
     def advance_slice(self, max_expired: int = EXPIRY_SLICE) -> tuple[int, bool]:
         """Expire at most ``max_expired`` due trees and old retained outcomes.
@@ -113,16 +142,16 @@ class Shard:
         Returns how many trees timed out and whether more are due: the caller
         yields to the event loop and calls again while they are.
         """
-        resolutions, more = self.ledger.advance_some(max_expired)
-        self._settle(resolutions)
+        timed_out, more = self.ledger.advance_some_columns(max_expired)
+        self._settle(timed_out)
         self.hub.expire()
-        return len(resolutions), more
+        return len(timed_out), more
 
-    def _settle(self, resolutions: list[Resolution]) -> None:
+    def _settle(self, ended: OutcomeColumns) -> None:
         """Record and route the outcomes of ended trees, refresh the scrape-time gauges."""
-        if resolutions:
-            self.metrics.complete_latency.observe_many(list(map(_LATENCY, resolutions)))
-            self.hub.publish(resolutions)
+        if len(ended):
+            self.metrics.complete_latency.observe_many(ended.latency_seconds())
+            self.hub.publish_columns(ended)
         self.metrics.refresh_gauges(self.ledger.pending_trees, self.ledger.orphan_entries)
 
     async def subscribe(

@@ -3,6 +3,7 @@
 A rotation detaches its expired bucket at once (the expiry window is unchanged);
 the entries are collected at most ``max_expired`` at a time, and an operation on
 a tree that is due but not collected yet expires it first: exactly one outcome.
+Every test runs against both engines (``ledger_cls`` in conftest).
 """
 
 from __future__ import annotations
@@ -11,16 +12,9 @@ import pytest
 from acker_protocol.wire import OpKind, Outcome
 
 from acker_service.batch import Batch
-from acker_service.ledger import Ledger
 
 SPOUT = "spout-a"
 T = 6.0
-
-
-@pytest.fixture
-def ledger_cls() -> type:
-    """The ledger engine under test."""
-    return Ledger
 
 
 def _inits(roots: list[int]) -> Batch:
@@ -75,7 +69,8 @@ def test_operation_on_a_due_uncollected_tree_expires_it_first(ledger_cls, clock,
     ledger.advance_some(0)  # detached, none collected
     root = roots[50]
     # The ack would complete the tree (0xABCD ^ 0xABCD == 0) if it had not expired.
-    result = ledger.apply_batch(Batch.of([int(kind)], [root], [0xABCD], spouts=[SPOUT]), max_expired=0)
+    value = 0xABCD if kind in (OpKind.ACK, OpKind.INIT) else 0
+    result = ledger.apply_batch(Batch.of([int(kind)], [root], [value], spouts=[SPOUT]), max_expired=0)
     assert [(r.root, r.outcome) for r in result.resolutions] == [(root, Outcome.TIMED_OUT)]
     rest: list[int] = []
     more = True
