@@ -16,6 +16,7 @@ import numpy as np
 
 from .apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
 from .ledger import run_ledger_bench
+from .mass_timeout import run_mass_timeout
 
 __all__ = ["main", "BenchConfig", "run_bench"]
 
@@ -215,11 +216,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending", type=int, default=5_000, help="spout max pending per process")
     p.add_argument(
         "--mode",
-        choices=("trees", "apply", "memory", "ledger"),
+        choices=("trees", "apply", "memory", "ledger", "mass-timeout"),
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
         "throughput into the ackers; memory: acker RSS per pending tree (one embedded acker per engine); "
-        "ledger: the ledger alone in this process, native against reference",
+        "ledger: the ledger alone in this process, native against reference; "
+        "mass-timeout: --trees trees expire at once while health checks and Apply are timed",
     )
     p.add_argument(
         "--engine",
@@ -227,7 +229,12 @@ def _parser() -> argparse.ArgumentParser:
         default="native",
         help="ledger engine of the embedded ackers (default native); memory mode measures both",
     )
-    p.add_argument("--trees", type=int, default=1_000_000, help="ledger mode: trees sent through (default 1M)")
+    p.add_argument(
+        "--trees",
+        type=int,
+        default=1_000_000,
+        help="ledger mode: trees sent through; mass-timeout mode: trees expiring at once (default 1M)",
+    )
     p.add_argument("--batch-ops", type=int, default=8192, help="apply mode: operations per Apply call")
     p.add_argument(
         "--pending-trees",
@@ -249,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         return _memory_mode(args)
     if args.mode == "ledger":
         return _ledger_mode(args)
+    if args.mode == "mass-timeout":
+        return _mass_timeout_mode(args)
     cluster = None
     if args.ackers:
         addresses = tuple(a for a in args.ackers.split(",") if a)
@@ -313,6 +322,19 @@ def _pending_bytes(engine: str, trees: int) -> dict:
         return measure_pending_bytes(
             cluster.addresses[0], lambda: _rss_from_proc(cluster.pid(0) or 0) or 0, trees=trees
         )
+
+
+def _mass_timeout_mode(args: argparse.Namespace) -> int:
+    """--trees trees expire at once on an embedded acker of --engine; worst health-check and Apply latency."""
+    result = run_mass_timeout(args.trees, args.engine).summary()
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_rows(
+            f"acker-bench --mode mass-timeout: {result['trees']:,} trees expiring at once, {args.engine} engine",
+            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+        )
+    return 0 if result["outcomes_delivered"] == result["trees"] else 1
 
 
 def _ledger_mode(args: argparse.Namespace) -> int:
