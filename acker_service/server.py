@@ -38,6 +38,10 @@ SERVICE_NAME = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name
 T = TypeVar("T")
 # The ticker wakes at least this often, so retention ages out promptly even with long timeouts.
 _MAX_TICK_SECONDS = 1.0
+# Pause between expiry slices. Not sleep(0): the loop must block in its selector
+# now and then, which releases the GIL, or gRPC's completion-queue thread (which
+# hands new calls and health checks to the loop) waits for the switch interval.
+_EXPIRY_PAUSE_SECONDS = 0.001
 # An expiry of at least this many trees at once is logged as a mass timeout.
 MASS_TIMEOUT_LOG_THRESHOLD = 10_000
 
@@ -206,7 +210,7 @@ class AckerServer:
             total += timed_out
             if not more:
                 break
-            await asyncio.sleep(0)
+            await asyncio.sleep(_EXPIRY_PAUSE_SECONDS)
         if total >= MASS_TIMEOUT_LOG_THRESHOLD:
             log.warning(
                 "mass timeout: %d trees timed out at once on shard %d, expired in %.2f s; "
