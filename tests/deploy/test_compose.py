@@ -138,11 +138,17 @@ def test_promtool_accepts_the_prometheus_config(tool: Callable[[str], str], depl
 
 
 def test_promtool_accepts_the_alert_rules(tool: Callable[[str], str], deploy_dir: Path) -> None:
-    """`promtool check rules` accepts alerts.yml, and it has the four required alerts."""
+    """`promtool check rules` accepts alerts.yml, and it has the required alerts."""
     done = _run([tool("promtool"), "check", "rules", "prometheus/alerts.yml"], deploy_dir)
     assert done.returncode == 0, done.stdout + done.stderr
     text = (deploy_dir / "prometheus" / "alerts.yml").read_text()
-    for alert in ("AckerDown", "AckerTimeoutsRising", "AckerOutcomesDropped", "AckerPendingGrowing"):
+    for alert in (
+        "AckerDown",
+        "AckerTimeoutsRising",
+        "AckerOutcomesDropped",
+        "AckerPendingGrowing",
+        "AckerMassTimeout",
+    ):
         assert f"alert: {alert}" in text
 
 

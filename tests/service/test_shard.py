@@ -68,3 +68,25 @@ def test_subscribe_refusals(clock):
             await _next(shard.subscribe("s", incarnation=0, after_sequence=0, limit=10))
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_expiry_in_slices_and_apply_collects_only_what_it_touches(clock, engine):
+    """advance_slice expires at most its slice; an Apply during the expiry expires only the root it touches."""
+    shard = _shard(clock, engine=engine)
+    roots = list(range(1, 101))
+    shard.apply(Batch.of([INIT] * 100, roots, [7] * 100, spouts=["s"]))
+    clock.advance(100)
+    assert shard.advance_slice(10) == (10, True)
+    # An ack for a due root: it times out first (one outcome), the Apply collects nothing else.
+    untouched = shard.pending_trees
+    shard.apply(Batch.of([ACK], [roots[-1]], [7], spouts=["s"]))
+    assert shard.pending_trees in (untouched - 1, untouched)  # the touched root may already be collected
+    while True:
+        n, more = shard.advance_slice(10)
+        assert n <= 10
+        if not more:
+            break
+    assert shard.pending_trees == 0
+    assert shard.ledger.stats.timed_out == 100 and shard.ledger.stats.acked == 0
+    assert shard.hub.retained_for("s") == 100
