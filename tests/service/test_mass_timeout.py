@@ -11,6 +11,7 @@ Apply during the expiry is answered. Latencies are recorded, not asserted
 
 from __future__ import annotations
 
+import logging
 import os
 
 from acker_bench.mass_timeout import run_mass_timeout
@@ -18,7 +19,8 @@ from acker_bench.mass_timeout import run_mass_timeout
 TREES = int(os.environ.get("ACKER_MASS_TIMEOUT_TREES", "20000"))
 
 
-def test_mass_timeout_delivers_every_outcome_and_keeps_answering(engine, record_property):
+def test_mass_timeout_delivers_every_outcome_and_keeps_answering(engine, record_property, caplog):
+    caplog.set_level(logging.WARNING, logger="acker_service")
     # Retention far below N: the burst must wait for the stream, not be evicted by the count bound.
     result = run_mass_timeout(TREES, engine, retain_outcomes=max(1, TREES // 20))
     summary = result.summary()
@@ -29,3 +31,5 @@ def test_mass_timeout_delivers_every_outcome_and_keeps_answering(engine, record_
     assert result.outcomes_dropped == 0, summary
     assert result.health_checks > 0 and result.health_failed == 0, summary
     assert result.applies > 0 and result.apply_failed == 0, summary
+    if TREES >= 10_000:  # the operator's log line (docs/operations.md, "Mass timeouts")
+        assert any(f"mass timeout: {TREES} trees timed out" in r.getMessage() for r in caplog.records)
