@@ -17,8 +17,8 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 

@@ -132,7 +132,9 @@ def test_ports_are_published_on_loopback_unless_told_otherwise(
     assert _port_mappings(moved["prometheus"]) == [("0.0.0.0", 19090, 9090)]
 
 
-def test_images_default_to_the_shipped_ones(compose: dict[str, Any], ackers: dict[int, tuple[str, dict[str, Any]]]) -> None:
+def test_images_default_to_the_shipped_ones(
+    compose: dict[str, Any], ackers: dict[int, tuple[str, dict[str, Any]]]
+) -> None:
     """Without ACKER_IMAGE / PROMETHEUS_IMAGE the ackers use pyspark-acker:latest and Prometheus the upstream image."""
     assert {s["image"] for _, s in ackers.values()} == {"pyspark-acker:latest"}
     assert compose["services"]["prometheus"]["image"].startswith("prom/prometheus:")
@@ -211,7 +213,10 @@ def test_dockerfile_installs_the_package_and_runs_unprivileged(repo: Path, deplo
     lines = [ln.strip() for ln in (deploy_dir / "Dockerfile").read_text().splitlines()]
     instructions = [ln for ln in lines if ln and not ln.startswith("#")]
     assert instructions[0] == "ARG BASE_IMAGE=python:3.11-slim"
-    assert [ln for ln in instructions if ln.startswith("FROM")] == ["FROM ${BASE_IMAGE} AS install", "FROM ${BASE_IMAGE}"]
+    assert [ln for ln in instructions if ln.startswith("FROM")] == [
+        "FROM ${BASE_IMAGE} AS install",
+        "FROM ${BASE_IMAGE}",
+    ]
     text = "\n".join(instructions)
     assert "--no-index --find-links build/docker/wheels pyspark-acker" in text
     assert "COPY --from=install /opt/acker /opt/acker" in text
