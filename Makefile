@@ -19,7 +19,7 @@ help:
 	@echo "make lint   ruff check, ruff format --check and mypy (generated code excluded)"
 	@echo "make bench  run acker-bench against an embedded cluster"
 	@echo "make images build the acker image (and a local Prometheus) without a registry"
-	@echo "make proto  regenerate acker_service/v1 from proto/"
+	@echo "make proto  regenerate proto/acker_protocol/v1 from its .proto"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
