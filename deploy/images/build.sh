@@ -9,6 +9,7 @@
 #   ACKER_BASE_IMAGE        base image to build on [pyspark-acker-base:$DEBIAN_SUITE];
 #                           made with debootstrap only when it is not present locally
 #   ACKER_IMAGE             the acker image [pyspark-acker:latest]
+#   ACKER_BUILD_STAGE_IMAGE its install stage, kept as build cache [pyspark-acker-build:latest]
 #   ACKER_PROMETHEUS_IMAGE  the local Prometheus image [pyspark-acker-prometheus:latest];
 #                           built only when not present locally
 #   DEBIAN_SUITE            Debian release of the base [bookworm: its python3 is 3.11]
@@ -22,6 +23,7 @@ HERE="$REPO/deploy/images"
 SUITE=${DEBIAN_SUITE:-bookworm}
 BASE_IMAGE=${ACKER_BASE_IMAGE:-pyspark-acker-base:$SUITE}
 ACKER_IMAGE=${ACKER_IMAGE:-pyspark-acker:latest}
+ACKER_BUILD_STAGE_IMAGE=${ACKER_BUILD_STAGE_IMAGE:-pyspark-acker-build:latest}
 PROMETHEUS_IMAGE=${ACKER_PROMETHEUS_IMAGE:-pyspark-acker-prometheus:latest}
 WHEELS="$REPO/build/docker/wheels"
 if [ -z "${PYTHON:-}" ]; then
@@ -88,7 +90,12 @@ build_acker() {
   build_wheels
   local started=$SECONDS
   log "building $ACKER_IMAGE on $BASE_IMAGE"
-  docker build --quiet -f "$REPO/deploy/Dockerfile" --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$ACKER_IMAGE" "$REPO" >/dev/null
+  local build=(docker build --quiet -f "$REPO/deploy/Dockerfile" --build-arg "BASE_IMAGE=$BASE_IMAGE")
+  # The install stage gets a name too: tagged, it stays the build cache, and every
+  # untagged image with the project's label is a superseded build that can go.
+  "${build[@]}" --target install -t "$ACKER_BUILD_STAGE_IMAGE" "$REPO" >/dev/null
+  "${build[@]}" -t "$ACKER_IMAGE" "$REPO" >/dev/null
+  docker image prune --force --filter label=io.pyspark-acker.image=acker >/dev/null
   log "$ACKER_IMAGE built in $((SECONDS - started)) s, $(docker image inspect -f '{{.Size}}' "$ACKER_IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
 }
 
