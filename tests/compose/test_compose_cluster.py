@@ -65,7 +65,9 @@ def test_up_gives_three_healthy_ackers_that_ack_a_workload(compose_cluster: Comp
     for shard in range(SHARDS):
         state = compose_cluster.state(shard)
         assert state["Health"]["Status"] == "healthy"
-        assert state["Health"]["Log"][-1]["ExitCode"] == 0
+        # A probe may time out on a busy machine (exit -1); healthy needs passing ones.
+        passed = [entry for entry in state["Health"]["Log"] if entry["ExitCode"] == 0]
+        assert passed and "SERVING" in passed[-1]["Output"], state["Health"]["Log"]
     with ClusterClient(compose_cluster.addresses) as client:  # verify=True: shard order matches the addresses
         assert [client.describe(i).shard_index for i in range(SHARDS)] == [0, 1, 2]
     load = Workload(compose_cluster.addresses).start()
