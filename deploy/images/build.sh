@@ -80,8 +80,9 @@ build_wheels() {
   mkdir -p "$WHEELS"
   log "building the project's wheel and its dependencies' into ${WHEELS#"$REPO"/}"
   # Whatever the project's build backend makes (pure Python or with a native
-  # extension), plus every runtime dependency, for this host's Python.
-  "$PYTHON" -m pip wheel --quiet --disable-pip-version-check "$REPO" -w "$WHEELS"
+  # extension), plus every dependency of the server (the [server] extra), for
+  # this host's Python.
+  "$PYTHON" -m pip wheel --quiet --disable-pip-version-check "$REPO[server]" -w "$WHEELS"
   log "wheels built in $((SECONDS - started)) s ($(ls "$WHEELS" | wc -l) files)"
 }
 

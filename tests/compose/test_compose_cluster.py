@@ -166,11 +166,13 @@ def test_prometheus_in_compose_answers_for_every_shard(compose_cluster: ComposeC
 @pytest.mark.spark
 def test_pyspark_word_count_against_compose(compose_cluster: ComposeCluster, spark: Any, tmp_path: Path) -> None:
     """The demo's word count on local Spark, tracked by the compose ackers: every record acked, sink exact."""
+    from acker_demo.wordcount import build_job, create_sink, expected_counts, sink_counts
     from acker_spark import close_clients
     from acker_spark.dead_letter import DeadLetterStore
     from acker_spark.pipeline import GuaranteedPipeline
     from acker_spark.sources import generated_sentences
-    from acker_spark.wordcount import AckAudit, build_job, create_sink, expected_counts, sink_counts
+
+    from ..spark.audit import AckAudit
 
     db = tmp_path / "sink.sqlite"
     create_sink(db)

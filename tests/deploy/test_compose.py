@@ -218,7 +218,9 @@ def test_dockerfile_installs_the_package_and_runs_unprivileged(repo: Path, deplo
         "FROM ${BASE_IMAGE}",
     ]
     text = "\n".join(instructions)
-    assert "--no-index --find-links build/docker/wheels pyspark-acker" in text
+    # The server's dependencies are the [server] extra: from the host's wheels, or from PyPI without them.
+    assert "--no-index --find-links build/docker/wheels 'pyspark-acker[server]'" in text
+    assert "pip install '.[server]'" in text
     assert "COPY --from=install /opt/acker /opt/acker" in text
     pyproject = tomllib.loads((repo / "pyproject.toml").read_text())
     users = [ln.split()[1] for ln in instructions if ln.startswith("USER")]
