@@ -8,11 +8,13 @@ their figures (run with -s to see them).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -133,6 +135,16 @@ def test_rolling_restart_loses_and_duplicates_nothing(compose_cluster: ComposeCl
     _assert_guarantees(figures, "rolling restart")
 
 
+def _spark_audit() -> ModuleType:
+    """tests/spark/audit.py, the Spark suite's false-ack oracle (a sibling test folder, so loaded by path)."""
+    path = Path(__file__).resolve().parents[1] / "spark" / "audit.py"
+    spec = importlib.util.spec_from_file_location("spark_suite_audit", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _query(url: str, expr: str) -> list[dict[str, Any]]:
     """Run an instant PromQL query; return the result vector."""
     with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=10) as r:
@@ -172,12 +184,12 @@ def test_pyspark_word_count_against_compose(compose_cluster: ComposeCluster, spa
     from acker_spark.pipeline import GuaranteedPipeline
     from acker_spark.sources import generated_sentences
 
-    from ..spark.audit import AckAudit
+    audit_class = _spark_audit().AckAudit
 
     db = tmp_path / "sink.sqlite"
     create_sink(db)
     records = list(generated_sentences(200, seed=7))
-    audit = AckAudit(db, records)
+    audit = audit_class(db, records)
     job, _ = build_job(compose_cluster.addresses, db, partitions=2)
     try:
         with ClusterClient(compose_cluster.addresses) as client:
