@@ -18,7 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from acker_client import AckerError, BoltCollector, ClusterClient, FailReason, Spout
+from acker_client import AckerError, BoltCollector, ClusterClient, Spout
+from acker_protocol.wire import Outcome
 
 # How long the bolt holds the children before acking them (keeps trees pending).
 HOLD_SECONDS = 0.2
@@ -82,10 +83,10 @@ class Workload:
                 self.figures.false_acks += 1
             self._acked_records.add(emit[0])
 
-    def _on_fail(self, emit: tuple[int, int], reason: FailReason) -> None:
+    def _on_fail(self, emit: tuple[int, int], reason: Outcome) -> None:
         with self._lock:
             self._callbacks[emit] += 1
-            self.figures.failed[reason.value] += 1
+            self.figures.failed[reason.name.lower()] += 1
             # An init refused inside emit() fails the record before emit() returned.
             root, when = self._emitted.get(emit, (-1, time.monotonic()))
             self.figures.failed_on_shard[root % self.client.shard_count if root >= 0 else -1] += 1
