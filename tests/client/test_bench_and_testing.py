@@ -73,6 +73,16 @@ def test_bench_ledger_mode_runs_both_engines_on_every_tree(capsys):
         assert result[key] > 0, key
 
 
+def test_bench_mass_timeout_mode_reports_delivery_and_probe_latency(capsys):
+    """--mode mass-timeout: every expired tree reaches the subscriber and the probes' latencies are reported."""
+    assert main(["--mode", "mass-timeout", "--trees", "3000", "--engine", "reference", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["mode"], result["engine"], result["trees"]) == ("mass-timeout", "reference", 3000)
+    assert (result["outcomes_delivered"], result["outcomes_dropped"]) == (3000, 0)
+    assert result["health_checks"] > 0 and result["health_failed"] == 0
+    assert result["health_worst_ms"] >= result["health_p99_ms"] > 0
+
+
 def test_ledger_bench_batches_init_then_ack_every_tree_once():
     """The ledger benchmark's batches hold one INIT and, one batch later, one ACK per tree, values cancelling."""
     from acker_bench.ledger import ledger_batches
