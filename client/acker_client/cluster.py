@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import grpc
 
@@ -15,6 +18,7 @@ from acker_service import grpc_options
 from acker_service.v1 import acker_pb2, acker_pb2_grpc
 
 from .batching import OpBuffer
+from .delivery import DROP_REFUSED, DROP_TIMEOUT, ConnectionMonitor, DeliveryPolicy, retry_safe
 from .errors import (
     REFUSAL_CODES,
     AckerError,
@@ -24,6 +28,7 @@ from .errors import (
     ShardUnavailable,
     _BatchError,
 )
+from .ids import new_id
 
 __all__ = ["ClusterClient", "ClientStats"]
 
@@ -59,15 +64,24 @@ class ClientStats:
     operations_sent: int = 0
     operations_folded: int = 0  # calls merged into another operation of the same batch
     batches_failed: int = 0
-    operations_dropped: int = 0  # operations of failed batches (never retried)
+    operations_dropped: int = 0  # operations of batches given up on (all reasons)
     background_errors: int = 0  # failures of age-based flushes (reported to on_error)
     applied: int = 0  # from ApplyResponse
     deduplicated: int = 0
     ignored: int = 0
+    batches_retried: int = 0  # attempts repeated after a transient failure
+    operations_retried: int = 0
+    operations_waiting: int = 0  # now: in batches waiting for their shard's connection (a gauge)
+    # Operations dropped, by reason: "refused", "timeout", "ambiguous" (acker_client.delivery).
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
+    # Each shard's connection as last seen: UNKNOWN, READY, WAITING (retrying) or UNREACHABLE.
+    shard_states: tuple[str, ...] = ()
 
     def copy(self) -> ClientStats:
         """A snapshot."""
-        return ClientStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        snapshot = ClientStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        snapshot.dropped_by_reason = dict(self.dropped_by_reason)
+        return snapshot
 
 
 class _Sending:
@@ -80,17 +94,38 @@ class _Sending:
         self.error: _BatchError | None = None
 
 
+class _Delivery:
+    """One shard's batch on its way: the request (sent again unchanged on a retry) and its current attempt."""
+
+    __slots__ = ("shard", "buf", "request", "safe", "count", "future", "sent_at", "waiting")
+
+    def __init__(self, shard: int, buf: OpBuffer, request: acker_pb2.ApplyRequest, safe: bool) -> None:
+        self.shard = shard
+        self.buf = buf
+        self.request = request
+        self.safe = safe
+        self.count = len(request.kinds)
+        self.future: Any = None
+        self.sent_at = 0.0
+        self.waiting = False  # counted in ClientStats.operations_waiting
+
+
 class _ProcessState:
     """Channels, stubs, buffers and the flusher thread of one process (never shared across a fork)."""
 
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(self, addresses: Sequence[str], options: list[tuple[str, int]]) -> None:
         self.pid = _pid
-        self.channels = [grpc.insecure_channel(a, options=grpc_options.client_options()) for a in addresses]
+        self.channels = [grpc.insecure_channel(a, options=options) for a in addresses]
         self.stubs = [acker_pb2_grpc.AckerStub(c) for c in self.channels]
+        self.connections = ConnectionMonitor(len(addresses))
         self.buffers = [OpBuffer() for _ in addresses]
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
         self.flusher: threading.Thread | None = None
+        # The flusher hands each shard's aged batch to one of these threads, so
+        # that a shard waiting for its connection holds up no other shard.
+        self.senders: ThreadPoolExecutor | None = None
+        self.busy: set[int] = set()  # shards with a background send in progress
         self.closed = False
         self.sending: set[_Sending] = set()
         self.stats = ClientStats()
@@ -102,11 +137,23 @@ class ClusterClient:
     Operations are buffered per shard and sent as one ``Apply`` per batch when
     the batch reaches ``batch_size`` operations (by the caller that filled it),
     when its oldest operation is ``flush_interval`` seconds old (by a background
-    thread), or on :meth:`flush`. Every call carries ``deadline`` seconds. A
-    failed batch is dropped, never retried (XOR acks are not idempotent): the
-    trees involved are left to the spout's backstop. Thread-safe; fork-safe
-    (a forked child gets its own channels, buffers and thread and never sends
-    the parent's buffered operations).
+    thread), or on :meth:`flush`. Thread-safe; fork-safe (a forked child gets
+    its own channels, buffers and threads and never sends the parent's
+    buffered operations).
+
+    Through a network blip (see :mod:`acker_client.delivery` and
+    ``docs/client.md``): every attempt waits for the shard's connection
+    (``wait_for_ready``) for at most ``deadline`` seconds, and a batch is
+    retried after transient failures for up to ``wait_for_shard`` seconds in
+    all, because every batch is safe to repeat (each unkeyed ACK gets the
+    batch's dedup key; ``batch_keys=False`` turns that off and with it the
+    retrying of batches that hold unkeyed ACKs). A shard's buffer never holds
+    more than ``batch_size`` operations: the caller that fills it sends it and
+    waits, which is the back-pressure a bolt's ``ack`` and a spout's ``emit``
+    feel while a shard is unreachable. After ``wait_for_shard`` seconds the
+    batch is dropped and the caller gets :class:`ShardUnavailable`; the trees
+    involved are left to the spout's backstop. ``reconnect_backoff`` is the
+    channels' (initial, maximum) pause in seconds between connection attempts.
 
     ``on_error`` receives the error of every failed background flush.
     """
@@ -120,6 +167,12 @@ class ClusterClient:
         deadline: float = 5.0,
         verify: bool = True,
         on_error: Callable[[AckerError], None] | None = None,
+        wait_for_shard: float = 20.0,
+        reconnect_backoff: tuple[float, float] = (
+            grpc_options.INITIAL_RECONNECT_BACKOFF_MS / 1000,
+            grpc_options.MAX_RECONNECT_BACKOFF_MS / 1000,
+        ),
+        batch_keys: bool = True,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a for a in addresses.split(",") if a]
@@ -127,11 +180,21 @@ class ClusterClient:
             raise ValueError("a cluster needs at least one acker address")
         if batch_size < 1 or flush_interval <= 0 or deadline <= 0:
             raise ValueError("batch_size, flush_interval and deadline must be positive")
+        if wait_for_shard < 0:
+            raise ValueError(f"wait_for_shard must be 0 or more seconds, got {wait_for_shard}")
+        initial_backoff, max_backoff = reconnect_backoff
+        self._channel_options = grpc_options.client_options(
+            initial_reconnect_backoff_ms=round(initial_backoff * 1000),
+            max_reconnect_backoff_ms=round(max_backoff * 1000),
+        )
         self._addresses = tuple(addresses)
         self._n = len(self._addresses)
         self.batch_size = batch_size
         self.flush_interval = flush_interval
         self.deadline = deadline
+        self.wait_for_shard = wait_for_shard
+        self.batch_keys = batch_keys
+        self._policy = DeliveryPolicy(attempt_deadline=deadline, wait_for_shard=wait_for_shard)
         self.on_error = on_error
         self._listeners: list[Callable[[AckerError], None]] = []
         self._proc: _ProcessState | None = None
@@ -168,7 +231,8 @@ class ClusterClient:
         with st.lock:
             snapshot = st.stats.copy()
             snapshot.calls += sum(b.added for b in st.buffers)
-            return snapshot
+        snapshot.shard_states = st.connections.states()
+        return snapshot
 
     def add_error_listener(self, listener: Callable[[AckerError], None]) -> None:
         """Call ``listener`` with every failed batch, foreground or background (the spout uses this)."""
@@ -198,7 +262,7 @@ class ClusterClient:
                 # The parent's channels belong to the parent: keep a reference
                 # so that garbage collection never runs their finalizers here.
                 self._abandoned.append(st)
-            st = _ProcessState(self._addresses)
+            st = _ProcessState(self._addresses, self._channel_options)
             self._proc = st
             return st
 
@@ -351,27 +415,89 @@ class ClusterClient:
         return sending.error
 
     def _send_batches(self, st: _ProcessState, batches: dict[int, OpBuffer]) -> _BatchError | None:
-        calls = []
+        # First attempts go to every shard at once; then each shard's batch is
+        # retried on its own until it lands or the common budget runs out.
+        give_up_at = time.monotonic() + self.wait_for_shard
+        deliveries = []
         for shard, buf in batches.items():
-            request = buf.to_request()
+            request = buf.to_request(new_id() if self.batch_keys else 0)
             if not request.kinds:
                 continue  # everything folded away to no-op acks
-            future = st.stubs[shard].Apply.future(request, timeout=self.deadline)
-            calls.append((shard, buf, len(request.kinds), future))
-        failures = []
-        for shard, buf, count, future in calls:
-            try:
-                response = future.result()
-            except grpc.RpcError as exc:
-                failures.append(self._failure(shard, exc, count, buf.init_roots()))
-                continue
-            self._count_sent(st, buf, count, response)
+            delivery = _Delivery(shard, buf, request, retry_safe(request))
+            self._attempt(st, delivery, give_up_at)
+            deliveries.append(delivery)
+        failures = [f for f in (self._settle(st, d, give_up_at) for d in deliveries) if f is not None]
         if failures:
             with st.lock:
                 st.stats.batches_failed += len(failures)
                 st.stats.operations_dropped += sum(f.operations for f in failures)
+                for f in failures:
+                    by_reason = st.stats.dropped_by_reason
+                    by_reason[f.reason] = by_reason.get(f.reason, 0) + f.operations
             return self._error(failures)
         return None
+
+    def _attempt(self, st: _ProcessState, delivery: _Delivery, give_up_at: float) -> None:
+        """Send one attempt; it waits (wait_for_ready) while the channel reconnects, up to its deadline."""
+        if not delivery.waiting and st.connections.state(delivery.shard) in (
+            ConnectionMonitor.WAITING,
+            ConnectionMonitor.UNREACHABLE,
+        ):
+            self._set_waiting(st, delivery, True)
+        delivery.sent_at = time.monotonic()
+        delivery.future = st.stubs[delivery.shard].Apply.future(
+            delivery.request, timeout=self._policy.attempt_timeout(give_up_at), wait_for_ready=True
+        )
+
+    def _settle(self, st: _ProcessState, delivery: _Delivery, give_up_at: float) -> ShardFailure | None:
+        """Wait for the batch's response, retrying while that is safe and time is left; the failure, or None."""
+        backoff = 0.0
+        try:
+            while True:
+                try:
+                    response = delivery.future.result()
+                except grpc.RpcError as exc:
+                    failure = self._failure(delivery.shard, exc, delivery.count, delivery.buf.init_roots())
+                    reason = self._policy.should_retry(failure.code, delivery.safe)
+                    now = time.monotonic()
+                    if reason is None and give_up_at - now <= 0:
+                        reason = DROP_TIMEOUT
+                    if reason is not None:
+                        if reason != DROP_REFUSED:
+                            st.connections.set(delivery.shard, ConnectionMonitor.UNREACHABLE)
+                        return dataclasses.replace(failure, reason=reason)
+                    st.connections.set(delivery.shard, ConnectionMonitor.WAITING)
+                    self._set_waiting(st, delivery, True)
+                    with st.lock:
+                        st.stats.batches_retried += 1
+                        st.stats.operations_retried += delivery.count
+                    # An attempt that failed at once (a reset connection) pauses
+                    # before the next; one that waited out its deadline does not.
+                    backoff = self._policy.next_backoff(backoff)
+                    pause = min(backoff - (now - delivery.sent_at), give_up_at - now)
+                    if pause > 0:
+                        time.sleep(pause)
+                    log.debug(
+                        "retrying a batch of %d operations to shard %d: %s",
+                        delivery.count,
+                        delivery.shard,
+                        failure.describe(),
+                    )
+                    self._attempt(st, delivery, give_up_at)
+                    continue
+                st.connections.set(delivery.shard, ConnectionMonitor.READY)
+                self._count_sent(st, delivery.buf, delivery.count, response)
+                return None
+        finally:
+            self._set_waiting(st, delivery, False)
+
+    @staticmethod
+    def _set_waiting(st: _ProcessState, delivery: _Delivery, waiting: bool) -> None:
+        if delivery.waiting == waiting:
+            return
+        delivery.waiting = waiting
+        with st.lock:
+            st.stats.operations_waiting += delivery.count if waiting else -delivery.count
 
     def _count_sent(self, st: _ProcessState, buf: OpBuffer, count: int, response: acker_pb2.ApplyResponse) -> None:
         with st.lock:
@@ -393,7 +519,7 @@ class ClusterClient:
         refused = [f for f in failures if f.code in REFUSAL_CODES]
         if refused:
             return RequestRefused(failures, "an acker refused a batch; nothing of that batch was applied")
-        return ShardUnavailable(failures, "acker shard unavailable; its operations were dropped, not retried")
+        return ShardUnavailable(failures, "acker shard unavailable; its operations were dropped")
 
     def _report(self, error: AckerError, *, background: bool) -> None:
         for listener in list(self._listeners):
@@ -424,20 +550,34 @@ class ClusterClient:
                 if st.closed:
                     return
                 now = time.monotonic()
-                # The predicate runs inside _take, in this iteration: `now` is current.
-                batches, sending = self._take(
-                    st,
-                    lambda buf: buf.started is not None and now - buf.started >= interval,  # noqa: B023
-                )
-                if not batches:
-                    starts: list[float] = [b.started for b in st.buffers if b.started is not None]
+                started = False
+                for shard, buf in enumerate(st.buffers):
+                    # A shard whose last aged batch is still waiting for its
+                    # connection is skipped: its buffer fills up to batch_size,
+                    # and the caller that fills it waits (back-pressure).
+                    if shard in st.busy or buf.started is None or now - buf.started < interval:
+                        continue
+                    batches, sending = self._take(st, lambda b: b is buf)  # noqa: B023
+                    st.busy.add(shard)
+                    if st.senders is None:
+                        st.senders = ThreadPoolExecutor(self._n, thread_name_prefix="acker-client-sender")
+                    st.senders.submit(self._background_send, st, shard, batches, sending)
+                    started = True
+                if not started:
+                    starts = [b.started for i, b in enumerate(st.buffers) if b.started is not None and i not in st.busy]
                     st.wake.wait(min(starts) + interval - now if starts else None)
-                    continue
+
+    def _background_send(self, st: _ProcessState, shard: int, batches: dict[int, OpBuffer], sending: _Sending) -> None:
+        try:
             error = self._send(st, batches, sending)
-            if error is not None:
-                with st.lock:
-                    st.stats.background_errors += 1
-                self._report(error, background=True)
+        finally:
+            with st.lock:
+                st.busy.discard(shard)
+                st.wake.notify_all()
+        if error is not None:
+            with st.lock:
+                st.stats.background_errors += 1
+            self._report(error, background=True)
 
     # -- subscriptions -------------------------------------------------------
 
@@ -470,6 +610,8 @@ class ClusterClient:
             st.wake.notify_all()
         if st.flusher is not None and st.flusher is not threading.current_thread():
             st.flusher.join(timeout=self.deadline + 1.0)
+        if st.senders is not None:
+            st.senders.shutdown(wait=True)
         for channel in st.channels:
             channel.close()
         self._closed = True
