@@ -95,6 +95,9 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             spout, incarnation=request.incarnation, after_sequence=request.after_sequence, wake=wakeup.set
         )
         try:
+            # Headers now, not with the first outcome: the client learns at once
+            # that its stream is open again (its backstop pauses until then).
+            await context.send_initial_metadata(())
             while True:
                 if subscription.superseded:
                     await context.abort(

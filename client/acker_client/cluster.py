@@ -589,9 +589,13 @@ class ClusterClient:
         after_sequence: int = 0,
         timeout: float | None = None,
     ):
-        """Open the outcome stream of ``spout`` on ``shard``: an iterator of OutcomeBatch with ``cancel()``."""
+        """Open the outcome stream of ``spout`` on ``shard``: an iterator of OutcomeBatch with ``cancel()``.
+
+        The call waits for the shard's connection (``wait_for_ready``), so a
+        stream re-opened during a blip starts the moment the network is back.
+        """
         request = acker_pb2.SubscribeRequest(spout=spout, incarnation=incarnation, after_sequence=after_sequence)
-        return self._stub(shard).Subscribe(request, timeout=timeout)
+        return self._stub(shard).Subscribe(request, timeout=timeout, wait_for_ready=True)
 
     # -- lifecycle -----------------------------------------------------------
 
