@@ -193,6 +193,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-ops", type=int, default=8192, help="apply mode: operations per Apply call")
     p.add_argument("--pending-trees", type=int, default=1_000_000, help="memory mode: trees left pending")
+    p.add_argument(
+        "--keyed-acks",
+        type=int,
+        default=0,
+        help="memory mode: non-completing ACKs per tree, each with its own dedup key (a client batch key's cost)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return p
 
@@ -245,7 +251,10 @@ def _memory_mode(args: argparse.Namespace) -> int:
     # A long timeout keeps every tree pending while RSS is read.
     with ProcessCluster(count=1, message_timeout=3600.0) as cluster:
         result = measure_pending_bytes(
-            cluster.addresses[0], lambda: _rss_from_proc(cluster.pid(0) or 0) or 0, trees=args.pending_trees
+            cluster.addresses[0],
+            lambda: _rss_from_proc(cluster.pid(0) or 0) or 0,
+            trees=args.pending_trees,
+            keyed_acks=args.keyed_acks,
         )
     result["mode"] = "memory"
     if args.json:
