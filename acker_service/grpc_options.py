@@ -87,4 +87,6 @@ def client_options(
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+        # Any ping (not only keepalive's) unanswered this long closes the connection.
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ]
