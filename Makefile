@@ -17,7 +17,7 @@ help:
 	@echo "make test   set up .venv and system packages, lint, then run the test suite"
 	@echo "make lint   ruff check, ruff format --check and mypy (generated code excluded)"
 	@echo "make bench  run acker-bench against an embedded cluster"
-	@echo "make proto  regenerate acker_service/v1 from proto/"
+	@echo "make proto  regenerate proto/acker_protocol/v1 from its .proto"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

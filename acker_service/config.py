@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import grpc_options
+from acker_protocol import grpc_options
 
 __all__ = ["ServerConfig", "ConfigError"]
 

@@ -13,9 +13,8 @@ import os
 import sys
 
 import grpc
+from acker_protocol import grpc_options
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from . import grpc_options
 
 __all__ = ["probe", "is_serving", "main", "EXIT_SERVING", "EXIT_NOT_SERVING"]
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import NamedTuple
 
-from .batch import Batch, OpKind, Outcome
+from acker_protocol.wire import OpKind, Outcome
+
+from .batch import Batch
 from .rotating_map import RotatingMap
 
 __all__ = ["Ledger", "LedgerStats", "Resolution", "BatchResult"]

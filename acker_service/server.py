@@ -1,7 +1,7 @@
 """One acker shard: a grpc.aio server on its own thread and event loop, with health, reflection and metrics.
 
-The ledger and the outcome hub are touched only from that event loop (RPC
-handlers and the rotation ticker), so they need no locks. grpc.aio keeps open
+The :class:`~acker_service.shard.Shard` is touched only from that event loop
+(RPC handlers and the rotation ticker), so it needs no locks. grpc.aio keeps open
 Subscribe streams from starving Apply: a stream waiting for outcomes holds no
 thread.
 """
@@ -10,25 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import signal
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
+from acker_protocol import grpc_options
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from . import grpc_options
 from .config import ServerConfig
 from .interceptors import MetricsInterceptor
 from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
 from .outcome_hub import OutcomeHub
 from .servicer import AckerServicer
-from .v1 import acker_pb2, acker_pb2_grpc
+from .shard import Shard
 
 __all__ = ["AckerServer", "PortInUse", "serve", "SERVICE_NAME", "start_line"]
 
@@ -49,14 +48,6 @@ def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
-def new_incarnation() -> int:
-    """A random non-zero 64-bit id for one server lifetime."""
-    while True:
-        value = secrets.randbits(64)
-        if value:
-            return value
-
-
 class AckerServer:
     """An acker shard running in a background thread; ``start()``/``stop()`` or a ``with`` block.
 
@@ -65,15 +56,9 @@ class AckerServer:
     """
 
     def __init__(self, config: ServerConfig, clock: Callable[[], float] | None = None) -> None:
-        clock = clock or time.monotonic  # None: real time (callers can pass an optional clock through)
         self.config = config
-        self.incarnation = new_incarnation()
-        self.ledger = Ledger(config.message_timeout, config.buckets, clock)
-        self.hub = OutcomeHub(config.retain_outcomes, config.retain_seconds, self.incarnation, clock)
-        self.metrics = AckerMetrics(
-            self.ledger.stats, self.hub, shard_index=config.shard_index, shard_count=config.shard_count
-        )
-        self.servicer = AckerServicer(config, self.ledger, self.hub, self.metrics, self.incarnation)
+        self.shard = Shard(config, clock)
+        self.servicer = AckerServicer(self.shard)
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._http: MetricsHttpServer | None = None
@@ -83,6 +68,26 @@ class AckerServer:
         self._health: health.aio.HealthServicer | None = None
         self._ticker: asyncio.Task | None = None
         self._done: asyncio.Event | None = None
+
+    @property
+    def incarnation(self) -> int:
+        """The random id of this server's lifetime (a restarted shard has a new one)."""
+        return self.shard.incarnation
+
+    @property
+    def ledger(self) -> Ledger:
+        """The shard's ledger (touch it only through :meth:`call`)."""
+        return self.shard.ledger
+
+    @property
+    def hub(self) -> OutcomeHub:
+        """The shard's outcome hub (touch it only through :meth:`call`)."""
+        return self.shard.hub
+
+    @property
+    def metrics(self) -> AckerMetrics:
+        """The shard's Prometheus metrics."""
+        return self.shard.metrics
 
     @property
     def address(self) -> str:
@@ -120,7 +125,7 @@ class AckerServer:
         if self.config.metrics_port is not None:
             try:
                 self._http = MetricsHttpServer(
-                    self.metrics.registry, self.config.effective_metrics_host, self.config.metrics_port
+                    self.shard.metrics.registry, self.config.effective_metrics_host, self.config.metrics_port
                 )
             except OSError as exc:
                 self.stop(0)
@@ -154,7 +159,7 @@ class AckerServer:
         config = self.config
         server = grpc.aio.server(
             options=grpc_options.server_options(config.max_message_bytes),
-            interceptors=[MetricsInterceptor(self.metrics)],
+            interceptors=[MetricsInterceptor(self.shard.metrics)],
         )
         acker_pb2_grpc.add_AckerServicer_to_server(self.servicer, server)
         self._health = health.aio.HealthServicer()
@@ -177,11 +182,11 @@ class AckerServer:
 
     async def _tick(self) -> None:
         """Rotate the ledger when due and age out retained outcomes."""
-        cap = min(_MAX_TICK_SECONDS, self.ledger.rotation_period / 4)
+        cap = min(_MAX_TICK_SECONDS, self.shard.ledger.rotation_period / 4)
         while True:
-            await asyncio.sleep(min(max(self.ledger.seconds_until_rotation(), 0.001), cap))
+            await asyncio.sleep(min(max(self.shard.ledger.seconds_until_rotation(), 0.001), cap))
             try:
-                self.servicer.advance()
+                self.shard.advance()
             except Exception:  # a bug here must not stop expiry for good; it is logged and retried
                 log.exception("advancing the ledger failed")
 
@@ -197,7 +202,7 @@ class AckerServer:
 
     def advance(self) -> int:
         """Expire what the clock says is due, now; return how many trees timed out."""
-        return self.call(self.servicer.advance)
+        return self.call(self.shard.advance)
 
     def stop(self, grace: float | None = None) -> None:
         """Health NOT_SERVING, end streams, stop with ``grace`` seconds for running calls, join."""
@@ -219,7 +224,7 @@ class AckerServer:
         await self._health.enter_graceful_shutdown()
         stopping = asyncio.ensure_future(self._server.stop(grace))
         await asyncio.sleep(0)  # new calls are refused from here on
-        self.servicer.close_streams()
+        self.shard.close()
         await stopping
         if self._ticker is not None:
             self._ticker.cancel()

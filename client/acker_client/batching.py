@@ -5,14 +5,18 @@ Pure: no I/O, no clock, no lock (the cluster client holds the lock).
 
 from __future__ import annotations
 
-from acker_service.v1 import acker_pb2
+from typing import cast
+
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import OpKind
 
 __all__ = ["OpBuffer", "INIT", "ACK", "FAIL", "RESET_TIMEOUT"]
 
-INIT = acker_pb2.OP_KIND_INIT
-ACK = acker_pb2.OP_KIND_ACK
-FAIL = acker_pb2.OP_KIND_FAIL
-RESET_TIMEOUT = acker_pb2.OP_KIND_RESET_TIMEOUT
+# Plain ints: they go into a protobuf repeated enum field by the thousand.
+INIT = int(OpKind.INIT)
+ACK = int(OpKind.ACK)
+FAIL = int(OpKind.FAIL)
+RESET_TIMEOUT = int(OpKind.RESET_TIMEOUT)
 
 
 class OpBuffer:
@@ -130,7 +134,10 @@ class OpBuffer:
         roots += self._resets
         values += [0] * n_reset
         spouts = list(self._spouts)
-        request = acker_pb2.ApplyRequest(kinds=kinds, root_ids=roots, values=values, spouts=spouts)
+        # Plain ints are the enum's wire values.
+        request = acker_pb2.ApplyRequest(
+            kinds=cast("list[acker_pb2.OpKind.ValueType]", kinds), root_ids=roots, values=values, spouts=spouts
+        )
         if keyed or (acks and batch_key):
             request.dedup_keys.extend([0] * (n_init + n_fail))
             request.dedup_keys.extend([batch_key] * len(acks))

@@ -42,7 +42,7 @@ def shard_roots(rng: np.random.Generator, count: int, shard: int, shard_count: i
 
 def _trees_request(rng: np.random.Generator, trees: int, shard: int, shard_count: int, *, ack: bool):
     """An ApplyRequest of ``trees`` fresh INITs, followed by their completing ACKs when ``ack``."""
-    from acker_service.v1 import acker_pb2
+    from acker_protocol.v1 import acker_pb2
 
     roots = shard_roots(rng, trees, shard, shard_count).tolist()
     values = rng.integers(1, 2**63, size=trees, dtype=np.uint64).tolist()
@@ -68,9 +68,8 @@ def _drain(stream, counter: list[int]) -> None:
 def _apply_worker(config: ApplyBenchConfig, start_at: float, results) -> None:
     """One client process: send batches for ``duration`` seconds, report calls and operations."""
     import grpc
-
-    from acker_service import grpc_options
-    from acker_service.v1 import acker_pb2, acker_pb2_grpc
+    from acker_protocol import grpc_options
+    from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
     rng = np.random.default_rng(secrets.randbits(64))
     n = len(config.addresses)
@@ -146,9 +145,8 @@ def measure_pending_bytes(
     would (the cost of the acker's dedup side table).
     """
     import grpc
-
-    from acker_service import grpc_options
-    from acker_service.v1 import acker_pb2, acker_pb2_grpc
+    from acker_protocol import grpc_options
+    from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
     rng = np.random.default_rng(secrets.randbits(64))
     with grpc.insecure_channel(address, options=grpc_options.client_options()) as channel:

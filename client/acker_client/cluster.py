@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import grpc
-
-from acker_service import grpc_options
-from acker_service.v1 import acker_pb2, acker_pb2_grpc
+from acker_protocol import grpc_options
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+from acker_protocol.wire import MAX_ID, check_id, check_root, check_spout_name, shard_of
 
 from .batching import OpBuffer
 from .delivery import DROP_REFUSED, DROP_TIMEOUT, ConnectionMonitor, DeliveryPolicy, retry_safe
@@ -33,9 +33,6 @@ from .ids import new_id
 __all__ = ["ClusterClient", "ClientStats"]
 
 log = logging.getLogger(__name__)
-
-_MAX_ID = (1 << 64) - 1
-_MAX_SPOUT_BYTES = 256
 
 # os.getpid() is a real system call (about 250 ns on our machines), too dear
 # for every ack. Python runs this hook in the child of every os.fork(), which
@@ -222,7 +219,7 @@ class ClusterClient:
 
     def shard_of(self, root: int) -> int:
         """The shard that owns ``root``."""
-        return root % self._n
+        return shard_of(root, self._n)
 
     @property
     def stats(self) -> ClientStats:
@@ -297,9 +294,9 @@ class ClusterClient:
 
     def init(self, root: int, value: int, spout: str) -> None:
         """Buffer INIT: start tree ``root`` with checksum ``value`` (xor of its first edges), owned by ``spout``."""
-        _check_id(root, value)
+        check_id(root, value)
         if spout not in self._known_spouts:
-            _check_spout(spout)
+            check_spout_name(spout)
             self._known_spouts.add(spout)
         st, shard = self._state(), root % self._n
         with st.lock:
@@ -312,8 +309,8 @@ class ClusterClient:
     def ack(self, root: int, value: int, dedup_key: int = 0) -> None:
         """Buffer ACK(root, value); acks with the same root and dedup key in one batch fold into one."""
         # The hot path: checks and the common case inlined (about 0.5 µs per call).
-        if not (0 < root <= _MAX_ID and 0 <= value <= _MAX_ID and 0 <= dedup_key <= _MAX_ID):
-            _check_id(root, value)
+        if not (0 < root <= MAX_ID and 0 <= value <= MAX_ID and 0 <= dedup_key <= MAX_ID):
+            check_id(root, value)
             raise ValueError(f"dedup key {dedup_key!r} is not a 64-bit unsigned integer")
         st = self._proc
         if st is None or st.pid != _pid:
@@ -337,7 +334,7 @@ class ClusterClient:
         self._idempotent(root, OpBuffer.reset_timeout)
 
     def _idempotent(self, root: int, add: Callable[[OpBuffer, int], None]) -> None:
-        _check_id(root, 0)
+        check_root(root)
         st, shard = self._state(), root % self._n
         with st.lock:
             buf = st.buffers[shard]
@@ -629,18 +626,3 @@ class ClusterClient:
 
     def __repr__(self) -> str:
         return f"ClusterClient({list(self._addresses)!r})"
-
-
-def _check_id(root: int, value: int) -> None:
-    # A zero or out-of-range id would make the acker refuse the whole batch,
-    # dropping other callers' operations with it: refuse it here instead.
-    if not 0 < root <= _MAX_ID:
-        raise ValueError(f"root id {root!r} is not a non-zero 64-bit unsigned integer")
-    if not 0 <= value <= _MAX_ID:
-        raise ValueError(f"value {value!r} for root {root} is not a 64-bit unsigned integer")
-
-
-def _check_spout(spout: str) -> None:
-    size = len(spout.encode("utf-8"))
-    if not 0 < size <= _MAX_SPOUT_BYTES:
-        raise ValueError(f"spout name {spout!r} is {size} bytes; spout names must be 1 to {_MAX_SPOUT_BYTES} bytes")

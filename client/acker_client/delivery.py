@@ -29,8 +29,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
-
-from acker_service.v1 import acker_pb2
+from acker_protocol.v1 import acker_pb2
 
 from .errors import REFUSAL_CODES
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from acker_service.v1 import acker_pb2
+from acker_protocol.v1 import acker_pb2
 
 from .errors import AckerError, ShardUnavailable, SpoutFull
 from .ids import new_id

@@ -7,8 +7,7 @@ import pytest
 from acker_client import FailReason, Spout
 from acker_client.batching import OpBuffer
 from acker_client.delivery import DROP_AMBIGUOUS, DROP_REFUSED, DeliveryPolicy, retry_safe
-
-from acker_service.v1 import acker_pb2
+from acker_protocol.v1 import acker_pb2
 
 from .fakes import RecordingCluster
 from .polling import wait_until

@@ -7,8 +7,7 @@ import threading
 import pytest
 from acker_client import FailReason, ShardFailure, ShardUnavailable, Spout, SpoutFull
 from acker_client.spout import default_backstop
-
-from acker_service.v1 import acker_pb2
+from acker_protocol.v1 import acker_pb2
 
 from .fakes import RecordingCluster
 from .polling import wait_until

@@ -6,15 +6,13 @@ import re
 
 import numpy as np
 import pytest
+from acker_protocol.wire import MAX_SPOUT_NAME_BYTES, OpKind, Outcome
 
 from acker_service.batch import (
-    MAX_SPOUT_NAME_BYTES,
     Batch,
     BatchError,
     BatchTooLarge,
     InvalidBatch,
-    OpKind,
-    Outcome,
     WrongShard,
     validate_batch,
 )

@@ -6,8 +6,9 @@ import itertools
 from dataclasses import dataclass
 
 import pytest
+from acker_protocol.wire import OpKind, Outcome
 
-from acker_service.batch import Batch, OpKind, Outcome
+from acker_service.batch import Batch
 from acker_service.ledger import BatchResult, Ledger
 
 SPOUT = "spout-a"

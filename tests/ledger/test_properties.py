@@ -17,10 +17,11 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+from acker_protocol.wire import OpKind, Outcome
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from acker_service.batch import Batch, OpKind, Outcome
+from acker_service.batch import Batch
 from acker_service.ledger import Ledger
 
 TREES = int(os.environ.get("ACKER_PROPERTY_TREES", "1000"))

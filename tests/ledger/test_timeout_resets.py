@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from acker_service.batch import Batch, OpKind, Outcome
+from acker_protocol.wire import OpKind, Outcome
+
+from acker_service.batch import Batch
 from acker_service.ledger import Ledger
 
 INIT, ACK, RESET = int(OpKind.INIT), int(OpKind.ACK), int(OpKind.RESET_TIMEOUT)

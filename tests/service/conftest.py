@@ -8,11 +8,11 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 from acker_client.testing import ManualClock
+from acker_protocol import grpc_options
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
-from acker_service import grpc_options
 from acker_service.config import ServerConfig
 from acker_service.server import AckerServer
-from acker_service.v1 import acker_pb2, acker_pb2_grpc
 
 
 @pytest.fixture

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
-from acker_service.batch import OpKind
-from acker_service.v1 import acker_pb2
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import OpKind
 
 INIT, ACK, FAIL, RESET = (int(k) for k in OpKind)
 

@@ -9,11 +9,11 @@ import urllib.request
 
 import grpc
 import pytest
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import OpKind
 from prometheus_client.parser import text_string_to_metric_families
 
-from acker_service.batch import OpKind
 from acker_service.metrics import ExactHistogram
-from acker_service.v1 import acker_pb2
 
 INIT, ACK, FAIL, RESET = (int(k) for k in OpKind)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from acker_protocol.wire import Outcome
 
-from acker_service.batch import Outcome
 from acker_service.ledger import Resolution
 from acker_service.outcome_hub import OutcomeHub
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from acker_service.v1 import acker_pb2 as acker__service_dot_v1_dot_acker__pb2
+from acker_protocol.v1 import acker_pb2 as acker__protocol_dot_v1_dot_acker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in acker_service/v1/acker_pb2_grpc.py depends on'
+        + ' but the generated code in acker_protocol/v1/acker_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,18 +37,18 @@ class AckerStub:
         """
         self.Apply = channel.unary_unary(
                 '/acker_service.v1.Acker/Apply',
-                request_serializer=acker__service_dot_v1_dot_acker__pb2.ApplyRequest.SerializeToString,
-                response_deserializer=acker__service_dot_v1_dot_acker__pb2.ApplyResponse.FromString,
+                request_serializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyRequest.SerializeToString,
+                response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyResponse.FromString,
                 _registered_method=True)
         self.Subscribe = channel.unary_stream(
                 '/acker_service.v1.Acker/Subscribe',
-                request_serializer=acker__service_dot_v1_dot_acker__pb2.SubscribeRequest.SerializeToString,
-                response_deserializer=acker__service_dot_v1_dot_acker__pb2.OutcomeBatch.FromString,
+                request_serializer=acker__protocol_dot_v1_dot_acker__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.OutcomeBatch.FromString,
                 _registered_method=True)
         self.Describe = channel.unary_unary(
                 '/acker_service.v1.Acker/Describe',
-                request_serializer=acker__service_dot_v1_dot_acker__pb2.DescribeRequest.SerializeToString,
-                response_deserializer=acker__service_dot_v1_dot_acker__pb2.DescribeResponse.FromString,
+                request_serializer=acker__protocol_dot_v1_dot_acker__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.DescribeResponse.FromString,
                 _registered_method=True)
 
 
@@ -97,18 +97,18 @@ def add_AckerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Apply': grpc.unary_unary_rpc_method_handler(
                     servicer.Apply,
-                    request_deserializer=acker__service_dot_v1_dot_acker__pb2.ApplyRequest.FromString,
-                    response_serializer=acker__service_dot_v1_dot_acker__pb2.ApplyResponse.SerializeToString,
+                    request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyRequest.FromString,
+                    response_serializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyResponse.SerializeToString,
             ),
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
-                    request_deserializer=acker__service_dot_v1_dot_acker__pb2.SubscribeRequest.FromString,
-                    response_serializer=acker__service_dot_v1_dot_acker__pb2.OutcomeBatch.SerializeToString,
+                    request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.SubscribeRequest.FromString,
+                    response_serializer=acker__protocol_dot_v1_dot_acker__pb2.OutcomeBatch.SerializeToString,
             ),
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
-                    request_deserializer=acker__service_dot_v1_dot_acker__pb2.DescribeRequest.FromString,
-                    response_serializer=acker__service_dot_v1_dot_acker__pb2.DescribeResponse.SerializeToString,
+                    request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.DescribeRequest.FromString,
+                    response_serializer=acker__protocol_dot_v1_dot_acker__pb2.DescribeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -137,8 +137,8 @@ class Acker:
             request,
             target,
             '/acker_service.v1.Acker/Apply',
-            acker__service_dot_v1_dot_acker__pb2.ApplyRequest.SerializeToString,
-            acker__service_dot_v1_dot_acker__pb2.ApplyResponse.FromString,
+            acker__protocol_dot_v1_dot_acker__pb2.ApplyRequest.SerializeToString,
+            acker__protocol_dot_v1_dot_acker__pb2.ApplyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -164,8 +164,8 @@ class Acker:
             request,
             target,
             '/acker_service.v1.Acker/Subscribe',
-            acker__service_dot_v1_dot_acker__pb2.SubscribeRequest.SerializeToString,
-            acker__service_dot_v1_dot_acker__pb2.OutcomeBatch.FromString,
+            acker__protocol_dot_v1_dot_acker__pb2.SubscribeRequest.SerializeToString,
+            acker__protocol_dot_v1_dot_acker__pb2.OutcomeBatch.FromString,
             options,
             channel_credentials,
             insecure,
@@ -191,8 +191,8 @@ class Acker:
             request,
             target,
             '/acker_service.v1.Acker/Describe',
-            acker__service_dot_v1_dot_acker__pb2.DescribeRequest.SerializeToString,
-            acker__service_dot_v1_dot_acker__pb2.DescribeResponse.FromString,
+            acker__protocol_dot_v1_dot_acker__pb2.DescribeRequest.SerializeToString,
+            acker__protocol_dot_v1_dot_acker__pb2.DescribeResponse.FromString,
             options,
             channel_credentials,
             insecure,
