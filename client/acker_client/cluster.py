@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -10,7 +9,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Any
 
 import grpc
 from acker_protocol import grpc_options
@@ -18,7 +16,7 @@ from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 from acker_protocol.wire import MAX_ID, check_id, check_root, check_spout_name, shard_of
 
 from .batching import OpBuffer
-from .delivery import DROP_REFUSED, DROP_TIMEOUT, ConnectionMonitor, DeliveryPolicy, retry_safe
+from .delivery import ConnectionMonitor, DeliveryPolicy, deliver
 from .errors import (
     REFUSAL_CODES,
     AckerError,
@@ -28,7 +26,6 @@ from .errors import (
     ShardUnavailable,
     _BatchError,
 )
-from .ids import new_id
 
 __all__ = ["ClusterClient", "ClientStats"]
 
@@ -89,22 +86,6 @@ class _Sending:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.error: _BatchError | None = None
-
-
-class _Delivery:
-    """One shard's batch on its way: the request (sent again unchanged on a retry) and its current attempt."""
-
-    __slots__ = ("shard", "buf", "request", "safe", "count", "future", "sent_at", "waiting")
-
-    def __init__(self, shard: int, buf: OpBuffer, request: acker_pb2.ApplyRequest, safe: bool) -> None:
-        self.shard = shard
-        self.buf = buf
-        self.request = request
-        self.safe = safe
-        self.count = len(request.kinds)
-        self.future: Any = None
-        self.sent_at = 0.0
-        self.waiting = False  # counted in ClientStats.operations_waiting
 
 
 class _ProcessState:
@@ -412,18 +393,14 @@ class ClusterClient:
         return sending.error
 
     def _send_batches(self, st: _ProcessState, batches: dict[int, OpBuffer]) -> _BatchError | None:
-        # First attempts go to every shard at once; then each shard's batch is
-        # retried on its own until it lands or the common budget runs out.
-        give_up_at = time.monotonic() + self.wait_for_shard
-        deliveries = []
-        for shard, buf in batches.items():
-            request = buf.to_request(new_id() if self.batch_keys else 0)
-            if not request.kinds:
-                continue  # everything folded away to no-op acks
-            delivery = _Delivery(shard, buf, request, retry_safe(request))
-            self._attempt(st, delivery, give_up_at)
-            deliveries.append(delivery)
-        failures = [f for f in (self._settle(st, d, give_up_at) for d in deliveries) if f is not None]
+        failures = deliver(
+            st,
+            batches,
+            policy=self._policy,
+            batch_keys=self.batch_keys,
+            failure_of=self._failure,
+            on_sent=self._count_sent,
+        )
         if failures:
             with st.lock:
                 st.stats.batches_failed += len(failures)
@@ -433,68 +410,6 @@ class ClusterClient:
                     by_reason[f.reason] = by_reason.get(f.reason, 0) + f.operations
             return self._error(failures)
         return None
-
-    def _attempt(self, st: _ProcessState, delivery: _Delivery, give_up_at: float) -> None:
-        """Send one attempt; it waits (wait_for_ready) while the channel reconnects, up to its deadline."""
-        if not delivery.waiting and st.connections.state(delivery.shard) in (
-            ConnectionMonitor.WAITING,
-            ConnectionMonitor.UNREACHABLE,
-        ):
-            self._set_waiting(st, delivery, True)
-        delivery.sent_at = time.monotonic()
-        delivery.future = st.stubs[delivery.shard].Apply.future(
-            delivery.request, timeout=self._policy.attempt_timeout(give_up_at), wait_for_ready=True
-        )
-
-    def _settle(self, st: _ProcessState, delivery: _Delivery, give_up_at: float) -> ShardFailure | None:
-        """Wait for the batch's response, retrying while that is safe and time is left; the failure, or None."""
-        backoff = 0.0
-        try:
-            while True:
-                try:
-                    response = delivery.future.result()
-                except grpc.RpcError as exc:
-                    failure = self._failure(delivery.shard, exc, delivery.count, delivery.buf.init_roots())
-                    reason = self._policy.should_retry(failure.code, delivery.safe)
-                    now = time.monotonic()
-                    if reason is None and give_up_at - now <= 0:
-                        reason = DROP_TIMEOUT
-                    if reason is not None:
-                        if reason != DROP_REFUSED:
-                            st.connections.set(delivery.shard, ConnectionMonitor.UNREACHABLE)
-                        return dataclasses.replace(failure, reason=reason)
-                    st.connections.set(delivery.shard, ConnectionMonitor.WAITING)
-                    self._set_waiting(st, delivery, True)
-                    with st.lock:
-                        st.stats.batches_retried += 1
-                        st.stats.operations_retried += delivery.count
-                    # An attempt that failed at once (a reset connection) pauses
-                    # before the next; one that waited out its deadline does not.
-                    backoff = self._policy.next_backoff(backoff)
-                    pause = min(backoff - (now - delivery.sent_at), give_up_at - now)
-                    if pause > 0:
-                        time.sleep(pause)
-                    log.debug(
-                        "retrying a batch of %d operations to shard %d: %s",
-                        delivery.count,
-                        delivery.shard,
-                        failure.describe(),
-                    )
-                    self._attempt(st, delivery, give_up_at)
-                    continue
-                st.connections.set(delivery.shard, ConnectionMonitor.READY)
-                self._count_sent(st, delivery.buf, delivery.count, response)
-                return None
-        finally:
-            self._set_waiting(st, delivery, False)
-
-    @staticmethod
-    def _set_waiting(st: _ProcessState, delivery: _Delivery, waiting: bool) -> None:
-        if delivery.waiting == waiting:
-            return
-        delivery.waiting = waiting
-        with st.lock:
-            st.stats.operations_waiting += delivery.count if waiting else -delivery.count
 
     def _count_sent(self, st: _ProcessState, buf: OpBuffer, count: int, response: acker_pb2.ApplyResponse) -> None:
         with st.lock:

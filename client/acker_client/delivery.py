@@ -23,21 +23,27 @@ The rules (the API docs in ``docs/client.md`` repeat them):
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from acker_protocol.v1 import acker_pb2
 
-from .errors import REFUSAL_CODES
+from .batching import OpBuffer
+from .errors import REFUSAL_CODES, ShardFailure
+from .ids import new_id
 
 __all__ = [
     "RETRYABLE_CODES",
     "DeliveryPolicy",
     "ConnectionMonitor",
     "retry_safe",
+    "deliver",
     "DROP_REFUSED",
     "DROP_TIMEOUT",
     "DROP_AMBIGUOUS",
@@ -127,3 +133,116 @@ class ConnectionMonitor:
         """Every shard's last seen state, in shard order."""
         with self._lock:
             return tuple(self._states)
+
+
+# failure_of(shard, exc, operations, init_roots) and on_sent(state, buffer, operations, response):
+# the client's own ways to describe a failed batch and to count a delivered one.
+FailureOf = Callable[[int, grpc.RpcError, int, tuple[int, ...]], ShardFailure]
+OnSent = Callable[[Any, OpBuffer, int, acker_pb2.ApplyResponse], None]
+
+
+class _Delivery:
+    """One shard's batch on its way: the request (sent again unchanged on a retry) and its current attempt."""
+
+    __slots__ = ("shard", "buf", "request", "safe", "count", "future", "sent_at", "waiting")
+
+    def __init__(self, shard: int, buf: OpBuffer, request: acker_pb2.ApplyRequest) -> None:
+        self.shard = shard
+        self.buf = buf
+        self.request = request
+        self.safe = retry_safe(request)
+        self.count = len(request.kinds)
+        self.future: Any = None
+        self.sent_at = 0.0
+        self.waiting = False  # counted in the client's operations_waiting
+
+
+def deliver(
+    st: Any,
+    batches: dict[int, OpBuffer],
+    *,
+    policy: DeliveryPolicy,
+    batch_keys: bool,
+    failure_of: FailureOf,
+    on_sent: OnSent,
+) -> list[ShardFailure]:
+    """Send one batch per shard and see each through (waiting, retrying); return the batches given up on.
+
+    ``st`` is the client's per-process state: ``stubs``, ``lock``, ``stats``
+    and ``connections`` (a :class:`ConnectionMonitor`). First attempts go to
+    every shard at once; then each shard's batch is retried on its own until
+    it lands or the common budget (``policy.wait_for_shard``) runs out.
+    """
+    give_up_at = time.monotonic() + policy.wait_for_shard
+    deliveries = []
+    for shard, buf in batches.items():
+        request = buf.to_request(new_id() if batch_keys else 0)
+        if not request.kinds:
+            continue  # everything folded away to no-op acks
+        delivery = _Delivery(shard, buf, request)
+        _attempt(st, delivery, policy, give_up_at)
+        deliveries.append(delivery)
+    results = (_settle(st, d, policy, give_up_at, failure_of, on_sent) for d in deliveries)
+    return [f for f in results if f is not None]
+
+
+def _attempt(st: Any, delivery: _Delivery, policy: DeliveryPolicy, give_up_at: float) -> None:
+    """Send one attempt; it waits (wait_for_ready) while the channel reconnects, up to its deadline."""
+    if st.connections.state(delivery.shard) in (ConnectionMonitor.WAITING, ConnectionMonitor.UNREACHABLE):
+        _set_waiting(st, delivery, True)
+    delivery.sent_at = time.monotonic()
+    delivery.future = st.stubs[delivery.shard].Apply.future(
+        delivery.request, timeout=policy.attempt_timeout(give_up_at), wait_for_ready=True
+    )
+
+
+def _settle(
+    st: Any,
+    delivery: _Delivery,
+    policy: DeliveryPolicy,
+    give_up_at: float,
+    failure_of: FailureOf,
+    on_sent: OnSent,
+) -> ShardFailure | None:
+    """Wait for the batch's response, retrying while that is safe and time is left; the failure, or None."""
+    backoff = 0.0
+    try:
+        while True:
+            try:
+                response = delivery.future.result()
+            except grpc.RpcError as exc:
+                failure = failure_of(delivery.shard, exc, delivery.count, delivery.buf.init_roots())
+                reason = policy.should_retry(failure.code, delivery.safe)
+                now = time.monotonic()
+                if reason is None and give_up_at - now <= 0:
+                    reason = DROP_TIMEOUT
+                if reason is not None:
+                    if reason != DROP_REFUSED:
+                        st.connections.set(delivery.shard, ConnectionMonitor.UNREACHABLE)
+                    return dataclasses.replace(failure, reason=reason)
+                st.connections.set(delivery.shard, ConnectionMonitor.WAITING)
+                _set_waiting(st, delivery, True)
+                with st.lock:
+                    st.stats.batches_retried += 1
+                    st.stats.operations_retried += delivery.count
+                # An attempt that failed at once (a reset connection) pauses
+                # before the next; one that waited out its deadline does not.
+                backoff = policy.next_backoff(backoff)
+                pause = min(backoff - (now - delivery.sent_at), give_up_at - now)
+                if pause > 0:
+                    time.sleep(pause)
+                _attempt(st, delivery, policy, give_up_at)
+                continue
+            st.connections.set(delivery.shard, ConnectionMonitor.READY)
+            on_sent(st, delivery.buf, delivery.count, response)
+            return None
+    finally:
+        _set_waiting(st, delivery, False)
+
+
+def _set_waiting(st: Any, delivery: _Delivery, waiting: bool) -> None:
+    if delivery.waiting == waiting:
+        return
+    delivery.waiting = waiting
+    with st.lock:
+        st.stats.operations_waiting += delivery.count if waiting else -delivery.count
