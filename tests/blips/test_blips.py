@@ -172,3 +172,4 @@ def test_backstop_reports_the_ackers_timeout_after_a_cut_longer_than_its_margin(
     assert sorted(m for m, _ in calls) == list(range(40))
     assert reasons == [FailReason.TIMED_OUT] * 40, f"{stats}"
     assert stats.backstop_paused_seconds > 1.0
+    assert stats.operations_dropped == 0 and stats.shard_states == ("READY", "READY")
