@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from acker_client import FailReason, Spout
+from acker_client import ClusterClient, FailReason, Spout
 from acker_client.batching import OpBuffer
 from acker_client.delivery import DROP_AMBIGUOUS, DROP_REFUSED, DeliveryPolicy, retry_safe
+from acker_protocol import grpc_options
 from acker_protocol.v1 import acker_pb2
 
 from .fakes import RecordingCluster
@@ -131,3 +132,26 @@ def test_a_stream_that_never_returns_pauses_at_most_one_timeout(clock):
     finally:
         spout.close()
     assert calls == [("m", FailReason.LOST)]
+
+
+def test_client_keepalive_is_within_what_the_server_permits_and_notices_a_dead_peer_in_seconds():
+    """Client pings no more often than the server accepts (no too_many_pings), and gives up on silence fast."""
+    server = dict(grpc_options.server_options())
+    client = dict(grpc_options.client_options())
+    assert client["grpc.keepalive_time_ms"] > server["grpc.http2.min_recv_ping_interval_without_data_ms"]
+    assert client["grpc.keepalive_time_ms"] + client["grpc.keepalive_timeout_ms"] <= 10_000
+    assert client["grpc.http2.ping_timeout_ms"] <= 5_000  # a half-open connection with traffic on it
+    assert client["grpc.enable_retries"] == 0  # the client alone decides what may be repeated
+
+
+def test_reconnect_backoff_is_configurable_and_checked():
+    """ClusterClient's reconnect_backoff reaches the channel options; a max below the initial is refused."""
+    client = ClusterClient(["127.0.0.1:1"], verify=False, reconnect_backoff=(0.25, 3.0))
+    try:
+        options = dict(client._channel_options)
+        assert options["grpc.initial_reconnect_backoff_ms"] == 250
+        assert options["grpc.max_reconnect_backoff_ms"] == 3000
+    finally:
+        client.close()
+    with pytest.raises(ValueError, match="reconnect backoff"):
+        ClusterClient(["127.0.0.1:1"], verify=False, reconnect_backoff=(2.0, 1.0))
