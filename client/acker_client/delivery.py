@@ -24,6 +24,7 @@ The rules (the API docs in ``docs/client.md`` repeat them):
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import threading
 import time
@@ -58,6 +59,8 @@ DROP_TIMEOUT = "timeout"  # retry-safe, but the shard stayed unreachable for wai
 DROP_AMBIGUOUS = "ambiguous"  # may have been applied, and holds an unkeyed ACK: never repeated
 
 _ACK = acker_pb2.OP_KIND_ACK
+
+log = logging.getLogger(__name__)
 
 
 def retry_safe(request: acker_pb2.ApplyRequest) -> bool:
@@ -221,6 +224,7 @@ def _settle(
                         st.connections.set(delivery.shard, ConnectionMonitor.UNREACHABLE)
                     return dataclasses.replace(failure, reason=reason)
                 st.connections.set(delivery.shard, ConnectionMonitor.WAITING)
+                log.debug("retrying %d operations for shard %d: %s", delivery.count, delivery.shard, failure.describe())
                 _set_waiting(st, delivery, True)
                 with st.lock:
                     st.stats.batches_retried += 1
