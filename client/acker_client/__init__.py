@@ -4,6 +4,7 @@ from .bolt import BoltCollector
 from .cluster import ClientStats, ClusterClient
 from .errors import AckerError, ClusterMisconfigured, RequestRefused, ShardFailure, ShardUnavailable, SpoutFull
 from .ids import EdgeIdSource, RandomEdgeIds, new_id
+from .process import close_shared_clients, shared_client
 from .spout import FailReason, Spout, SpoutStats
 from .tuples import MessageId, TrackedTuple
 
@@ -24,5 +25,7 @@ __all__ = [
     "SpoutFull",
     "SpoutStats",
     "TrackedTuple",
+    "close_shared_clients",
     "new_id",
+    "shared_client",
 ]

@@ -100,3 +100,20 @@ class ClusterMisconfigured(AckerError):
 
 class SpoutFull(AckerError):
     """The spout has ``max_pending`` trees in flight and none completed within the timeout."""
+
+
+def shard_failure(
+    shard: int, address: str, exc: grpc.RpcError, operations: int, init_roots: tuple[int, ...] = ()
+) -> ShardFailure:
+    """The :class:`ShardFailure` of a call to ``shard`` that raised ``exc``."""
+    code = exc.code() if hasattr(exc, "code") else None
+    detail = exc.details() if hasattr(exc, "details") else str(exc)
+    return ShardFailure(shard, address, code, detail or "", operations, init_roots)
+
+
+def batch_error(failures: list[ShardFailure]) -> _BatchError:
+    """RequestRefused if any shard said no, else ShardUnavailable: one error naming every failed shard."""
+    refused = [f for f in failures if f.code in REFUSAL_CODES]
+    if refused:
+        return RequestRefused(failures, "an acker refused a batch; nothing of that batch was applied")
+    return ShardUnavailable(failures, "acker shard unavailable; its operations were dropped")

@@ -44,12 +44,17 @@ class OpKind(IntEnum):
 
 
 class Outcome(IntEnum):
-    """How a tree ended, with the wire values of the proto enum ``Outcome``."""
+    """How a tree ended, with the wire values of the proto enum ``Outcome``.
+
+    The one outcome vocabulary from the acker's stream to a spout's
+    ``on_fail`` and a pipeline's ``on_outcome``; stored as ``outcome.name``.
+    """
 
     ACKED = acker_pb2.OUTCOME_ACKED
     FAILED = acker_pb2.OUTCOME_FAILED
     TIMED_OUT = acker_pb2.OUTCOME_TIMED_OUT
     TIMEOUT_RESET = acker_pb2.OUTCOME_TIMEOUT_RESET  # a notification, not an end: the tree got a fresh timeout
+    LOST = acker_pb2.OUTCOME_LOST  # never from an acker: the spout's verdict when no outcome can arrive
 
 
 def check_mirrors(enum: type[IntEnum], proto_enum: EnumDescriptor, prefix: str) -> None:

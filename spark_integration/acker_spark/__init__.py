@@ -9,7 +9,7 @@ Typical use::
     stats = pipeline.run(records, lambda rdd: store.apply(split.apply(rdd)).count())
 
 DataFrames: ``pipeline.run(records, job, as_dataframe=True)`` and ``bolt.apply_df(df, schema)``
-(see :mod:`acker_spark.frames`). Test helpers: :mod:`acker_spark.testing`.
+(see :mod:`acker_spark.frames`).
 Structured Streaming: ``register_acker_spout(spark)``, then ``spark.readStream.format("acker_spout")``
 (see :mod:`acker_spark.streaming`; needs the ``[streaming]`` extra, pyarrow).
 """

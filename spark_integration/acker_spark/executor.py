@@ -10,12 +10,11 @@ task shares. A failing attempt sends nothing.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 from acker_client import BoltCollector, ClusterClient, MessageId, ShardUnavailable, TrackedTuple, new_id
+from acker_client.process import close_shared_clients, shared_client
 
 from .ids import DeterministicEdgeIds, dedup_key
 
@@ -26,33 +25,17 @@ log = logging.getLogger(__name__)
 BoltFunction = Callable[[Iterator[TrackedTuple], Any], Iterable[TrackedTuple]]
 """``fn(tuples, collector) -> tuples emitted`` (usually a generator yielding ``collector.emit(...)``)."""
 
-# One client per (cluster, process). PySpark forks its workers from a daemon and
-# reuses them across tasks: keying by pid means a forked child never touches its
-# parent's channels, and a reused worker keeps its connections warm.
-_clients: dict[tuple[tuple[str, ...], int], ClusterClient] = {}
-_clients_lock = threading.Lock()
-
 
 def client_for(addresses: Sequence[str]) -> ClusterClient:
-    """This process's client for the cluster at ``addresses``, created on first use."""
-    key = (tuple(addresses), os.getpid())
-    with _clients_lock:
-        client = _clients.get(key)
-        if client is None:
-            # verify=False: the driver's spout already checked the shard layout, and an
-            # executor must not fail its task because one acker is restarting right now.
-            client = _clients[key] = ClusterClient(list(addresses), verify=False)
-        return client
+    """This process's client for the cluster at ``addresses`` (the client library's per-process cache)."""
+    # verify=False: the driver's spout already checked the shard layout, and an
+    # executor must not fail its task because one acker is restarting right now.
+    return shared_client(addresses, verify=False)
 
 
 def close_clients() -> None:
-    """Close the clients this process created (tests, and drivers that ran bolts locally)."""
-    pid = os.getpid()
-    with _clients_lock:
-        mine = [key for key in _clients if key[1] == pid]
-        clients = [_clients.pop(key) for key in mine]
-    for client in clients:
-        client.close()
+    """Close the clients this process shares (tests, and drivers that ran bolts locally)."""
+    close_shared_clients()
 
 
 class UntrackedCollector:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from acker_bench.cli import main
 from acker_client import ClusterClient, new_id
-from acker_client.bench import main
 from acker_client.testing import local_cluster
 
 
@@ -62,7 +62,7 @@ def test_bench_memory_mode_reports_bytes_per_pending_tree(capsys):
 def test_shard_roots_belong_to_their_shard():
     """The apply bench draws non-zero roots that the named shard owns."""
     import numpy as np
-    from acker_client.bench_apply import shard_roots
+    from acker_bench.apply import shard_roots
 
     rng = np.random.default_rng(7)
     for shard in range(3):

@@ -174,3 +174,18 @@ def test_concurrent_callers_lose_nothing(make_ackers, make_client):
     client.flush()
     assert client.stats.applied == 4000
     assert sum(client.describe(i).pending_trees for i in range(2)) == 4000
+
+
+def test_shared_client_is_one_per_cluster_per_process():
+    """shared_client returns the same client for the same address list until close_shared_clients closes it."""
+    from acker_client import close_shared_clients, shared_client
+
+    addresses = ["127.0.0.1:1", "127.0.0.1:2"]
+    first = shared_client(addresses, verify=False)
+    assert shared_client(tuple(addresses)) is first
+    assert shared_client(addresses[:1], verify=False) is not first
+    close_shared_clients()
+    with pytest.raises(AckerError, match="closed"):
+        first.stats  # noqa: B018 - a closed client refuses to make new channels
+    assert shared_client(addresses, verify=False) is not first
+    close_shared_clients()

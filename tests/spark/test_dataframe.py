@@ -9,14 +9,15 @@ from typing import Any
 
 import pytest
 from acker_client import ClusterClient, MessageId, TrackedTuple
+from acker_demo.wordcount import expected_counts, sink_counts, tokenize
 from acker_spark import Bolt, DeadLetterStore, Delivery, GuaranteedPipeline, generated_sentences, run_untracked
 from acker_spark.frames import delivery_frame, unpack_ids
 from acker_spark.sqlite import open_db, upsert
-from acker_spark.wordcount import AckAudit, expected_counts, sink_counts, tokenize
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
+from .audit import AckAudit
 from .test_pipeline import FAST, assert_every_record_acked_once, task_attempts
 
 # Spark's workers cannot import this test module: ship its functions by value.

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from acker_client import ClusterClient, Spout, TrackedTuple
+from acker_demo.wordcount import split_words
 from acker_spark import ACKED, Bolt, Delivery
-from acker_spark.wordcount import split_words
 
 
 class Outcomes:

@@ -11,6 +11,16 @@ from typing import Any
 import pytest
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
+from acker_demo.wordcount import (
+    CountWords,
+    FailureInjection,
+    build_job,
+    expected_counts,
+    sink_counts,
+    split_words,
+    stable_partition,
+    word_of,
+)
 from acker_spark import (
     ACKED,
     Bolt,
@@ -21,19 +31,9 @@ from acker_spark import (
     generated_sentences,
 )
 from acker_spark.sqlite import open_db
-from acker_spark.wordcount import (
-    AckAudit,
-    CountWords,
-    FailureInjection,
-    build_job,
-    expected_counts,
-    sink_counts,
-    split_words,
-    stable_partition,
-    word_of,
-)
 from pyspark import cloudpickle
 
+from .audit import AckAudit
 from .conftest import MESSAGE_TIMEOUT
 
 # Spark's workers cannot import this test module: ship its functions by value.

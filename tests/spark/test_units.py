@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from acker_client import MessageId, TrackedTuple
+from acker_demo.wordcount import FailureInjection, Word, expected_counts, sink_counts, tokenize
 from acker_spark import (
     DeadLetterStore,
     DeterministicEdgeIds,
@@ -18,8 +19,8 @@ from acker_spark import (
     stable_id,
 )
 from acker_spark.frames import _RowCodec, pack_ids, tracked_schema, unpack_ids
-from acker_spark.testing import StandaloneCluster, can_bind, loopback_hosts
-from acker_spark.wordcount import FailureInjection, Word, expected_counts, sink_counts, tokenize
+
+from .standalone import StandaloneCluster, can_bind, loopback_hosts
 
 
 class TestDeterministicEdgeIds:

@@ -74,6 +74,12 @@ class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Outcome.Value
     Storm's acker tells its spout). The spout restarts its own backstop
     timeout for the tree; its one real outcome still follows.
     """
+    OUTCOME_LOST: _Outcome.ValueType  # 5
+    """Never sent by an acker: the client's own verdict when a tree's outcome
+    cannot arrive (its init was in a dropped batch, or the spout's backstop
+    timeout passed). Listed here so one enum names every outcome a spout
+    reports, from the wire to the user's callback.
+    """
 
 class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper):
     """Tree outcomes."""
@@ -89,6 +95,12 @@ OUTCOME_TIMEOUT_RESET: Outcome.ValueType  # 4
 """Not an end: a RESET_TIMEOUT gave the pending tree a fresh timeout (as
 Storm's acker tells its spout). The spout restarts its own backstop
 timeout for the tree; its one real outcome still follows.
+"""
+OUTCOME_LOST: Outcome.ValueType  # 5
+"""Never sent by an acker: the client's own verdict when a tree's outcome
+cannot arrive (its init was in a dropped batch, or the spout's backstop
+timeout passed). Listed here so one enum names every outcome a spout
+reports, from the wire to the user's callback.
 """
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 

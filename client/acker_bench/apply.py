@@ -1,6 +1,6 @@
 """acker-bench --mode apply: raw batched throughput into the ackers, and server bytes per pending tree.
 
-The tree mode (``bench.py``) measures what a Python pipeline gets end to end and
+The tree mode (``cli.py``) measures what a Python pipeline gets end to end and
 is bound by the load generator. This mode measures the ackers themselves: each
 client process sends pre-encoded Apply batches of fresh trees (half INIT, half
 ACK, so every tree ends ACKED and its outcome is streamed back), one call in

@@ -14,7 +14,7 @@ from .cluster import ClusterError, ProcessCluster
 
 __all__ = ["main"]
 
-log = logging.getLogger("acker_service.cluster")
+log = logging.getLogger("acker_cluster")
 
 
 def _optional_port(text: str) -> int | None:

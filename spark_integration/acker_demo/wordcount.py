@@ -8,7 +8,6 @@ the rows of records that were not dead-lettered.
 from __future__ import annotations
 
 import re
-import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -16,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .dead_letter import DeadLetterStore
-from .executor import Bolt
-from .ids import stable_id
-from .pipeline import ACKED, Job
-from .sources import Record
-from .sqlite import open_db, upsert
+from acker_spark.dead_letter import DeadLetterStore
+from acker_spark.executor import Bolt
+from acker_spark.ids import stable_id
+from acker_spark.pipeline import Job
+from acker_spark.sources import Record
+from acker_spark.sqlite import open_db, upsert
 
 __all__ = [
     "Word",
@@ -34,7 +33,6 @@ __all__ = [
     "sink_counts",
     "expected_counts",
     "build_job",
-    "AckAudit",
 ]
 
 _WORD = re.compile(r"[\w']+")
@@ -165,36 +163,6 @@ def create_sink(db_path: str | Path, *, clear: bool = False) -> None:
         if clear:
             conn.execute("DELETE FROM words")
             conn.execute("DELETE FROM dead_letters")
-
-
-class AckAudit:
-    """A pipeline ``on_outcome`` hook: every delivery's outcome, and any false ack.
-
-    A false ack is a record reported ACKED while some of its words are not in the
-    sink yet, which only a tree completed before its last edge was acked can
-    cause. Tests (and a cautious operator) pass it to ``GuaranteedPipeline``.
-    """
-
-    def __init__(self, db_path: str | Path, records: Iterable[tuple[str, str]]) -> None:
-        self.db_path = db_path
-        self.words = {key: len(tokenize(text)) for key, text in records}
-        self.outcomes: dict[str, list[str]] = {}
-        self.false_acks: list[str] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, delivery: Any, outcome: str) -> None:
-        """Record ``delivery``'s outcome; on ACKED, check its words are all in the sink now."""
-        if outcome == ACKED:
-            with open_db(self.db_path) as conn:
-                (rows,) = conn.execute("SELECT COUNT(*) FROM words WHERE record_key = ?", (delivery.key,)).fetchone()
-            if rows != self.words[delivery.key]:
-                self.false_acks.append(delivery.key)
-        with self._lock:
-            self.outcomes.setdefault(delivery.key, []).append(outcome)
-
-    def first_failures(self) -> dict[str, str]:
-        """Keys whose first delivery failed, with the reason."""
-        return {key: seq[0] for key, seq in self.outcomes.items() if seq[0] != ACKED}
 
 
 def sink_counts(db_path: str | Path) -> Counter[str]:

@@ -22,21 +22,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from acker_spark.dead_letter import DeadLetterStore
+from acker_spark.executor import close_clients
+from acker_spark.pipeline import GuaranteedPipeline, PipelineStats, run_untracked
+from acker_spark.replays import ReplayPolicy
+from acker_spark.session import LOCAL_MASTER, local_session
+from acker_spark.sources import Record, TextDirectorySource, generated_sentences
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import wordcount
-from .dead_letter import DeadLetterStore
-from .executor import close_clients
-from .pipeline import GuaranteedPipeline, PipelineStats, run_untracked
-from .replays import ReplayPolicy
-from .session import LOCAL_MASTER, local_session
-from .sources import Record, TextDirectorySource, generated_sentences
 
 __all__ = ["main", "parse_args", "run_demo", "AckerChaos"]
 
-log = logging.getLogger("acker_spark.demo")
+log = logging.getLogger("acker_demo")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -183,8 +183,7 @@ def _run_tracked(
     args: argparse.Namespace, spark: Any, records: list[Record], db: Path, live: _Live | None
 ) -> dict[str, Any]:
     from acker_client import ClusterClient
-
-    from acker_service.cluster import ProcessCluster
+    from acker_cluster import ProcessCluster
 
     with ProcessCluster(count=args.ackers, message_timeout=args.message_timeout) as cluster:
         job, bolts = wordcount.build_job(cluster.addresses, db, partitions=args.partitions, injection=_injection(args))
@@ -301,7 +300,7 @@ def _quiet_expected_warnings() -> Iterator[None]:
     # The demo kills an acker on purpose: the client's per-batch warnings and the
     # cluster's "exited unexpectedly" would drown the progress bar; the demo
     # reports the kill itself and the summary counts what those warnings report.
-    levels = {"acker_client": logging.ERROR, "acker_service.cluster": logging.CRITICAL}
+    levels = {"acker_client": logging.ERROR, "acker_cluster": logging.CRITICAL}
     saved = {name: logging.getLogger(name).level for name in levels}
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .bench_apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
+from .apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
 
 __all__ = ["main", "BenchConfig", "run_bench"]
 
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         addresses = tuple(a for a in args.ackers.split(",") if a)
         metrics_urls = [u for u in (args.metrics_urls or "").split(",") if u]
     else:
-        from acker_service.cluster import ProcessCluster
+        from acker_cluster import ProcessCluster
 
         cluster = ProcessCluster(
             count=args.embedded_ackers, metrics_base_port=0, message_timeout=args.message_timeout
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _memory_mode(args: argparse.Namespace) -> int:
     """Leave --pending-trees trees pending on a fresh embedded acker and report its RSS per tree."""
-    from acker_service.cluster import ProcessCluster
+    from acker_cluster import ProcessCluster
 
     # A long timeout keeps every tree pending while RSS is read.
     with ProcessCluster(count=1, message_timeout=3600.0) as cluster:

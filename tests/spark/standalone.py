@@ -1,4 +1,4 @@
-"""Test helpers: a throwaway Spark standalone cluster whose workers look like separate hosts.
+"""Test helper: a throwaway Spark standalone cluster whose workers look like separate hosts.
 
 Spark never runs a speculative copy of a task on a host that already runs an
 attempt of it, and ``local[N]`` is one host, so speculation cannot happen

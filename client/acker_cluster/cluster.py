@@ -3,7 +3,7 @@
 `ProcessCluster` starts shard i of n as `python -m acker_service --shard-index i
 --shard-count n ...`, waits until every shard's health service reports SERVING,
 watches the children, and stops them all. The `acker-cluster` console script
-(:mod:`acker_service.cluster_cli`) wraps it for operators; the demo and the tests use the class directly (kill a
+(:mod:`acker_cluster.cli`) wraps it for operators; the demo and the tests use the class directly (kill a
 shard, restart it on the same ports).
 
 Clients must list the ackers in shard order (root id % n picks the shard), which
@@ -28,11 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import healthcheck
+from acker_service import healthcheck
 
 __all__ = ["ProcessCluster", "ClusterError"]
 
-log = logging.getLogger("acker_service.cluster")
+log = logging.getLogger("acker_cluster")
 
 # Per-shard settings the cluster passes as flags; the same names in the
 # launcher's environment would otherwise reach every child (server flags fall
