@@ -4,8 +4,8 @@ from .bolt import BoltCollector
 from .cluster import ClientStats, ClusterClient
 from .errors import AckerError, ClusterMisconfigured, RequestRefused, ShardFailure, ShardUnavailable, SpoutFull
 from .ids import EdgeIdSource, RandomEdgeIds, new_id
-from .process import close_shared_clients, shared_client
-from .spout import FailReason, Spout, SpoutStats
+from .shared import close_shared_clients, shared_client
+from .spout import Spout, SpoutStats
 from .tuples import MessageId, TrackedTuple
 
 __all__ = [
@@ -15,7 +15,6 @@ __all__ = [
     "ClusterClient",
     "ClusterMisconfigured",
     "EdgeIdSource",
-    "FailReason",
     "MessageId",
     "RandomEdgeIds",
     "RequestRefused",

@@ -4,8 +4,6 @@ PySpark forks its Python workers from a daemon and reuses them across tasks. A
 gRPC channel made before a fork fails in the child, so everything that talks
 to the network lives in a :class:`ProcessState` tagged with the pid that made
 it; a client in a forked child notices the new pid and builds its own.
-:func:`shared_client` is the one per-process cache of clients: a reused worker
-keeps its connections warm across tasks.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from acker_protocol import grpc_options
@@ -24,26 +22,21 @@ from acker_protocol.v1 import acker_pb2_grpc
 from .batching import OpBuffer
 from .delivery import ConnectionMonitor
 
-if TYPE_CHECKING:
-    from .cluster import ClusterClient
-
-__all__ = ["ClientStats", "ProcessState", "Sending", "current_pid", "shared_client", "close_shared_clients"]
+__all__ = ["ClientStats", "ProcessState", "Sending", "current_pid"]
 
 # os.getpid() is a real system call (about 250 ns on our machines), too dear
 # for every ack. Python runs this hook in the child of every os.fork(), which
 # is how PySpark's daemon and multiprocessing's "fork" context create workers.
 _pid = os.getpid()
-# Guard the creation of a process's state and the shared clients. Replaced in a
-# forked child: another thread of the parent may have held them at the fork.
+# Guards the creation of a process's state. Replaced in a forked child: another
+# thread of the parent may have held it at the moment of the fork.
 state_lock = threading.Lock()
-_shared_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    global _pid, state_lock, _shared_lock
+    global _pid, state_lock
     _pid = os.getpid()
     state_lock = threading.Lock()
-    _shared_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -113,29 +106,3 @@ class ProcessState:
         self.closed = False
         self.sending: set[Sending] = set()
         self.stats = ClientStats()
-
-
-# The shared clients, by address list. No pid in the key: a ClusterClient is
-# itself fork-safe, so a forked child may use (or close) its parent's object.
-_shared: dict[tuple[str, ...], ClusterClient] = {}
-
-
-def shared_client(addresses: Sequence[str], **options: Any) -> ClusterClient:
-    """This process's client for the cluster at ``addresses``, created with ``options`` on first use."""
-    from .cluster import ClusterClient  # the client module imports this one
-
-    key = tuple(addresses)
-    with _shared_lock:
-        client = _shared.get(key)
-        if client is None:
-            client = _shared[key] = ClusterClient(list(addresses), **options)
-        return client
-
-
-def close_shared_clients() -> None:
-    """Close the shared clients (tests, and drivers that ran bolts locally); the next use makes new ones."""
-    with _shared_lock:
-        clients = list(_shared.values())
-        _shared.clear()
-    for client in clients:
-        client.close()

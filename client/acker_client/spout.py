@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import queue
@@ -14,24 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import Outcome
 
 from .errors import AckerError, ShardUnavailable, SpoutFull
 from .ids import new_id
 from .subscription import OutcomeSubscription
 from .tuples import MessageId, TrackedTuple
 
-__all__ = ["Spout", "SpoutStats", "FailReason", "default_backstop"]
+__all__ = ["Spout", "SpoutStats", "default_backstop"]
 
 log = logging.getLogger(__name__)
-
-
-class FailReason(enum.Enum):
-    """Why a record failed: a tuple was failed, the acker timed the tree out, or the spout's backstop fired."""
-
-    FAILED = "failed"
-    TIMED_OUT = "timed_out"
-    LOST = "lost"
 
 
 @dataclass(frozen=True)
@@ -107,8 +98,9 @@ class _ShardClock:
             self.down_since = None
 
 
-_ACK = "ack"
 _STOP = object()
+# Outcomes an acker sends that end a tree.
+_ENDS = frozenset({Outcome.ACKED, Outcome.FAILED, Outcome.TIMED_OUT})
 
 
 class Spout:
@@ -118,7 +110,9 @@ class Spout:
     one background thread, one call at a time. The spout subscribes to every
     acker's outcome stream; if an outcome never arrives (an acker died with its
     ledger, a shard was unreachable), its own backstop timeout fails the record
-    with :attr:`FailReason.LOST`.
+    with :attr:`Outcome.LOST <acker_protocol.wire.Outcome.LOST>`.
+    ``reason`` is the :class:`~acker_protocol.wire.Outcome`: FAILED (a tuple
+    was failed), TIMED_OUT (the acker's timeout) or LOST.
 
     The backstop restarts when an acker reports that a tree's timeout was
     reset. It counts time per shard, and stands still while that shard's
@@ -133,7 +127,7 @@ class Spout:
         cluster,
         *,
         on_ack: Callable[[Any], None],
-        on_fail: Callable[[Any, FailReason], None],
+        on_fail: Callable[[Any, Outcome], None],
         name: str | None = None,
         max_pending: int = 10_000,
         timeout: float | None = None,
@@ -222,7 +216,7 @@ class Spout:
         with self._cond:
             leftover = list(self._pending)
         for root in leftover:
-            self._resolve(root, FailReason.LOST)
+            self._resolve(root, Outcome.LOST)
         self._calls.put(_STOP)
         for thread in self._threads:
             thread.join(timeout)
@@ -298,15 +292,12 @@ class Spout:
     # -- outcomes ------------------------------------------------------------
 
     def _on_outcome(self, root: int, outcome: int, latency_micros: int) -> None:
-        if outcome == acker_pb2.OUTCOME_ACKED:
-            self._resolve(root, None)
-        elif outcome == acker_pb2.OUTCOME_FAILED:
-            self._resolve(root, FailReason.FAILED)
-        elif outcome == acker_pb2.OUTCOME_TIMED_OUT:
-            self._resolve(root, FailReason.TIMED_OUT)
-        elif outcome == acker_pb2.OUTCOME_TIMEOUT_RESET:
+        if outcome in _ENDS:
+            self._resolve(root, Outcome(outcome))
+        elif outcome == Outcome.TIMEOUT_RESET:
             self._restart_backstop(root)
         else:
+            # LOST is the spout's own verdict, never an acker's; anything else is from a newer acker.
             log.warning("ignoring unknown outcome %d for root %d", outcome, root)
 
     def _restart_backstop(self, root: int) -> None:
@@ -333,9 +324,9 @@ class Spout:
     def _on_batch_error(self, error: AckerError) -> None:
         # Inits that never reached an acker would wait for the backstop; fail them now.
         for root in getattr(error, "init_roots", ()):
-            self._resolve(root, FailReason.LOST)
+            self._resolve(root, Outcome.LOST)
 
-    def _resolve(self, root: int, reason: FailReason | None) -> bool:
+    def _resolve(self, root: int, outcome: Outcome) -> bool:
         """Settle ``root`` once: the first outcome wins, later ones are counted as late."""
         with self._cond:
             entry = self._pending.pop(root, None)
@@ -343,10 +334,10 @@ class Spout:
                 self._counts["late"] += 1
                 return False
             del self._order[entry.shard][root]
-            self._counts["acked" if reason is None else reason.value] += 1
+            self._counts[outcome.name.lower()] += 1
             self._undelivered += 1
             self._cond.notify_all()
-        self._calls.put((reason, entry.message_id))
+        self._calls.put((outcome, entry.message_id))
         return True
 
     def _dispatch_loop(self) -> None:
@@ -354,12 +345,12 @@ class Spout:
             item = self._calls.get()
             if item is _STOP:
                 return
-            reason, message_id = item
+            outcome, message_id = item
             try:
-                if reason is None:
+                if outcome is Outcome.ACKED:
                     self.on_ack(message_id)
                 else:
-                    self.on_fail(message_id, reason)
+                    self.on_fail(message_id, outcome)
             except Exception:  # the user's bug must not stop the other records' callbacks
                 log.exception("spout %r: callback for %r raised", self.name, message_id)
             finally:
@@ -381,7 +372,7 @@ class Spout:
                     if self._pending[root].deadline > now:
                         break
                     expired.append(root)
-        return sum(self._resolve(root, FailReason.LOST) for root in expired)
+        return sum(self._resolve(root, Outcome.LOST) for root in expired)
 
     def _backstop_loop(self) -> None:
         while not self._stopping.wait(self._check_interval):

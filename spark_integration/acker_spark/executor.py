@@ -14,8 +14,9 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 from acker_client import BoltCollector, ClusterClient, MessageId, ShardUnavailable, TrackedTuple, new_id
-from acker_client.process import close_shared_clients, shared_client
+from acker_client.shared import close_shared_clients, shared_client
 
+from .frames import _RowCodec, tracked_schema
 from .ids import DeterministicEdgeIds, dedup_key
 
 __all__ = ["Bolt", "BoltFunction", "UntrackedCollector", "client_for", "close_clients"]
@@ -101,10 +102,23 @@ class Bolt:
         describes the emitted values; the result has those columns plus
         ``_acker_ids``. ``None``: the bolt emits nothing (a sink). Input values
         are Rows without the tracking column. See :mod:`acker_spark.frames`.
+        Run an action (such as ``.count()``) on the result to make it do its work.
         """
-        from .frames import apply_dataframe
+        out_schema = tracked_schema(schema)
+        codec = _RowCodec(df.columns, out_schema.names[:-1])
+        self.track_commits(df.sparkSession.sparkContext)
+        bolt = self
 
-        return apply_dataframe(self, df, schema)
+        def run(rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
+            # The same Bolt.__call__ as the RDD path: held acks, the task's dedup key.
+            tuples = bolt(codec.decode(rows))
+            try:
+                yield from codec.encode(tuples)
+            finally:
+                # Closing the bolt's generator early (the consumer stopped) discards its held acks.
+                tuples.close()
+
+        return df.sparkSession.createDataFrame(df.rdd.mapPartitions(run), out_schema)
 
     def track_commits(self, sc: Any) -> None:
         """Create the commit and commit-error accumulators on first use (driver side)."""

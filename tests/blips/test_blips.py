@@ -17,8 +17,9 @@ import os
 import time
 
 import pytest
-from acker_client import ClusterClient, FailReason, ShardUnavailable, Spout, new_id
+from acker_client import ClusterClient, ShardUnavailable, Spout, new_id
 from acker_client.testing import local_cluster
+from acker_protocol.wire import Outcome
 
 from .proxy import BlipProxy
 from .scenario import proxies, run_cuts
@@ -170,6 +171,6 @@ def test_backstop_reports_the_ackers_timeout_after_a_cut_longer_than_its_margin(
                 stats = spout.stats
     reasons = [r for _, r in calls]
     assert sorted(m for m, _ in calls) == list(range(40))
-    assert reasons == [FailReason.TIMED_OUT] * 40, f"{stats}"
+    assert reasons == [Outcome.TIMED_OUT] * 40, f"{stats}"
     assert stats.backstop_paused_seconds > 1.0
     assert stats.operations_dropped == 0 and stats.shard_states == ("READY", "READY")

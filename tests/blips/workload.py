@@ -19,7 +19,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from acker_client import AckerError, BoltCollector, FailReason, Spout, SpoutFull
+from acker_client import AckerError, BoltCollector, Spout, SpoutFull
+from acker_protocol.wire import Outcome
 
 __all__ = ["Workload", "WorkloadConfig"]
 
@@ -46,7 +47,7 @@ class Workload:
         self.bolt_cluster = bolt_cluster
         self._lock = threading.Lock()
         self.callbacks: Counter = Counter()  # message id -> callbacks
-        self.outcomes: dict[int, str] = {}  # message id -> first outcome ("acked" or a FailReason value)
+        self.outcomes: dict[int, str] = {}  # message id -> first outcome ("acked", "failed", "timed_out" or "lost")
         self.completed: set[int] = set()
         self.emitted = 0
         self.emit_stalls = 0  # SpoutFull after emit_timeout: back-pressure reached the emitter
@@ -65,10 +66,10 @@ class Workload:
             self.callbacks[message_id] += 1
             self.outcomes.setdefault(message_id, "acked")
 
-    def _on_fail(self, message_id: int, reason: FailReason) -> None:
+    def _on_fail(self, message_id: int, reason: Outcome) -> None:
         with self._lock:
             self.callbacks[message_id] += 1
-            self.outcomes.setdefault(message_id, reason.value)
+            self.outcomes.setdefault(message_id, reason.name.lower())
 
     # -- running ---------------------------------------------------------------
 
@@ -154,12 +155,12 @@ class Workload:
                 "emitted": self.emitted,
                 "completed": len(self.completed),
                 "acked": outcomes.get("acked", 0),
-                "failed": outcomes.get(FailReason.FAILED.value, 0),
-                "timed_out": outcomes.get(FailReason.TIMED_OUT.value, 0),
-                "lost": outcomes.get(FailReason.LOST.value, 0),
+                "failed": outcomes.get(Outcome.FAILED.name.lower(), 0),
+                "timed_out": outcomes.get(Outcome.TIMED_OUT.name.lower(), 0),
+                "lost": outcomes.get(Outcome.LOST.name.lower(), 0),
                 "replayed": self.emitted - outcomes.get("acked", 0),
                 "completed_but_replayed": sum(completed_replayed.values()),
-                "completed_but_lost": completed_replayed.get(FailReason.LOST.value, 0),
+                "completed_but_lost": completed_replayed.get(Outcome.LOST.name.lower(), 0),
                 "emits_without_exactly_one_callback": not_once,
                 "false_acks": false_acks,
                 "late_outcomes": stats.late_outcomes,

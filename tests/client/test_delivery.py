@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from acker_client import ClusterClient, FailReason, Spout
+from acker_client import ClusterClient, Spout
 from acker_client.batching import OpBuffer
 from acker_client.delivery import DROP_AMBIGUOUS, DROP_REFUSED, DeliveryPolicy, retry_safe
 from acker_protocol import grpc_options
 from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import Outcome
 
 from .fakes import RecordingCluster
 from .polling import wait_until
@@ -93,7 +94,7 @@ def _root_on(spout, shard, message_id):
         (root,) = spout.emit("r", message_id).message_id.roots
         if root % spout.cluster.shard_count == shard:
             return root
-        spout._resolve(root, None)  # not the shard we want: settle it and draw again
+        spout._resolve(root, Outcome.ACKED)  # not the shard we want: settle it and draw again
 
 
 def test_backstop_stands_still_while_the_shard_stream_is_down(clock):
@@ -131,7 +132,7 @@ def test_a_stream_that_never_returns_pauses_at_most_one_timeout(clock):
         assert spout.stats.lost == 1
     finally:
         spout.close()
-    assert calls == [("m", FailReason.LOST)]
+    assert calls == [("m", Outcome.LOST)]
 
 
 def test_client_keepalive_is_within_what_the_server_permits_and_notices_a_dead_peer_in_seconds():

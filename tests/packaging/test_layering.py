@@ -63,3 +63,53 @@ def test_the_scan_sees_function_level_imports(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from acker_service.server import AckerServer\n")
     assert _imports(module) == [(2, "acker_service")]
+
+
+def _module_graph(folder: Path, package: str) -> dict[str, set[str]]:
+    """Module -> sibling modules it imports (relative or absolute, TYPE_CHECKING ones included)."""
+    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for name in modules:
+        targets = set()
+        for node in ast.walk(ast.parse((folder / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level == 1:
+                    targets |= {module.split(".")[0]} if module else {a.name for a in node.names}
+                elif node.level == 0 and module.startswith(package + "."):
+                    targets.add(module.split(".")[1])
+        graph[name] = targets & modules - {name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` as a list of modules, or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if target not in state and (found := visit(target, [*path, target])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_import_cycles_inside_a_package(package):
+    """No two modules of a library package import each other, directly or around a loop (lazily or not)."""
+    folder, _ = FORBIDDEN[package]
+    cycle = _cycle(_module_graph(folder, package))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_check_finds_a_lazy_cycle():
+    """A cycle closed by a function-level import is found."""
+    assert _cycle({"executor": {"frames"}, "frames": {"executor"}}) == ["executor", "frames", "executor"]

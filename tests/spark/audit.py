@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from acker_demo.wordcount import tokenize
-from acker_spark.pipeline import ACKED
+from acker_protocol.wire import Outcome
 from acker_spark.sqlite import open_db
 
 __all__ = ["AckAudit"]
@@ -25,13 +25,13 @@ class AckAudit:
     def __init__(self, db_path: str | Path, records: Iterable[tuple[str, str]]) -> None:
         self.db_path = db_path
         self.words = {key: len(tokenize(text)) for key, text in records}
-        self.outcomes: dict[str, list[str]] = {}
+        self.outcomes: dict[str, list[Outcome]] = {}
         self.false_acks: list[str] = []
         self._lock = threading.Lock()
 
-    def __call__(self, delivery: Any, outcome: str) -> None:
+    def __call__(self, delivery: Any, outcome: Outcome) -> None:
         """Record ``delivery``'s outcome; on ACKED, check its words are all in the sink now."""
-        if outcome == ACKED:
+        if outcome is Outcome.ACKED:
             with open_db(self.db_path) as conn:
                 (rows,) = conn.execute("SELECT COUNT(*) FROM words WHERE record_key = ?", (delivery.key,)).fetchone()
             if rows != self.words[delivery.key]:
@@ -39,6 +39,6 @@ class AckAudit:
         with self._lock:
             self.outcomes.setdefault(delivery.key, []).append(outcome)
 
-    def first_failures(self) -> dict[str, str]:
+    def first_failures(self) -> dict[str, Outcome]:
         """Keys whose first delivery failed, with the reason."""
-        return {key: seq[0] for key, seq in self.outcomes.items() if seq[0] != ACKED}
+        return {key: seq[0] for key, seq in self.outcomes.items() if seq[0] is not Outcome.ACKED}

@@ -227,7 +227,7 @@ def run_pipeline(spark: Any, addresses: list[str], work: Path, records: list[Any
     stalled = [e for e in log.events() if e["event"] == "stalled"]
     return dict(
         stats=stats.as_dict(),
-        outcomes=audit.outcomes,
+        outcomes={key: [o.name for o in seq] for key, seq in audit.outcomes.items()},
         false_acks=audit.false_acks,
         sink_matches_expected=sink_counts(db) == expected_counts(records),
         # Whether Spark killed the stalled attempt's Python worker (bounded wait).
