@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # without a Docker engine), Java 17 (PySpark).
 SYSTEM_BINARIES := prometheus promtool docker-compose java
 
-.PHONY: demo test lint bench venv system-deps proto clean help
+.PHONY: demo test lint bench venv system-deps proto clean help native-test
 
 help:
 	@echo "make demo   run the word-count job with tracking, failures and replays (local ackers, local Spark)"
@@ -18,8 +18,16 @@ help:
 	@echo "make lint   ruff check, ruff format --check and mypy (generated code excluded)"
 	@echo "make bench  run acker-bench against an embedded cluster"
 	@echo "make proto  regenerate proto/acker_protocol/v1 from its .proto"
+	@echo "make native-test  cargo test and cargo clippy on the native ledger crate"
 
-$(VENV)/.installed: pyproject.toml
+# The native ledger's sources: the venv (its editable install holds the built
+# extension) is rebuilt when they change.
+NATIVE     := acker_service/native
+RUST_SRCS  := $(NATIVE)/Cargo.toml $(NATIVE)/Cargo.lock $(wildcard $(NATIVE)/src/*.rs)
+# pyo3's build script must see the venv's interpreter, whatever python3 is on PATH.
+CARGO      := cd $(NATIVE) && PYO3_PYTHON=$(abspath $(PY)) cargo
+
+$(VENV)/.installed: pyproject.toml $(RUST_SRCS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -e '.[dev]'
@@ -46,8 +54,14 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: $(VENV)/.installed system-deps lint
+test: $(VENV)/.installed system-deps lint native-test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The crate's own tests (the pure core, without libpython) and clippy on everything.
+native-test: $(VENV)/.installed
+	$(CARGO) test --no-default-features --quiet
+	@cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+	$(CARGO) clippy --all-targets --quiet -- -D warnings
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/acker-bench $(BENCH_ARGS)
@@ -56,4 +70,4 @@ proto: $(VENV)/.installed
 	$(PY) scripts/generate_proto.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info $(NATIVE)/target acker_service/_native*.so

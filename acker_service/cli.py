@@ -46,6 +46,7 @@ _FLAGS = (
     _Flag("retain_outcomes", int, "outcomes kept per spout for delivery and resume"),
     _Flag("retain_seconds", float, "seconds an outcome is kept for delivery and resume"),
     _Flag("grace", float, "seconds running calls get to finish at shutdown"),
+    _Flag("engine", str, "ledger engine: native (the Rust core) or reference (the Python model)"),
 )
 
 

@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from acker_protocol import grpc_options
 
-__all__ = ["ServerConfig", "ConfigError"]
+__all__ = ["ServerConfig", "ConfigError", "ENGINES"]
+
+# The ledger engines (see acker_service.engines): the Rust core, and the Python model.
+ENGINES = ("native", "reference")
 
 
 class ConfigError(ValueError):
@@ -30,6 +33,7 @@ class ServerConfig:
     retain_outcomes: int = 100_000  # per spout
     retain_seconds: float = 300.0
     grace: float = 5.0
+    engine: str = "native"
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -74,6 +78,10 @@ def _problems(c: ServerConfig) -> list[str]:
         problems.append(f"retain outcomes must be at least 1 per spout, got {c.retain_outcomes}")
     if not c.retain_seconds > 0:
         problems.append(f"retain seconds must be positive, got {c.retain_seconds}")
+    if c.engine not in ENGINES:
+        problems.append(f"engine must be one of {', '.join(ENGINES)}, got {c.engine!r}")
+    if c.engine == "native" and c.buckets > 32:
+        problems.append(f"the native engine supports at most 32 buckets, got {c.buckets}; use --engine reference")
     if not c.grace >= 0:
         problems.append(f"grace must be zero or more seconds, got {c.grace}")
     return problems

@@ -16,11 +16,14 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .ledger import Resolution
+from .reference_ledger import Resolution
+
+if TYPE_CHECKING:
+    from .outcome_columns import OutcomeColumns
 
 __all__ = ["OutcomeHub", "Subscription", "OutcomeChunk"]
 
@@ -159,6 +162,25 @@ class OutcomeHub:
                 for spout, idx in groups.items()
             ]
         self.retained += len(resolutions)
+        self._bound_and_wake(touched)
+
+    def publish_columns(self, columns: OutcomeColumns) -> None:
+        """:meth:`publish` for outcome columns (the native engine's output): one list extend per spout."""
+        if not len(columns):
+            return
+        now = self._clock()
+        roots, outcomes, micros = columns.roots, columns.outcomes, columns.latency_micros
+        touched = []
+        for spout, where in columns.by_spout():
+            if where is not None:
+                roots_of, outcomes_of, micros_of = roots[where], outcomes[where], micros[where]
+            else:
+                roots_of, outcomes_of, micros_of = roots, outcomes, micros
+            touched.append(self._append(spout, roots_of.tolist(), outcomes_of.tolist(), micros_of.tolist(), now))
+        self.retained += len(columns)
+        self._bound_and_wake(touched)
+
+    def _bound_and_wake(self, touched: list[_SpoutLog]) -> None:
         for log in touched:
             excess = len(log) - self.retain_outcomes
             if excess > 0:

@@ -17,16 +17,16 @@ from typing import Any, TypeVar
 
 import grpc
 from acker_protocol import grpc_options
-from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+from acker_protocol.v1 import acker_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from .config import ServerConfig
+from .engines import Engine
 from .interceptors import MetricsInterceptor
-from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
 from .outcome_hub import OutcomeHub
-from .servicer import AckerServicer
+from .servicer import AckerServicer, add_acker_servicer
 from .shard import Shard
 
 __all__ = ["AckerServer", "PortInUse", "serve", "SERVICE_NAME", "start_line"]
@@ -75,7 +75,7 @@ class AckerServer:
         return self.shard.incarnation
 
     @property
-    def ledger(self) -> Ledger:
+    def ledger(self) -> Engine:
         """The shard's ledger (touch it only through :meth:`call`)."""
         return self.shard.ledger
 
@@ -161,7 +161,7 @@ class AckerServer:
             options=grpc_options.server_options(config.max_message_bytes),
             interceptors=[MetricsInterceptor(self.shard.metrics)],
         )
-        acker_pb2_grpc.add_AckerServicer_to_server(self.servicer, server)
+        add_acker_servicer(self.servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -239,12 +239,12 @@ class AckerServer:
 
 
 def start_line(server: AckerServer) -> str:
-    """The one line logged at start: shard, addresses, timeout and buckets."""
+    """The one line logged at start: shard, addresses, timeout, buckets and ledger engine."""
     c = server.config
     metrics = f"metrics on {server.metrics_url}" if server.metrics_url else "metrics off"
     return (
         f"acker shard {c.shard_index}/{c.shard_count} serving on {server.address}, {metrics}, "
-        f"timeout {c.message_timeout:g}s, {c.buckets} buckets"
+        f"timeout {c.message_timeout:g}s, {c.buckets} buckets, {c.engine} ledger engine"
     )
 
 

@@ -1,7 +1,9 @@
 """The Acker gRPC servicer: translates between protobuf and a :class:`~acker_service.shard.Shard`, nothing more.
 
 All methods run on the server's event loop, the only place the shard is
-touched, so nothing here needs a lock.
+touched, so nothing here needs a lock. Apply receives the request's raw bytes
+(see :func:`add_acker_servicer`): the shard's ledger engine decodes them, so the
+native engine never builds a Python object per operation.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import grpc
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from ._version import __version__
-from .batch import Batch, BatchError, BatchTooLarge, InvalidBatch, WrongShard
+from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
 from .shard import BadSpoutName, Shard, ShardClosing, SubscribeRefused, Superseded
 
-__all__ = ["AckerServicer", "OUTCOMES_PER_MESSAGE"]
+__all__ = ["AckerServicer", "OUTCOMES_PER_MESSAGE", "add_acker_servicer"]
 
 # Outcomes per OutcomeBatch message: ~20 bytes each, so well under any message limit.
 OUTCOMES_PER_MESSAGE = 4096
@@ -37,18 +39,11 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
     def __init__(self, shard: Shard) -> None:
         self._shard = shard
 
-    async def Apply(self, request: acker_pb2.ApplyRequest, context: grpc.aio.ServicerContext):
-        """Decode the batch, let the shard apply it, report the counts (or why nothing was applied)."""
-        batch = Batch.of(
-            request.kinds,
-            request.root_ids,
-            request.values,
-            request.dedup_keys,
-            request.spouts,
-            request.spout_index,
-        )
+    # The generated base class types the request as ApplyRequest; here it is its bytes (add_acker_servicer).
+    async def Apply(self, request: bytes, context: grpc.aio.ServicerContext):  # type: ignore[override]
+        """Let the shard decode, validate and apply the request; report the counts (or why nothing was applied)."""
         try:
-            result = self._shard.apply(batch)
+            result = self._shard.apply_request(request)
         except BatchError as exc:
             status, message = _STATUS_OF[type(exc)], str(exc)
         else:
@@ -103,3 +98,37 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             retain_outcomes=c.retain_outcomes,
             retain_seconds=c.retain_seconds,
         )
+
+
+def _raw_request(data: bytes) -> bytes:
+    """Apply's request deserializer: none; the ledger engine decodes the bytes itself."""
+    return data
+
+
+def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None:
+    """Register the servicer like the generated ``add_AckerServicer_to_server``, but Apply gets raw bytes.
+
+    The native engine decodes ``ApplyRequest`` in Rust; the reference engine decodes
+    with protobuf. Either way a request that does not decode is INVALID_ARGUMENT
+    (a failing deserializer would surface as a less helpful status).
+    """
+    handlers = {
+        "Apply": grpc.unary_unary_rpc_method_handler(
+            servicer.Apply,
+            request_deserializer=_raw_request,
+            response_serializer=acker_pb2.ApplyResponse.SerializeToString,
+        ),
+        "Subscribe": grpc.unary_stream_rpc_method_handler(
+            servicer.Subscribe,
+            request_deserializer=acker_pb2.SubscribeRequest.FromString,
+            response_serializer=acker_pb2.OutcomeBatch.SerializeToString,
+        ),
+        "Describe": grpc.unary_unary_rpc_method_handler(
+            servicer.Describe,
+            request_deserializer=acker_pb2.DescribeRequest.FromString,
+            response_serializer=acker_pb2.DescribeResponse.SerializeToString,
+        ),
+    }
+    service = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)

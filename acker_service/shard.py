@@ -1,5 +1,9 @@
 """One acker shard's state and rules: ledger, outcome hub, expiry and metrics, without gRPC.
 
+The ledger is the engine the configuration names (``native`` by default, see
+:mod:`acker_service.engines`); its outcomes reach the metrics and the hub as
+columns (:class:`~acker_service.outcome_columns.OutcomeColumns`).
+
 The servicer translates protobuf to calls on a :class:`Shard`; the server owns
 the event loop, health and the timer that calls :meth:`Shard.advance`. Every
 method runs on that one event loop, so nothing here needs a lock.
@@ -11,19 +15,18 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
-from operator import itemgetter
 
 from acker_protocol.wire import check_spout_name
 
 from .batch import Batch, validate_batch
 from .config import ServerConfig
-from .ledger import BatchResult, Ledger, Resolution
+from .engines import new_ledger
 from .metrics import AckerMetrics
+from .outcome_columns import ColumnarResult, OutcomeColumns
 from .outcome_hub import OutcomeChunk, OutcomeHub
+from .reference_ledger import BatchResult
 
 __all__ = ["Shard", "SubscribeRefused", "BadSpoutName", "ShardClosing", "Superseded", "new_incarnation"]
-
-_LATENCY = itemgetter(3)  # Resolution.latency_seconds, without attribute lookups
 
 
 def new_incarnation() -> int:
@@ -65,10 +68,14 @@ class Shard:
         clock = clock or time.monotonic  # None: real time (callers can pass an optional clock through)
         self.config = config
         self.incarnation = incarnation or new_incarnation()
-        self.ledger = Ledger(config.message_timeout, config.buckets, clock)
+        self.ledger = new_ledger(config.engine, config.message_timeout, config.buckets, clock)
         self.hub = OutcomeHub(config.retain_outcomes, config.retain_seconds, self.incarnation, clock)
         self.metrics = AckerMetrics(
-            self.ledger.stats, self.hub, shard_index=config.shard_index, shard_count=config.shard_count
+            self.ledger.stats,
+            self.hub,
+            shard_index=config.shard_index,
+            shard_count=config.shard_count,
+            engine=config.engine,
         )
         self._closing = False
 
@@ -77,6 +84,22 @@ class Shard:
         """Trees started and not yet ended."""
         return self.ledger.pending_trees
 
+    def apply_request(self, data: bytes) -> ColumnarResult:
+        """Decode, validate whole and apply serialized ``ApplyRequest`` bytes; route the outcomes (the hot path).
+
+        Raises a :class:`~acker_service.batch.BatchError` that changes nothing,
+        also for bytes that are not an ``ApplyRequest``.
+        """
+        config = self.config
+        result = self.ledger.apply_request(
+            data, shard_index=config.shard_index, shard_count=config.shard_count, max_batch=config.max_batch
+        )
+        self._settle(result.ended)
+        # Not ends, so no latency or outcome metrics: only the spout must know.
+        self.hub.publish_columns(result.timeout_resets)
+        self.metrics.batch_operations.observe(result.operations)
+        return result
+
     def apply(self, batch: Batch) -> BatchResult:
         """Validate the whole batch, apply it and route the outcomes it produced."""
         config = self.config
@@ -84,7 +107,7 @@ class Shard:
             batch, shard_index=config.shard_index, shard_count=config.shard_count, max_batch=config.max_batch
         )
         result = self.ledger.apply_batch(batch)
-        self._settle(result.resolutions)
+        self._settle(OutcomeColumns.from_resolutions(result.resolutions))
         # Not ends, so no latency or outcome metrics: only the spout must know.
         self.hub.publish(result.timeout_resets)
         self.metrics.batch_operations.observe(len(batch))
@@ -92,16 +115,16 @@ class Shard:
 
     def advance(self) -> int:
         """Expire due trees and old retained outcomes; return how many trees timed out."""
-        resolutions = self.ledger.advance()
-        self._settle(resolutions)
+        timed_out = self.ledger.advance_columns()
+        self._settle(timed_out)
         self.hub.expire()
-        return len(resolutions)
+        return len(timed_out)
 
-    def _settle(self, resolutions: list[Resolution]) -> None:
+    def _settle(self, ended: OutcomeColumns) -> None:
         """Record and route the outcomes of ended trees, refresh the scrape-time gauges."""
-        if resolutions:
-            self.metrics.complete_latency.observe_many(list(map(_LATENCY, resolutions)))
-            self.hub.publish(resolutions)
+        if len(ended):
+            self.metrics.complete_latency.observe_many(ended.latency_seconds())
+            self.hub.publish_columns(ended)
         self.metrics.refresh_gauges(self.ledger.pending_trees, self.ledger.orphan_entries)
 
     async def subscribe(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
+from .ledger import run_ledger_bench
 
 __all__ = ["main", "BenchConfig", "run_bench"]
 
@@ -154,6 +156,33 @@ def _rss_from_metrics(url: str) -> int | None:
     return None
 
 
+def _server_cpu(cluster) -> list[float] | None:
+    """CPU seconds (user + system) each embedded acker process has used so far, or None."""
+    if cluster is None:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds = []
+    for i in range(cluster.count):
+        try:
+            with open(f"/proc/{cluster.pid(i)}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, TypeError):
+            return None
+        seconds.append((int(fields[11]) + int(fields[12])) / ticks)  # utime, stime
+    return seconds
+
+
+def _add_server_cpu(result: dict, before: list[float] | None, after: list[float] | None) -> None:
+    """Add the ackers' CPU use: ops per acker CPU-second says what one acker does on a core of its own,
+    however busy the machine (the load generator shares it)."""
+    if before is None or after is None:
+        return
+    used = [a - b for a, b in zip(after, before)]
+    result["server_cpu_seconds"] = [round(u, 3) for u in used]
+    ops = result["apply_ops_per_s"] * result["duration_s"]
+    result["apply_ops_per_server_cpu_s"] = round(ops / sum(used), 1) if sum(used) else None
+
+
 def _rss_from_proc(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as status:
@@ -186,13 +215,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending", type=int, default=5_000, help="spout max pending per process")
     p.add_argument(
         "--mode",
-        choices=("trees", "apply", "memory"),
+        choices=("trees", "apply", "memory", "ledger"),
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
-        "throughput into the ackers; memory: acker RSS per pending tree (one embedded acker)",
+        "throughput into the ackers; memory: acker RSS per pending tree (one embedded acker per engine); "
+        "ledger: the ledger alone in this process, native against reference",
     )
+    p.add_argument(
+        "--engine",
+        choices=("native", "reference"),
+        default="native",
+        help="ledger engine of the embedded ackers (default native); memory mode measures both",
+    )
+    p.add_argument("--trees", type=int, default=1_000_000, help="ledger mode: trees sent through (default 1M)")
     p.add_argument("--batch-ops", type=int, default=8192, help="apply mode: operations per Apply call")
-    p.add_argument("--pending-trees", type=int, default=1_000_000, help="memory mode: trees left pending")
+    p.add_argument(
+        "--pending-trees",
+        type=int,
+        default=1_000_000,
+        help="memory mode: trees left pending; ledger mode: trees pending in the background of a second run (default 1M)",
+    )
     p.add_argument(
         "--keyed-acks",
         type=int,
@@ -211,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.mode == "memory":
         return _memory_mode(args)
+    if args.mode == "ledger":
+        return _ledger_mode(args)
     cluster = None
     if args.ackers:
         addresses = tuple(a for a in args.ackers.split(",") if a)
@@ -219,14 +263,19 @@ def main(argv: list[str] | None = None) -> int:
         from acker_cluster import ProcessCluster
 
         cluster = ProcessCluster(
-            count=args.embedded_ackers, metrics_base_port=0, message_timeout=args.message_timeout
+            count=args.embedded_ackers,
+            metrics_base_port=0,
+            message_timeout=args.message_timeout,
+            extra_args=("--engine", args.engine),
         ).start()
         addresses, metrics_urls = tuple(cluster.addresses), list(cluster.metrics_urls or [])
     try:
         if args.mode == "apply":
+            cpu_before = _server_cpu(cluster)
             result = run_apply_bench(ApplyBenchConfig(
                 addresses=addresses, batch_ops=args.batch_ops, duration=args.duration, processes=args.processes,
             ))  # fmt: skip
+            _add_server_cpu(result, cpu_before, _server_cpu(cluster))
         else:
             result = run_bench(BenchConfig(
                 addresses=addresses, fan_out=args.fan_out, depth=args.depth, batch_size=args.batch_size,
@@ -234,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                 max_pending=args.max_pending,
             ))  # fmt: skip
         result["server_rss_bytes"] = _server_rss(cluster, metrics_urls)
+        if cluster is not None:
+            result["engine"] = args.engine
     finally:
         if cluster is not None:
             cluster.stop()
@@ -245,23 +296,43 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _memory_mode(args: argparse.Namespace) -> int:
-    """Leave --pending-trees trees pending on a fresh embedded acker and report its RSS per tree."""
-    from acker_cluster import ProcessCluster
-
-    # A long timeout keeps every tree pending while RSS is read.
-    with ProcessCluster(count=1, message_timeout=3600.0) as cluster:
-        result = measure_pending_bytes(
-            cluster.addresses[0],
-            lambda: _rss_from_proc(cluster.pid(0) or 0) or 0,
-            trees=args.pending_trees,
-            keyed_acks=args.keyed_acks,
-        )
-    result["mode"] = "memory"
+    """Leave --pending-trees trees pending on a fresh embedded acker per engine; RSS per tree, both in one run."""
+    result: dict = {"mode": "memory", "engine": "native"}
+    for engine in ("native", "reference"):
+        figures = _pending_bytes(engine, args.pending_trees, args.keyed_acks)
+        prefix = "" if engine == "native" else "reference_"
+        result.update({prefix + k: v for k, v in figures.items()})
     if args.json:
         print(json.dumps(result))
     else:
         _print_rows(
             "acker-bench: acker memory per pending tree", [(k.replace("_", " "), f"{v:,}") for k, v in result.items()]
+        )
+    return 0
+
+
+def _pending_bytes(engine: str, trees: int, keyed_acks: int = 0) -> dict:
+    from acker_cluster import ProcessCluster
+
+    # A long timeout keeps every tree pending while RSS is read.
+    with ProcessCluster(count=1, message_timeout=3600.0, extra_args=("--engine", engine)) as cluster:
+        return measure_pending_bytes(
+            cluster.addresses[0],
+            lambda: _rss_from_proc(cluster.pid(0) or 0) or 0,
+            trees=trees,
+            keyed_acks=keyed_acks,
+        )
+
+
+def _ledger_mode(args: argparse.Namespace) -> int:
+    """The ledger alone, in this process: native (columnar and request paths) against the reference."""
+    result = run_ledger_bench(trees=args.trees, batch_ops=args.batch_ops, background=args.pending_trees)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_rows(
+            f"acker-bench --mode ledger: {result['trees']:,} trees, {result['batch_ops']:,} ops per batch",
+            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
         )
     return 0
 
@@ -297,6 +368,8 @@ def _print_table(result: dict) -> None:
                 ("trees/s", f"{result['trees_per_s']:,.0f}"),
                 ("Apply calls", f"{result['calls']:,}"),
                 ("outcomes streamed / trees sent", f"{result['outcomes_streamed']:,} / {result['trees_sent']:,}"),
+                ("Apply latency p50 / p99", f"{result['apply_p50_ms']} / {result['apply_p99_ms']} ms"),
+                ("Apply ops per acker CPU-second", f"{result.get('apply_ops_per_server_cpu_s') or 0:,.0f}"),
                 ("server RSS per acker", rss),
                 ("duration", f"{result['duration_s']} s"),
             ],

@@ -173,7 +173,11 @@ def test_dockerfile_installs_the_package_and_runs_unprivileged(repo: Path, deplo
         part for ln in instructions if ln.startswith("COPY") for part in ln.split()[1:-1]
     }
     pyproject = tomllib.loads((repo / "pyproject.toml").read_text())
-    packaged = {p.split("/")[0] for p in pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]}
+    setuptools = pyproject["tool"]["setuptools"]
+    # A subpackage (acker_protocol.v1) lives inside its top-level package's folder.
+    tops = {p.split(".")[0] for p in setuptools["packages"]}
+    folders = [setuptools["package-dir"].get(top, top) for top in tops]
+    packaged = {folder.split("/")[0] for folder in folders}
     assert packaged | {"pyproject.toml", "README.md", "proto"} <= copied
     users = [ln.split()[1] for ln in instructions if ln.startswith("USER")]
     assert users and users[-1] not in ("root", "0")

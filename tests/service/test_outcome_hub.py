@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from acker_protocol.wire import Outcome
 
-from acker_service.ledger import Resolution
 from acker_service.outcome_hub import OutcomeHub
+from acker_service.reference_ledger import Resolution
 
 INC = 0xABCDEF
 

@@ -1,6 +1,11 @@
-"""The acker's ledger: Storm's XOR tree tracking over a RotatingMap, with no I/O.
+"""The reference ledger: Storm's XOR tree tracking over a RotatingMap, in plain Python, with no I/O.
 
-One ``Ledger`` holds the pending trees of one shard. It applies batches of
+This is the executable model of the acker-semantics spec: the native ledger
+(:mod:`acker_service.native_ledger`, the server's default engine) must agree with
+it on every outcome and counter, which a differential test checks. It also
+serves (``--engine reference``) where the native extension cannot be built.
+
+One ``ReferenceLedger`` holds the pending trees of one shard. It applies batches of
 operations (see :mod:`acker_service.batch`), rotates its RotatingMap on the
 injected monotonic clock, and returns every tree that ended as a
 :class:`Resolution`. Each rule cites the reason it exists; the full contract is
@@ -20,7 +25,7 @@ from acker_protocol.wire import OpKind, Outcome
 from .batch import Batch
 from .rotating_map import RotatingMap
 
-__all__ = ["Ledger", "LedgerStats", "Resolution", "BatchResult"]
+__all__ = ["ReferenceLedger", "LedgerStats", "Resolution", "BatchResult"]
 
 Clock = Callable[[], float]
 
@@ -84,10 +89,10 @@ class BatchResult:
     timeout_resets: list[Resolution] = field(default_factory=list)
 
 
-class Ledger:
+class ReferenceLedger:
     """Pending tuple trees of one shard, expiring after ``message_timeout`` seconds.
 
-    >>> ledger = Ledger(message_timeout=30.0, clock=lambda: 0.0)
+    >>> ledger = ReferenceLedger(message_timeout=30.0, clock=lambda: 0.0)
     >>> ledger.apply_batch(Batch.of([1, 2], [5, 5], [9, 9], spouts=["s"])).resolutions
     [Resolution(spout='s', root=5, outcome=<Outcome.ACKED: 1>, latency_seconds=0.0)]
     """
@@ -98,7 +103,7 @@ class Ledger:
         buckets: int = 3,
         clock: Clock = time.monotonic,
     ) -> None:
-        if message_timeout <= 0:
+        if not message_timeout > 0:  # also refuses NaN, which would make every comparison false
             raise ValueError(f"message_timeout must be positive, got {message_timeout}")
         self.message_timeout = float(message_timeout)
         self._clock = clock
