@@ -6,17 +6,19 @@ PIP    := $(PY) -m pip
 PYTEST_ARGS ?=
 
 # System packages the tests use for real components: a Prometheus server and
-# promtool (metrics test), docker-compose (validates deploy/docker-compose.yml
-# without a Docker engine), Java 17 (PySpark).
-SYSTEM_BINARIES := prometheus promtool docker-compose java
+# promtool (metrics test), docker-compose (validates deploy/docker-compose.yml,
+# runs the compose suite), Java 17 (PySpark), debootstrap (the local Debian base
+# image, see deploy/images/build.sh).
+SYSTEM_BINARIES := prometheus promtool docker-compose java debootstrap
 
-.PHONY: demo test lint bench venv system-deps proto clean help native-test
+.PHONY: demo test lint bench venv system-deps images test-images proto clean help native-test
 
 help:
 	@echo "make demo   run the word-count job with tracking, failures and replays (local ackers, local Spark)"
 	@echo "make test   set up .venv and system packages, lint, then run the test suite"
 	@echo "make lint   ruff check, ruff format --check and mypy (generated code excluded)"
 	@echo "make bench  run acker-bench against an embedded cluster"
+	@echo "make images build the acker image (and a local Prometheus) without a registry"
 	@echo "make proto  regenerate proto/acker_protocol/v1 from its .proto"
 	@echo "make native-test  cargo test and cargo clippy on the native ledger crate"
 
@@ -36,12 +38,12 @@ $(VENV)/.installed: pyproject.toml $(RUST_SRCS)
 venv: $(VENV)/.installed
 
 system-deps:
-	@missing=""; for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
+	@missing=""; for b in $(SYSTEM_BINARIES); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages for:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
 	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus docker-compose openjdk-17-jre-headless >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus docker-compose openjdk-17-jre-headless debootstrap >/dev/null; \
 	fi
 	@# Debian starts the packaged Prometheus as a service; the tests run their own.
 	@command -v systemctl >/dev/null 2>&1 && systemctl stop prometheus >/dev/null 2>&1 || true
@@ -54,8 +56,21 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: $(VENV)/.installed system-deps lint native-test
+test: $(VENV)/.installed system-deps lint native-test test-images
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Debian base (debootstrap, only when missing), wheels built on the host, then the
+# acker image and a Prometheus image from Debian's package; no registry needed.
+images: $(VENV)/.installed system-deps
+	PYTHON=$(abspath $(PY)) deploy/images/build.sh all
+
+# The compose suite needs the images; without a Docker engine it is skipped.
+test-images: $(VENV)/.installed system-deps
+	@if docker info >/dev/null 2>&1; then \
+	  PYTHON=$(abspath $(PY)) deploy/images/build.sh all; \
+	else \
+	  echo "no Docker engine answers 'docker info': the compose suite (tests/compose) will be skipped"; \
+	fi
 
 # The crate's own tests (the pure core, without libpython) and clippy on everything.
 native-test: $(VENV)/.installed
