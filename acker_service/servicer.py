@@ -62,6 +62,9 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             limit=OUTCOMES_PER_MESSAGE,
         )
         try:
+            # Headers now, not with the first outcome: the client learns at once
+            # that its stream is open again (its backstop pauses until then).
+            await context.send_initial_metadata(())
             # aclosing: a cancelled stream releases its subscription now, not at garbage collection.
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:

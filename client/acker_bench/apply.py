@@ -155,11 +155,16 @@ def run_apply_bench(config: ApplyBenchConfig) -> dict:
     }
 
 
-def measure_pending_bytes(address: str, rss_of, trees: int = 1_000_000, batch: int = 10_000) -> dict:
-    """Init ``trees`` trees on one acker without acking them; RSS growth per pending tree.
+def measure_pending_bytes(
+    address: str, rss_of, trees: int = 1_000_000, batch: int = 10_000, keyed_acks: int = 0
+) -> dict:
+    """Init ``trees`` trees on one acker without completing them; RSS growth per pending tree.
 
     ``rss_of()`` returns the acker's resident set size in bytes. The trees stay
-    pending until the acker's timeout, so run it against a fresh acker.
+    pending until the acker's timeout, so run it against a fresh acker. With
+    ``keyed_acks`` each tree also gets that many non-completing ACKs, each in
+    its own request with its own dedup key, as a ClusterClient's batch keys
+    would (the cost of the acker's dedup side table).
     """
     import grpc
     from acker_protocol import grpc_options
@@ -172,11 +177,23 @@ def measure_pending_bytes(address: str, rss_of, trees: int = 1_000_000, batch: i
         before_pending, before_rss = info.pending_trees, rss_of()
         for start in range(0, trees, batch):
             count = min(batch, trees - start)
-            stub.Apply(_trees_request(rng, count, info.shard_index, info.shard_count, ack=False), timeout=30)
+            request = _trees_request(rng, count, info.shard_index, info.shard_count, ack=False)
+            stub.Apply(request, timeout=30)
+            for _ in range(keyed_acks):
+                values = rng.integers(1, 2**63, size=count, dtype=np.uint64).tolist()
+                key = secrets.randbits(63) + 1
+                ack = acker_pb2.ApplyRequest(
+                    kinds=[acker_pb2.OP_KIND_ACK] * count,
+                    root_ids=request.root_ids,
+                    values=values,
+                    dedup_keys=[key] * count,
+                )
+                stub.Apply(ack, timeout=30)
         after_pending = stub.Describe(acker_pb2.DescribeRequest(), timeout=10).pending_trees
         after_rss = rss_of()
     added = after_pending - before_pending
     return {
+        "keyed_acks_per_tree": keyed_acks,
         "pending_trees_added": added,
         "rss_growth_bytes": after_rss - before_rss,
         "bytes_per_pending_tree": round((after_rss - before_rss) / added, 1) if added else None,

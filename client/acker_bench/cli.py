@@ -242,6 +242,12 @@ def _parser() -> argparse.ArgumentParser:
         default=1_000_000,
         help="memory mode: trees left pending; ledger mode: trees pending in the background of a second run (default 1M)",
     )
+    p.add_argument(
+        "--keyed-acks",
+        type=int,
+        default=0,
+        help="memory mode: non-completing ACKs per tree, each with its own dedup key (a client batch key's cost)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return p
 
@@ -302,7 +308,7 @@ def _memory_mode(args: argparse.Namespace) -> int:
     """Leave --pending-trees trees pending on a fresh embedded acker per engine; RSS per tree, both in one run."""
     result: dict = {"mode": "memory", "engine": "native"}
     for engine in ("native", "reference"):
-        figures = _pending_bytes(engine, args.pending_trees)
+        figures = _pending_bytes(engine, args.pending_trees, args.keyed_acks)
         prefix = "" if engine == "native" else "reference_"
         result.update({prefix + k: v for k, v in figures.items()})
     if args.json:
@@ -314,13 +320,16 @@ def _memory_mode(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pending_bytes(engine: str, trees: int) -> dict:
+def _pending_bytes(engine: str, trees: int, keyed_acks: int = 0) -> dict:
     from acker_cluster import ProcessCluster
 
     # A long timeout keeps every tree pending while RSS is read.
     with ProcessCluster(count=1, message_timeout=3600.0, extra_args=("--engine", engine)) as cluster:
         return measure_pending_bytes(
-            cluster.addresses[0], lambda: _rss_from_proc(cluster.pid(0) or 0) or 0, trees=trees
+            cluster.addresses[0],
+            lambda: _rss_from_proc(cluster.pid(0) or 0) or 0,
+            trees=trees,
+            keyed_acks=keyed_acks,
         )
 
 

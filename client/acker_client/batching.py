@@ -112,8 +112,13 @@ class OpBuffer:
         """Roots of the buffered INIT operations."""
         return tuple(self._init_roots)
 
-    def to_request(self) -> acker_pb2.ApplyRequest:
-        """Encode as one ApplyRequest of packed parallel arrays (no per-operation sub-messages)."""
+    def to_request(self, batch_key: int = 0) -> acker_pb2.ApplyRequest:
+        """Encode as one ApplyRequest of packed parallel arrays (no per-operation sub-messages).
+
+        A non-zero ``batch_key`` becomes the dedup key of every unkeyed ACK, so
+        that the acker applies them once even if the whole request is sent
+        again after a lost response (see :mod:`acker_client.delivery`).
+        """
         acks = [(r, v) for r, v in self._acks.items() if v]
         keyed = [(r, k, v) for (r, k), v in self._keyed_acks.items() if v]
         n_init, n_fail, n_reset = len(self._init_roots), len(self._fails), len(self._resets)
@@ -133,8 +138,9 @@ class OpBuffer:
         request = acker_pb2.ApplyRequest(
             kinds=cast("list[acker_pb2.OpKind.ValueType]", kinds), root_ids=roots, values=values, spouts=spouts
         )
-        if keyed:
-            request.dedup_keys.extend([0] * (len(kinds) - len(keyed) - n_reset))
+        if keyed or (acks and batch_key):
+            request.dedup_keys.extend([0] * (n_init + n_fail))
+            request.dedup_keys.extend([batch_key] * len(acks))
             request.dedup_keys.extend([k for _, k, _ in keyed])
             request.dedup_keys.extend([0] * n_reset)
         if len(spouts) > 1:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import grpc
+from acker_protocol import grpc_options
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 from acker_protocol.wire import MAX_ID, check_id, check_root, check_spout_name, shard_of
 
@@ -32,11 +33,23 @@ class ClusterClient:
     Operations are buffered per shard and sent as one ``Apply`` per batch when
     the batch reaches ``batch_size`` operations (by the caller that filled it),
     when its oldest operation is ``flush_interval`` seconds old (by a background
-    thread), or on :meth:`flush`. Every call carries ``deadline`` seconds. A
-    failed batch is dropped, never retried (XOR acks are not idempotent): the
-    trees involved are left to the spout's backstop. Thread-safe; fork-safe
-    (a forked child gets its own channels, buffers and thread and never sends
-    the parent's buffered operations).
+    thread), or on :meth:`flush`. Thread-safe; fork-safe (a forked child gets
+    its own channels, buffers and threads and never sends the parent's
+    buffered operations).
+
+    Through a network blip (see :mod:`acker_client.delivery` and
+    ``docs/client-outages.md``): every attempt waits for the shard's connection
+    (``wait_for_ready``) for at most ``deadline`` seconds, and a batch is
+    retried after transient failures for up to ``wait_for_shard`` seconds in
+    all, because every batch is safe to repeat (each unkeyed ACK gets the
+    batch's dedup key; ``batch_keys=False`` turns that off and with it the
+    retrying of batches that hold unkeyed ACKs). A shard's buffer never holds
+    more than ``batch_size`` operations: the caller that fills it sends it and
+    waits, which is the back-pressure a bolt's ``ack`` and a spout's ``emit``
+    feel while a shard is unreachable. After ``wait_for_shard`` seconds the
+    batch is dropped and the caller gets :class:`ShardUnavailable`; the trees
+    involved are left to the spout's backstop. ``reconnect_backoff`` is the
+    channels' (initial, maximum) pause in seconds between connection attempts.
 
     ``on_error`` receives the error of every failed background flush.
     """
@@ -50,6 +63,12 @@ class ClusterClient:
         deadline: float = 5.0,
         verify: bool = True,
         on_error: Callable[[AckerError], None] | None = None,
+        wait_for_shard: float = 20.0,
+        reconnect_backoff: tuple[float, float] = (
+            grpc_options.INITIAL_RECONNECT_BACKOFF_MS / 1000,
+            grpc_options.MAX_RECONNECT_BACKOFF_MS / 1000,
+        ),
+        batch_keys: bool = True,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a for a in addresses.split(",") if a]
@@ -57,11 +76,25 @@ class ClusterClient:
             raise ValueError("a cluster needs at least one acker address")
         if batch_size < 1 or flush_interval <= 0 or deadline <= 0:
             raise ValueError("batch_size, flush_interval and deadline must be positive")
+        if wait_for_shard < 0:
+            raise ValueError(f"wait_for_shard must be 0 or more seconds, got {wait_for_shard}")
+        initial_backoff, max_backoff = reconnect_backoff
+        self._channel_options = grpc_options.client_options(
+            initial_reconnect_backoff_ms=round(initial_backoff * 1000),
+            max_reconnect_backoff_ms=round(max_backoff * 1000),
+        )
         self._addresses = tuple(addresses)
         self._n = len(self._addresses)
         self.batch_size = batch_size
         self.on_error = on_error
-        self._sender = Sender(self._addresses, deadline=deadline, flush_interval=flush_interval, report=self._report)
+        self._sender = Sender(
+            self._addresses,
+            deadline=deadline,
+            flush_interval=flush_interval,
+            report=self._report,
+            wait_for_shard=wait_for_shard,
+            batch_keys=batch_keys,
+        )
         self._listeners: list[Callable[[AckerError], None]] = []
         self._proc: ProcessState | None = None
         self._abandoned: list[ProcessState] = []
@@ -91,6 +124,16 @@ class ClusterClient:
         self._sender.deadline = seconds
 
     @property
+    def wait_for_shard(self) -> float:
+        """Seconds one batch may wait and retry for its shard before it is dropped."""
+        return self._sender.wait_for_shard
+
+    @property
+    def batch_keys(self) -> bool:
+        """Whether unkeyed ACKs get their batch's dedup key (so every batch may be retried)."""
+        return self._sender.batch_keys
+
+    @property
     def flush_interval(self) -> float:
         """Seconds after which a buffer's oldest operation is sent by the background flusher."""
         return self._sender.flush_interval
@@ -111,7 +154,8 @@ class ClusterClient:
         with st.lock:
             snapshot = st.stats.copy()
             snapshot.calls += sum(b.added for b in st.buffers)
-            return snapshot
+        snapshot.shard_states = st.connections.states()
+        return snapshot
 
     def add_error_listener(self, listener: Callable[[AckerError], None]) -> None:
         """Call ``listener`` with every failed batch, foreground or background (the spout uses this)."""
@@ -141,7 +185,7 @@ class ClusterClient:
                 # The parent's channels belong to the parent: keep a reference
                 # so that garbage collection never runs their finalizers here.
                 self._abandoned.append(st)
-            st = ProcessState(self._addresses)
+            st = ProcessState(self._addresses, self._channel_options)
             self._proc = st
             return st
 
@@ -251,7 +295,7 @@ class ClusterClient:
         own = self._sender.send(st, batches, sending)
         failures = list(own.failures) if own is not None else []
         for other in earlier:
-            # A batch another thread is sending cannot outlive its deadline.
+            # A batch another thread is sending cannot outlive its wait_for_shard.
             other.done.wait()
             if other.error is not None:
                 failures.extend(other.error.failures)
@@ -284,9 +328,13 @@ class ClusterClient:
         after_sequence: int = 0,
         timeout: float | None = None,
     ):
-        """Open the outcome stream of ``spout`` on ``shard``: an iterator of OutcomeBatch with ``cancel()``."""
+        """Open the outcome stream of ``spout`` on ``shard``: an iterator of OutcomeBatch with ``cancel()``.
+
+        The call waits for the shard's connection (``wait_for_ready``), so a
+        stream re-opened during a blip starts the moment the network is back.
+        """
         request = acker_pb2.SubscribeRequest(spout=spout, incarnation=incarnation, after_sequence=after_sequence)
-        return self._stub(shard).Subscribe(request, timeout=timeout)
+        return self._stub(shard).Subscribe(request, timeout=timeout, wait_for_ready=True)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -305,6 +353,8 @@ class ClusterClient:
             st.wake.notify_all()
         if st.flusher is not None and st.flusher is not threading.current_thread():
             st.flusher.join(timeout=self.deadline + 1.0)
+        if st.senders is not None:
+            st.senders.shutdown(wait=True)
         for channel in st.channels:
             channel.close()
         self._closed = True

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import grpc
@@ -19,6 +20,7 @@ from acker_protocol import grpc_options
 from acker_protocol.v1 import acker_pb2_grpc
 
 from .batching import OpBuffer
+from .delivery import ConnectionMonitor
 
 __all__ = ["ClientStats", "ProcessState", "Sending", "current_pid"]
 
@@ -54,15 +56,24 @@ class ClientStats:
     operations_sent: int = 0
     operations_folded: int = 0  # calls merged into another operation of the same batch
     batches_failed: int = 0
-    operations_dropped: int = 0  # operations of failed batches (never retried)
+    operations_dropped: int = 0  # operations of batches given up on (all reasons)
     background_errors: int = 0  # failures of age-based flushes (reported to on_error)
     applied: int = 0  # from ApplyResponse
     deduplicated: int = 0
     ignored: int = 0
+    batches_retried: int = 0  # attempts repeated after a transient failure
+    operations_retried: int = 0
+    operations_waiting: int = 0  # now: in batches waiting for their shard's connection (a gauge)
+    # Operations dropped, by reason: "refused", "timeout", "ambiguous" (acker_client.delivery).
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
+    # Each shard's connection as last seen: UNKNOWN, READY, WAITING (retrying) or UNREACHABLE.
+    shard_states: tuple[str, ...] = ()
 
     def copy(self) -> ClientStats:
         """A snapshot."""
-        return ClientStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        snapshot = ClientStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        snapshot.dropped_by_reason = dict(self.dropped_by_reason)
+        return snapshot
 
 
 class Sending:
@@ -78,14 +89,20 @@ class Sending:
 class ProcessState:
     """Channels, stubs, buffers and the flusher thread of one process (never shared across a fork)."""
 
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(self, addresses: Sequence[str], options: list[tuple[str, int]] | None = None) -> None:
         self.pid = _pid
-        self.channels = [grpc.insecure_channel(a, options=grpc_options.client_options()) for a in addresses]
+        options = options if options is not None else grpc_options.client_options()
+        self.channels = [grpc.insecure_channel(a, options=options) for a in addresses]
         self.stubs = [acker_pb2_grpc.AckerStub(c) for c in self.channels]
+        self.connections = ConnectionMonitor(len(addresses))
         self.buffers = [OpBuffer() for _ in addresses]
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
         self.flusher: threading.Thread | None = None
+        # The flusher hands each shard's aged batch to one of these threads, so
+        # that a shard waiting for its connection holds up no other shard.
+        self.senders: ThreadPoolExecutor | None = None
+        self.busy: set[int] = set()  # shards with a background send in progress
         self.closed = False
         self.sending: set[Sending] = set()
         self.stats = ClientStats()

@@ -1,7 +1,8 @@
 """The sending half of the cluster client: take buffers out, send one Apply per shard, run the age-based flusher.
 
-A failed batch is dropped, never retried (XOR acks are not idempotent); the
-error goes to the client's ``report`` callback, which tells the listeners.
+How a batch waits for its shard and what is retried is :mod:`.delivery`; a
+batch given up on is reported to the client's ``report`` callback, which tells
+the listeners.
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from acker_protocol.v1 import acker_pb2
 
 from .batching import OpBuffer
-from .errors import AckerError, _BatchError, batch_error, shard_failure
+from .delivery import DeliveryPolicy, deliver
+from .errors import AckerError, ShardFailure, _BatchError, batch_error, shard_failure
 from .process import ProcessState, Sending
 
 __all__ = ["Sender", "Report"]
@@ -24,18 +27,35 @@ Report = Callable[[AckerError, bool], None]
 
 
 class Sender:
-    """Sends the batches of a :class:`~acker_client.process.ProcessState` with ``deadline`` seconds per call.
+    """Sends the batches of a :class:`~acker_client.process.ProcessState`: ``deadline`` seconds per attempt,
+    ``wait_for_shard`` seconds per batch in all (see :mod:`.delivery`).
 
     ``take`` and ``send`` are separate so the buffers are swapped out under the
     state's lock and sent outside it; every batch taken is registered as being
     sent, so a concurrent flush either sends it itself or waits for it.
     """
 
-    def __init__(self, addresses: Sequence[str], *, deadline: float, flush_interval: float, report: Report) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        deadline: float,
+        flush_interval: float,
+        report: Report,
+        wait_for_shard: float = 20.0,
+        batch_keys: bool = True,
+    ) -> None:
         self.addresses = tuple(addresses)
         self.deadline = deadline
         self.flush_interval = flush_interval
+        self.wait_for_shard = wait_for_shard
+        self.batch_keys = batch_keys
         self._report = report
+
+    @property
+    def policy(self) -> DeliveryPolicy:
+        """The delivery policy of the current settings."""
+        return DeliveryPolicy(attempt_deadline=self.deadline, wait_for_shard=self.wait_for_shard)
 
     def take(self, st: ProcessState, due: Callable[[OpBuffer], bool]) -> tuple[dict[int, OpBuffer], Sending]:
         """Swap out the buffers selected by ``due`` and register them as being sent (call with ``st.lock`` held)."""
@@ -70,27 +90,26 @@ class Sender:
         return sending.error
 
     def _send_batches(self, st: ProcessState, batches: dict[int, OpBuffer]) -> _BatchError | None:
-        calls = []
-        for shard, buf in batches.items():
-            request = buf.to_request()
-            if not request.kinds:
-                continue  # everything folded away to no-op acks
-            future = st.stubs[shard].Apply.future(request, timeout=self.deadline)
-            calls.append((shard, buf, len(request.kinds), future))
-        failures = []
-        for shard, buf, count, future in calls:
-            try:
-                response = future.result()
-            except grpc.RpcError as exc:
-                failures.append(shard_failure(shard, self.addresses[shard], exc, count, buf.init_roots()))
-                continue
-            _count_sent(st, buf, count, response)
+        failures = deliver(
+            st,
+            batches,
+            policy=self.policy,
+            batch_keys=self.batch_keys,
+            failure_of=self._failure,
+            on_sent=_count_sent,
+        )
         if failures:
             with st.lock:
                 st.stats.batches_failed += len(failures)
                 st.stats.operations_dropped += sum(f.operations for f in failures)
+                for f in failures:
+                    by_reason = st.stats.dropped_by_reason
+                    by_reason[f.reason] = by_reason.get(f.reason, 0) + f.operations
             return batch_error(failures)
         return None
+
+    def _failure(self, shard: int, exc: grpc.RpcError, count: int, init_roots: tuple[int, ...]) -> ShardFailure:
+        return shard_failure(shard, self.addresses[shard], exc, count, init_roots)
 
     # -- background flusher --------------------------------------------------
 
@@ -101,26 +120,40 @@ class Sender:
             st.flusher.start()
 
     def _flush_loop(self, st: ProcessState) -> None:
-        interval = self.flush_interval
         while True:
             with st.lock:
                 if st.closed:
                     return
+                interval = self.flush_interval
                 now = time.monotonic()
-                # The predicate runs inside take, in this iteration: `now` is current.
-                batches, sending = self.take(
-                    st,
-                    lambda buf: buf.started is not None and now - buf.started >= interval,  # noqa: B023
-                )
-                if not batches:
-                    starts: list[float] = [b.started for b in st.buffers if b.started is not None]
+                started = False
+                for shard, buf in enumerate(st.buffers):
+                    # A shard whose last aged batch is still waiting for its
+                    # connection is skipped: its buffer fills up to batch_size,
+                    # and the caller that fills it waits (back-pressure).
+                    if shard in st.busy or buf.started is None or now - buf.started < interval:
+                        continue
+                    batches, sending = self.take(st, lambda b: b is buf)  # noqa: B023
+                    st.busy.add(shard)
+                    if st.senders is None:
+                        st.senders = ThreadPoolExecutor(len(st.buffers), thread_name_prefix="acker-client-sender")
+                    st.senders.submit(self._background_send, st, shard, batches, sending)
+                    started = True
+                if not started:
+                    starts = [b.started for i, b in enumerate(st.buffers) if b.started is not None and i not in st.busy]
                     st.wake.wait(min(starts) + interval - now if starts else None)
-                    continue
+
+    def _background_send(self, st: ProcessState, shard: int, batches: dict[int, OpBuffer], sending: Sending) -> None:
+        try:
             error = self.send(st, batches, sending)
-            if error is not None:
-                with st.lock:
-                    st.stats.background_errors += 1
-                self._report(error, True)
+        finally:
+            with st.lock:
+                st.busy.discard(shard)
+                st.wake.notify_all()
+        if error is not None:
+            with st.lock:
+                st.stats.background_errors += 1
+            self._report(error, True)
 
 
 def _count_sent(st: ProcessState, buf: OpBuffer, count: int, response: acker_pb2.ApplyResponse) -> None:

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from acker_protocol.wire import Outcome
@@ -39,6 +39,14 @@ class SpoutStats:
     outcomes_dropped: int = 0  # reported by ackers: evicted from retention before delivery
     reconnects: int = 0  # outcome streams re-opened
     timeout_resets: int = 0  # backstops restarted because a tree's acker timeout was reset
+    streams_down: int = 0  # shards whose outcome stream is broken now (their backstop is paused)
+    backstop_paused_seconds: float = 0.0  # total time backstops stood still while streams were down
+    # The ClusterClient's delivery figures (ClientStats), here so one place shows the spout's health:
+    operations_waiting: int = 0  # in batches waiting for a shard's connection now
+    operations_retried: int = 0
+    operations_dropped: int = 0
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
+    shard_states: tuple[str, ...] = ()  # each shard's connection as the client last saw it
 
 
 def default_backstop(message_timeout: float, buckets: int) -> float:
@@ -49,11 +57,45 @@ def default_backstop(message_timeout: float, buckets: int) -> float:
 
 
 class _Pending:
-    __slots__ = ("message_id", "deadline")
+    __slots__ = ("message_id", "deadline", "shard")
 
-    def __init__(self, message_id: Any, deadline: float) -> None:
+    def __init__(self, message_id: Any, deadline: float, shard: int) -> None:
         self.message_id = message_id
-        self.deadline = deadline
+        self.deadline = deadline  # on the shard's backstop clock (see _ShardClock)
+        self.shard = shard
+
+
+class _ShardClock:
+    """A shard's backstop clock: the spout's clock minus the time the shard's outcome stream was down.
+
+    While the stream is broken, outcomes the acker produces (ACKED, or the
+    TIMED_OUT it decides during the outage) wait in its retention for the
+    resume, so the backstop must not count that time against the trees. A
+    single outage pauses the clock for at most ``max_pause`` seconds, so a
+    stream that never comes back still ends in LOST callbacks.
+    """
+
+    __slots__ = ("paused", "down_since", "max_pause")
+
+    def __init__(self, max_pause: float) -> None:
+        self.paused = 0.0  # finished outages, each capped
+        self.down_since: float | None = None
+        self.max_pause = max_pause
+
+    def now(self, clock_now: float) -> float:
+        return clock_now - self.paused - self.current_pause(clock_now)
+
+    def current_pause(self, clock_now: float) -> float:
+        if self.down_since is None:
+            return 0.0
+        return min(clock_now - self.down_since, self.max_pause)
+
+    def set_down(self, down: bool, clock_now: float) -> None:
+        if down and self.down_since is None:
+            self.down_since = clock_now
+        elif not down and self.down_since is not None:
+            self.paused += self.current_pause(clock_now)
+            self.down_since = None
 
 
 _STOP = object()
@@ -72,8 +114,12 @@ class Spout:
     ``reason`` is the :class:`~acker_protocol.wire.Outcome`: FAILED (a tuple
     was failed), TIMED_OUT (the acker's timeout) or LOST.
 
-    The backstop does not see ``reset_timeout``: give ``timeout`` room for the
-    longest tree you keep alive with it.
+    The backstop restarts when an acker reports that a tree's timeout was
+    reset. It counts time per shard, and stands still while that shard's
+    outcome stream is broken (for at most ``timeout`` seconds per outage): an
+    acker keeps the outcomes it produced during a network blip and delivers
+    them on resume, so the record gets the acker's outcome (ACKED, FAILED,
+    TIMED_OUT), not LOST.
     """
 
     def __init__(
@@ -98,7 +144,10 @@ class Spout:
         self.timeout = timeout if timeout is not None else self._default_timeout()
         self._clock = clock
         self._check_interval = check_interval or min(1.0, max(self.timeout / 10, 0.05))
-        self._pending: OrderedDict[int, _Pending] = OrderedDict()
+        self._pending: dict[int, _Pending] = {}
+        # Per shard, roots in deadline order (every entry gets the same timeout).
+        self._order: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(cluster.shard_count)]
+        self._shard_clocks = [_ShardClock(self.timeout) for _ in range(cluster.shard_count)]
         self._cond = threading.Condition()
         self._undelivered = 0
         self._counts = dict.fromkeys(
@@ -136,7 +185,14 @@ class Spout:
             self._started = True
         self.cluster.add_error_listener(self._on_batch_error)
         for shard in range(self.cluster.shard_count):
-            sub = OutcomeSubscription(self.cluster, shard, self.name, self._on_outcome, on_dropped=self._on_dropped)
+            sub = OutcomeSubscription(
+                self.cluster,
+                shard,
+                self.name,
+                self._on_outcome,
+                on_dropped=self._on_dropped,
+                on_state=self._on_stream_state,
+            )
             self._subscriptions.append(sub.start())
         for target, label in ((self._dispatch_loop, "callbacks"), (self._backstop_loop, "backstop")):
             thread = threading.Thread(target=target, name=f"acker-spout-{label}", daemon=True)
@@ -227,7 +283,10 @@ class Spout:
                     raise SpoutFull(
                         f"{self.max_pending} records still pending in spout {self.name!r} after {timeout} s"
                     )
-            self._pending[root] = _Pending(message_id, self._clock() + self.timeout)
+            shard = root % len(self._order)
+            deadline = self._shard_clocks[shard].now(self._clock()) + self.timeout
+            self._pending[root] = _Pending(message_id, deadline, shard)
+            self._order[shard][root] = None
             self._counts["emitted"] += 1
 
     # -- outcomes ------------------------------------------------------------
@@ -244,13 +303,18 @@ class Spout:
     def _restart_backstop(self, root: int) -> None:
         """A reset_timeout gave the tree a fresh acker timeout: give it a fresh backstop too."""
         with self._cond:
-            entry = self._pending.pop(root, None)
+            entry = self._pending.get(root)
             if entry is None:
                 return  # already settled: a reset after the end changes nothing
-            entry.deadline = self._clock() + self.timeout
-            # Re-inserted last, so insertion order stays deadline order (check_timeouts relies on it).
-            self._pending[root] = entry
+            entry.deadline = self._shard_clocks[entry.shard].now(self._clock()) + self.timeout
+            # Moved last, so the shard's order stays deadline order (check_timeouts relies on it).
+            self._order[entry.shard].move_to_end(root)
             self._counts["timeout_resets"] += 1
+
+    def _on_stream_state(self, shard: int, connected: bool) -> None:
+        """A shard's outcome stream broke (pause its backstop clock) or is open again (resume it)."""
+        with self._cond:
+            self._shard_clocks[shard].set_down(not connected, self._clock())
 
     def _on_dropped(self, count: int) -> None:
         with self._cond:
@@ -269,6 +333,7 @@ class Spout:
             if entry is None:
                 self._counts["late"] += 1
                 return False
+            del self._order[entry.shard][root]
             self._counts[outcome.name.lower()] += 1
             self._undelivered += 1
             self._cond.notify_all()
@@ -297,14 +362,16 @@ class Spout:
 
     def check_timeouts(self) -> int:
         """Fail as LOST every record pending longer than the backstop timeout; return how many."""
-        now = self._clock()
         expired = []
         with self._cond:
-            # Insertion order is deadline order: every entry gets the same timeout.
-            for root, entry in self._pending.items():
-                if entry.deadline > now:
-                    break
-                expired.append(root)
+            clock_now = self._clock()
+            for order, shard_clock in zip(self._order, self._shard_clocks):
+                now = shard_clock.now(clock_now)
+                # A shard's order is deadline order: every entry gets the same timeout.
+                for root in order:
+                    if self._pending[root].deadline > now:
+                        break
+                    expired.append(root)
         return sum(self._resolve(root, Outcome.LOST) for root in expired)
 
     def _backstop_loop(self) -> None:
@@ -325,8 +392,10 @@ class Spout:
     @property
     def stats(self) -> SpoutStats:
         """A consistent snapshot of the counts."""
+        client = getattr(self.cluster, "stats", None)
         with self._cond:
             c = self._counts
+            clock_now = self._clock()
             return SpoutStats(
                 emitted=c["emitted"],
                 acked=c["acked"],
@@ -338,6 +407,15 @@ class Spout:
                 outcomes_dropped=c["dropped"],
                 reconnects=sum(s.reconnects for s in self._subscriptions),
                 timeout_resets=c["timeout_resets"],
+                streams_down=sum(1 for sc in self._shard_clocks if sc.down_since is not None),
+                backstop_paused_seconds=round(
+                    sum(sc.paused + sc.current_pause(clock_now) for sc in self._shard_clocks), 3
+                ),
+                operations_waiting=getattr(client, "operations_waiting", 0),
+                operations_retried=getattr(client, "operations_retried", 0),
+                operations_dropped=getattr(client, "operations_dropped", 0),
+                dropped_by_reason=dict(getattr(client, "dropped_by_reason", {})),
+                shard_states=tuple(getattr(client, "shard_states", ())),
             )
 
     def wait_idle(self, timeout: float | None = None) -> bool:

@@ -378,6 +378,14 @@ class TestDedupKeys:
         assert (result.applied, result.deduplicated, outcomes(result)) == (3, 0, [])
         assert outcomes(apply(ledger, ack(R, E3, key=3))) == [(R, Outcome.ACKED)]
 
+    def test_every_earlier_key_is_remembered_once_a_tree_has_several(self, ledger):
+        """The first key is kept alone, then with the next ones: repeats of any of them are dropped."""
+        apply(ledger, init(R, E1 ^ E2 ^ E3), ack(R, E1, key=1))
+        apply(ledger, ack(R, E2, key=2))
+        repeats = apply(ledger, ack(R, E1, key=1), ack(R, E2, key=2))
+        assert repeats.deduplicated == 2 and ledger.pending_trees == 1
+        assert outcomes(apply(ledger, ack(R, E3, key=3))) == [(R, Outcome.ACKED)]
+
     def test_keys_do_not_leak_across_roots(self, ledger):
         """The same key on two different trees applies to each."""
         r2 = R + 2

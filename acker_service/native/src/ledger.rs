@@ -134,7 +134,7 @@ pub enum LedgerError {
 /// Pending tuple trees of one shard.
 pub struct Ledger {
     table: Table,
-    dedup: HashMap<u64, HashSet<u64>>,
+    dedup: DedupKeys,
     spouts: Spouts,
     buckets: u64,
     timeout: f64,
@@ -189,7 +189,7 @@ impl Ledger {
         let period = message_timeout / (buckets - 1) as f64;
         Ok(Ledger {
             table: Table::new(seed),
-            dedup: HashMap::new(),
+            dedup: DedupKeys::default(),
             spouts: Spouts::new(),
             buckets,
             timeout: message_timeout,
@@ -324,7 +324,7 @@ impl Ledger {
 
     fn settle_expired(&mut self, e: &Entry, now_us: u64, out: &mut Outcomes) {
         if e.has_dedup() {
-            self.dedup.remove(&e.root);
+            self.dedup.forget(e.root);
         }
         let spout = e.spout();
         if spout == 0 {
@@ -480,7 +480,7 @@ impl Ledger {
                 };
                 self.table.remove_at(s);
                 if e.has_dedup() {
-                    self.dedup.remove(&root);
+                    self.dedup.forget(root);
                 }
                 out.ended.push(e.spout(), root, outcome, Self::latency(now_us, &e));
                 self.spouts.release(e.spout());
@@ -505,10 +505,44 @@ impl Ledger {
         if !e.has_dedup() {
             // Created on the first keyed ack only: most trees never pay for a key set.
             e.set_dedup();
-            self.dedup.insert(root, HashSet::from_iter([key]));
+            self.dedup.first.insert(root, key);
             return true;
         }
-        self.dedup.entry(root).or_default().insert(key)
+        self.dedup.remember(root, key)
+    }
+}
+
+/// The dedup keys applied to pending trees, kept beside the entry table.
+///
+/// Most keyed trees see one key (the client keys each flushed batch, and a tree's
+/// acks usually travel in one batch), so the first key of a tree is a flat
+/// root -> key pair (16 bytes a slot); only trees with a second key get a set.
+/// A set per tree from the first key cost about 150 bytes per pending tree.
+#[derive(Default)]
+struct DedupKeys {
+    first: HashMap<u64, u64>,
+    more: HashMap<u64, HashSet<u64>>,
+}
+
+impl DedupKeys {
+    /// Record `key` for `root`, whose first key is already recorded; false if seen before.
+    fn remember(&mut self, root: u64, key: u64) -> bool {
+        if self.first.get(&root) == Some(&key) {
+            return false;
+        }
+        self.more.entry(root).or_default().insert(key)
+    }
+
+    /// Drop every key of `root` (its tree ended or expired).
+    fn forget(&mut self, root: u64) {
+        if self.first.remove(&root).is_some() {
+            self.more.remove(&root);
+        }
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.first.is_empty() && self.more.is_empty()
     }
 }
 
@@ -585,6 +619,20 @@ mod tests {
         assert_eq!((out.applied, out.deduplicated), (3, 1));
         assert_eq!(out.ended.outcome, vec![ACKED]);
         assert!(l.dedup.is_empty(), "keys leave with the tree");
+    }
+
+    #[test]
+    fn later_keys_of_a_tree_are_deduplicated_too() {
+        // First key in the flat table, the second and third in the tree's set:
+        // a repeat of any of them is dropped, whichever table holds it.
+        let mut l = Ledger::new(30.0, 3, 0.0, 1).unwrap();
+        let out = run(&mut l, 0.0, &[INIT, ACK, ACK, ACK, ACK, ACK], &[R; 6], &[15, 1, 2, 1, 2, 4], &[0, 5, 6, 5, 6, 7]);
+        assert_eq!((out.applied, out.deduplicated), (4, 2));
+        assert!(out.ended.outcome.is_empty(), "15 ^ 1 ^ 2 ^ 4 is 8: still pending");
+        assert_eq!((l.dedup.first.len(), l.dedup.more.len()), (1, 1));
+        let out = run(&mut l, 0.0, &[ACK], &[R], &[8], &[8]);
+        assert_eq!(out.ended.outcome, vec![ACKED]);
+        assert!(l.dedup.is_empty(), "keys of both tables leave with the tree");
     }
 
     #[test]
