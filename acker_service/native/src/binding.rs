@@ -142,14 +142,7 @@ impl NativeCore {
                     message,
                 })
             })?;
-            let ops = Ops {
-                kinds: &req.kinds,
-                roots: &req.root_ids,
-                values: &req.values,
-                dedup_keys: &req.dedup_keys,
-                spouts: &req.spouts,
-                spout_index: &req.spout_index,
-            };
+            let ops = req.ops();
             validate(&ops, limits).map_err(Ok)?;
             let mut out = BatchOutput::default();
             ledger
@@ -319,14 +312,7 @@ fn validate_request(py: Python<'_>, data: &[u8], shard_index: u64, shard_count: 
             message,
         })
     })?;
-    let ops = Ops {
-        kinds: &req.kinds,
-        roots: &req.root_ids,
-        values: &req.values,
-        dedup_keys: &req.dedup_keys,
-        spouts: &req.spouts,
-        spout_index: &req.spout_index,
-    };
+    let ops = req.ops();
     let limits = Limits {
         shard_index,
         shard_count,

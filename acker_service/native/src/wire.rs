@@ -6,6 +6,8 @@
 
 use prost::Message;
 
+use crate::ledger::Ops;
+
 /// `acker_service.v1.ApplyRequest`: parallel packed arrays, one entry per operation.
 #[derive(Clone, PartialEq, Message)]
 pub struct ApplyRequest {
@@ -41,6 +43,20 @@ pub struct ApplyResponse {
     /// `uint64 ignored = 3`.
     #[prost(uint64, tag = "3")]
     pub ignored: u64,
+}
+
+impl ApplyRequest {
+    /// The request's arrays as the ledger's and the validator's view of a batch.
+    pub fn ops(&self) -> Ops<'_> {
+        Ops {
+            kinds: &self.kinds,
+            roots: &self.root_ids,
+            values: &self.values,
+            dedup_keys: &self.dedup_keys,
+            spouts: &self.spouts,
+            spout_index: &self.spout_index,
+        }
+    }
 }
 
 /// Decode request bytes; the error says what is wrong with them, for INVALID_ARGUMENT.
@@ -82,7 +98,6 @@ mod tests {
     /// for a fuzzer; `cargo fuzz` needs a nightly toolchain this project does not assume).
     #[test]
     fn random_bytes_never_panic() {
-        use crate::ledger::Ops;
         use crate::validate::{validate, Limits};
         let valid = ApplyRequest {
             kinds: vec![1, 2, 3],
@@ -117,14 +132,7 @@ mod tests {
                 b
             };
             if let Ok(req) = decode_apply_request(&buf) {
-                let ops = Ops {
-                    kinds: &req.kinds,
-                    roots: &req.root_ids,
-                    values: &req.values,
-                    dedup_keys: &req.dedup_keys,
-                    spouts: &req.spouts,
-                    spout_index: &req.spout_index,
-                };
+                let ops = req.ops();
                 let _ = validate(&ops, limits);
             }
         }
