@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # image, see deploy/images/build.sh).
 SYSTEM_BINARIES := prometheus promtool docker-compose java debootstrap
 
-.PHONY: demo test lint bench venv system-deps images test-images proto clean help native-test
+.PHONY: fuzz-native demo test lint bench venv system-deps images test-images proto clean help native-test
 
 help:
 	@echo "make demo   run the word-count job with tracking, failures and replays (local ackers, local Spark)"
@@ -21,6 +21,7 @@ help:
 	@echo "make images build the acker image (and a local Prometheus) without a registry"
 	@echo "make proto  regenerate proto/acker_protocol/v1 from its .proto"
 	@echo "make native-test  cargo test and cargo clippy on the native ledger crate"
+	@echo "make fuzz-native  fuzz the native ApplyRequest decoder for FUZZ_SECONDS (default 60)"
 
 # The native ledger's sources: the venv (its editable install holds the built
 # extension) is rebuilt when they change.
@@ -77,6 +78,14 @@ native-test: $(VENV)/.installed
 	$(CARGO) test --no-default-features --quiet
 	@cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 	$(CARGO) clippy --all-targets --quiet -- -D warnings
+
+# The decoder fuzz target (cargo fuzz, libFuzzer) for FUZZ_SECONDS; on demand, not in
+# `make test`. cargo-fuzz builds with nightly flags: RUSTC_BOOTSTRAP lets the stable
+# toolchain accept them.
+FUZZ_SECONDS ?= 60
+fuzz-native:
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	export RUSTC_BOOTSTRAP=1; $(CARGO) fuzz run apply_request -- -max_total_time=$(FUZZ_SECONDS)
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/acker-bench $(BENCH_ARGS)
