@@ -6,20 +6,31 @@ PIP    := $(PY) -m pip
 PYTEST_ARGS ?=
 
 # System packages the tests use for real components: a Prometheus server and
-# promtool (metrics test), docker-compose (validates deploy/docker-compose.yml
-# without a Docker engine), Java 17 (PySpark).
-SYSTEM_BINARIES := prometheus promtool docker-compose java
+# promtool (metrics test), docker-compose (validates deploy/docker-compose.yml,
+# runs the compose suite), Java 17 (PySpark), debootstrap (the local Debian base
+# image, see deploy/images/build.sh).
+SYSTEM_BINARIES := prometheus promtool docker-compose java debootstrap
 
-.PHONY: demo test lint bench venv system-deps proto clean help
+.PHONY: fuzz-native demo test lint bench venv system-deps images test-images proto clean help native-test
 
 help:
 	@echo "make demo   run the word-count job with tracking, failures and replays (local ackers, local Spark)"
 	@echo "make test   set up .venv and system packages, lint, then run the test suite"
 	@echo "make lint   ruff check, ruff format --check and mypy (generated code excluded)"
 	@echo "make bench  run acker-bench against an embedded cluster"
-	@echo "make proto  regenerate acker_service/v1 from proto/"
+	@echo "make images build the acker image (and a local Prometheus) without a registry"
+	@echo "make proto  regenerate proto/acker_protocol/v1 from its .proto"
+	@echo "make native-test  cargo test and cargo clippy on the native ledger crate"
+	@echo "make fuzz-native  fuzz the native ApplyRequest decoder for FUZZ_SECONDS (default 60)"
 
-$(VENV)/.installed: pyproject.toml
+# The native ledger's sources: the venv (its editable install holds the built
+# extension) is rebuilt when they change.
+NATIVE     := acker_service/native
+RUST_SRCS  := $(NATIVE)/Cargo.toml $(NATIVE)/Cargo.lock $(wildcard $(NATIVE)/src/*.rs)
+# pyo3's build script must see the venv's interpreter, whatever python3 is on PATH.
+CARGO      := cd $(NATIVE) && PYO3_PYTHON=$(abspath $(PY)) cargo
+
+$(VENV)/.installed: pyproject.toml $(RUST_SRCS)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet -e '.[dev]'
@@ -28,12 +39,12 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 system-deps:
-	@missing=""; for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
+	@missing=""; for b in $(SYSTEM_BINARIES); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing system packages for:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
 	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus docker-compose openjdk-17-jre-headless >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus docker-compose openjdk-17-jre-headless debootstrap >/dev/null; \
 	fi
 	@# Debian starts the packaged Prometheus as a service; the tests run their own.
 	@command -v systemctl >/dev/null 2>&1 && systemctl stop prometheus >/dev/null 2>&1 || true
@@ -46,8 +57,35 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: $(VENV)/.installed system-deps lint
+test: $(VENV)/.installed system-deps lint native-test test-images
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Debian base (debootstrap, only when missing), wheels built on the host, then the
+# acker image and a Prometheus image from Debian's package; no registry needed.
+images: $(VENV)/.installed system-deps
+	PYTHON=$(abspath $(PY)) deploy/images/build.sh all
+
+# The compose suite needs the images; without a Docker engine it is skipped.
+test-images: $(VENV)/.installed system-deps
+	@if docker info >/dev/null 2>&1; then \
+	  PYTHON=$(abspath $(PY)) deploy/images/build.sh all; \
+	else \
+	  echo "no Docker engine answers 'docker info': the compose suite (tests/compose) will be skipped"; \
+	fi
+
+# The crate's own tests (the pure core, without libpython) and clippy on everything.
+native-test: $(VENV)/.installed
+	$(CARGO) test --no-default-features --quiet
+	@cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+	$(CARGO) clippy --all-targets --quiet -- -D warnings
+
+# The decoder fuzz target (cargo fuzz, libFuzzer) for FUZZ_SECONDS; on demand, not in
+# `make test`. cargo-fuzz builds with nightly flags: RUSTC_BOOTSTRAP lets the stable
+# toolchain accept them.
+FUZZ_SECONDS ?= 60
+fuzz-native:
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	export RUSTC_BOOTSTRAP=1; $(CARGO) fuzz run apply_request -- -max_total_time=$(FUZZ_SECONDS)
 
 bench: $(VENV)/.installed
 	$(VENV)/bin/acker-bench $(BENCH_ARGS)
@@ -56,4 +94,4 @@ proto: $(VENV)/.installed
 	$(PY) scripts/generate_proto.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info $(NATIVE)/target acker_service/_native*.so

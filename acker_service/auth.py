@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from acker_protocol.text import clip
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import OpKind
 from prometheus_client import CollectorRegistry, Counter
-
-from .batch import OpKind
-from .text import clip
 
 __all__ = ["Authenticator", "AuthInterceptor", "Policy", "Rights", "load_tokens", "hash_token", "REASONS"]
 
@@ -229,6 +229,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             if not rights.describe:
                 raise Refused(grpc.StatusCode.PERMISSION_DENIED, "describe", f"{clip(principal)} may not call Describe")
             return
+        if isinstance(request, bytes):
+            # The native engine's Apply takes the raw bytes and decodes them itself; the
+            # check needs the fields, so they are decoded once more here (only with a policy).
+            try:
+                request = acker_pb2.ApplyRequest.FromString(request)
+            except Exception:  # undecodable: the servicer refuses it with INVALID_ARGUMENT
+                return
         spouts, others = _apply_spouts(request)
         if others and not rights.executor:
             raise Refused(

@@ -9,43 +9,18 @@ on every operation of the hot path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
 
 import numpy as np
-
-from .text import clip
+from acker_protocol.wire import OpKind, check_spout_name, shard_of
 
 __all__ = [
-    "OpKind",
-    "Outcome",
     "Batch",
     "BatchError",
     "InvalidBatch",
     "BatchTooLarge",
     "WrongShard",
     "validate_batch",
-    "MAX_SPOUT_NAME_BYTES",
 ]
-
-MAX_SPOUT_NAME_BYTES = 256
-
-
-class OpKind(IntEnum):
-    """Ledger operation kinds; the numbers are the wire values of the proto enum."""
-
-    INIT = 1
-    ACK = 2
-    FAIL = 3
-    RESET_TIMEOUT = 4
-
-
-class Outcome(IntEnum):
-    """How a tree ended; the numbers are the wire values of the proto enum."""
-
-    ACKED = 1
-    FAILED = 2
-    TIMED_OUT = 3
-    TIMEOUT_RESET = 4  # a notification, not an end: the tree got a fresh timeout
 
 
 @dataclass
@@ -146,18 +121,17 @@ def validate_batch(batch: Batch, *, shard_index: int, shard_count: int, max_batc
             i = _first(foreign)
             root = int(batch.roots[i])
             raise WrongShard(
-                f"root {root} belongs to shard {root % shard_count} of {shard_count}, "
+                f"root {root} belongs to shard {shard_of(root, shard_count)} of {shard_count}, "
                 f"but this acker is shard {shard_index}; check the client's address order"
             )
 
 
 def _validate_spouts(batch: Batch) -> None:
     for name in batch.spouts:
-        size = len(name.encode("utf-8"))
-        if size == 0 or size > MAX_SPOUT_NAME_BYTES:
-            raise InvalidBatch(
-                f"spout name {clip(name)} is {size} bytes; spout names must be 1 to {MAX_SPOUT_NAME_BYTES} bytes"
-            )
+        try:
+            check_spout_name(name)
+        except ValueError as exc:
+            raise InvalidBatch(str(exc)) from None
     inits = batch.kinds == OpKind.INIT
     n = len(batch.kinds)
     if len(batch.spout_index) == 0:

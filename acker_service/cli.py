@@ -13,6 +13,7 @@ from typing import Any
 from ._version import __version__
 from .config import ConfigError, ServerConfig
 from .server import PortInUse, serve
+from .shard_identity import FROM_HOSTNAME_ENV, ShardIdentityError, environ_with_shard_index
 
 __all__ = ["main", "build_parser", "config_from_args", "ENV_PREFIX"]
 
@@ -50,7 +51,14 @@ _FLAGS = (
     _Flag("max_message_bytes", int, "largest gRPC message accepted or sent, in bytes"),
     _Flag("retain_outcomes", int, "outcomes kept per spout for delivery and resume"),
     _Flag("retain_seconds", float, "seconds an outcome is kept for delivery and resume"),
+    _Flag(
+        "subscriber_buffer_bytes",
+        int,
+        "bytes of outcomes kept per subscribed spout while its stream catches up (a mass timeout); "
+        "only a backlog beyond this is evicted",
+    ),
     _Flag("grace", float, "seconds running calls get to finish at shutdown"),
+    _Flag("engine", str, "ledger engine: native (the Rust core) or reference (the Python model)"),
     _Flag(
         "max_concurrent_rpcs",
         int,
@@ -94,12 +102,17 @@ def _env_name(field: str) -> str:
 
 def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
     """The argument parser; defaults come from ``environ`` (ACKER_*) when set there."""
-    env = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
         prog="acker-server",
         description="Run one acker shard: Storm's XOR tuple-tree tracking as a gRPC service.",
-        epilog="Every flag falls back to the environment variable shown; a flag on the command line wins.",
+        epilog="Every flag falls back to the environment variable shown; a flag on the command line wins. "
+        f"{FROM_HOSTNAME_ENV}=1 takes the shard index from a host name ending in -<ordinal> "
+        "(a Kubernetes StatefulSet pod).",
     )
+    try:
+        env = environ_with_shard_index(os.environ if environ is None else environ)
+    except ShardIdentityError as exc:
+        parser.error(str(exc))
     for flag in _FLAGS:
         env_name = _env_name(flag.name)
         default = _DEFAULTS[flag.name]

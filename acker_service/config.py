@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from . import grpc_options
+from acker_protocol import grpc_options
 
-__all__ = ["ServerConfig", "ConfigError"]
+__all__ = ["ServerConfig", "ConfigError", "ENGINES"]
+
+# The ledger engines (see acker_service.engines): the Rust core, and the Python model.
+ENGINES = ("native", "reference")
 
 
 class ConfigError(ValueError):
@@ -30,6 +33,7 @@ class ServerConfig:
     max_message_bytes: int = grpc_options.DEFAULT_MAX_MESSAGE_BYTES
     retain_outcomes: int = 100_000  # per spout
     retain_seconds: float = 300.0
+    subscriber_buffer_bytes: int = 256 * 1024 * 1024  # per subscribed spout: its undelivered backlog
     grace: float = 5.0
     # Limits (0 = no limit). Streams count as RPCs: every open Subscribe holds one.
     max_concurrent_rpcs: int = 4096
@@ -45,6 +49,7 @@ class ServerConfig:
     metrics_tls_client_ca: str | None = None
     auth_tokens: str | None = None  # file of "name sha256-hex" lines
     auth_policy: str | None = None  # TOML: principals and their rights
+    engine: str = "native"
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -87,8 +92,14 @@ def _problems(c: ServerConfig) -> list[str]:
         problems.append(f"max message bytes must be at least 1024, got {c.max_message_bytes}")
     if c.retain_outcomes < 1:
         problems.append(f"retain outcomes must be at least 1 per spout, got {c.retain_outcomes}")
+    if c.subscriber_buffer_bytes < 0:
+        problems.append(f"subscriber buffer bytes must be zero or more, got {c.subscriber_buffer_bytes}")
     if not c.retain_seconds > 0:
         problems.append(f"retain seconds must be positive, got {c.retain_seconds}")
+    if c.engine not in ENGINES:
+        problems.append(f"engine must be one of {', '.join(ENGINES)}, got {c.engine!r}")
+    if c.engine == "native" and c.buckets > 32:
+        problems.append(f"the native engine supports at most 32 buckets, got {c.buckets}; use --engine reference")
     if not c.grace >= 0:
         problems.append(f"grace must be zero or more seconds, got {c.grace}")
     for name in ("max_concurrent_rpcs", "max_streams_per_connection", "max_subscriptions"):

@@ -20,8 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-
-from .text import clip
+from acker_protocol.text import clip
 
 __all__ = ["DecodeGuardInterceptor", "RateLimitedLog", "Undecodable"]
 

@@ -13,10 +13,9 @@ import os
 import sys
 
 import grpc
+from acker_protocol import grpc_options
+from acker_protocol.credentials import ChannelSecurity, open_channel
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from . import grpc_options
-from .credentials import ChannelSecurity, open_channel
 
 __all__ = ["probe", "is_serving", "main", "EXIT_SERVING", "EXIT_NOT_SERVING"]
 

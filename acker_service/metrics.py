@@ -17,8 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ._version import __version__
-from .ledger import LedgerStats
 from .outcome_hub import OutcomeHub
+from .reference_ledger import LedgerStats
 
 __all__ = ["AckerMetrics", "ExactHistogram", "LATENCY_BUCKETS", "BATCH_SIZE_BUCKETS", "MetricsHttpServer"]
 
@@ -128,7 +128,9 @@ class _AckerCollector(Collector):
 class AckerMetrics:
     """All metrics of one acker server, on a registry of its own."""
 
-    def __init__(self, ledger_stats: LedgerStats, hub: OutcomeHub, *, shard_index: int, shard_count: int) -> None:
+    def __init__(
+        self, ledger_stats: LedgerStats, hub: OutcomeHub, *, shard_index: int, shard_count: int, engine: str
+    ) -> None:
         self.registry = CollectorRegistry()
         self.ledger_stats = ledger_stats
         self.hub = hub
@@ -143,8 +145,13 @@ class AckerMetrics:
         )
         self.registry.register(_AckerCollector(self))
         ProcessCollector(registry=self.registry)
-        Info("acker_build", "Version and shard of this acker.", registry=self.registry).info(
-            {"version": __version__, "shard_index": str(shard_index), "shard_count": str(shard_count)}
+        Info("acker_build", "Version, shard and ledger engine of this acker.", registry=self.registry).info(
+            {
+                "version": __version__,
+                "shard_index": str(shard_index),
+                "shard_count": str(shard_count),
+                "engine": engine,
+            }
         )
         labels = ["grpc_type", "grpc_service", "grpc_method"]
         self.grpc_started = Counter(

@@ -3,9 +3,13 @@
 Every outcome routed to a spout gets the next sequence number of that spout
 (1, 2, 3, ... per acker incarnation) and is appended to the spout's retention
 log. The log is bounded by count and by age; it is also the only buffer a
-subscriber has: a slow reader lags behind in the log and loses what gets
-evicted before it read it, which is counted as dropped. One subscription per
-spout: a new one takes over and the older one is told it was superseded.
+subscriber has. While a spout is subscribed, outcomes it has not received yet
+are not evicted by the count bound but kept up to ``subscriber_buffer_bytes``
+(flow control: the stream takes what it can send, the rest waits in the log),
+so a burst such as a mass timeout reaches a spout that keeps up. Only a spout
+that is gone, or so slow that its backlog passes the byte bound, loses
+outcomes, which is counted as dropped. One subscription per spout: a new one
+takes over and the older one is told it was superseded.
 
 The hub is driven from one thread (the server's event loop), so it has no
 locks; the counters it exposes are plain ints that another thread may read.
@@ -16,11 +20,14 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from .ledger import Resolution
+from .reference_ledger import Resolution
+
+if TYPE_CHECKING:
+    from .outcome_columns import OutcomeColumns
 
 __all__ = ["OutcomeHub", "Subscription", "OutcomeChunk"]
 
@@ -28,6 +35,9 @@ Clock = Callable[[], float]
 
 # Compact a log's lists once this many evicted slots sit before its head.
 _COMPACT_AFTER = 4096
+# Memory one retained outcome costs: four list slots (32 bytes), the root and
+# latency int objects (about 36 bytes each); the time float is shared per publish.
+OUTCOME_BYTES = 104
 
 
 class OutcomeChunk(NamedTuple):
@@ -95,6 +105,11 @@ class _SpoutLog:
         """The sequence number the next outcome will get."""
         return self.first_seq + len(self)
 
+    @property
+    def undelivered(self) -> int:
+        """Outcomes in the log that no subscriber has received yet (the newest ones)."""
+        return min(len(self), self.next_seq - 1 - max(self.delivered, self.first_seq - 1))
+
     def evict(self, n: int) -> int:
         """Drop the ``n`` oldest outcomes; return how many of them no subscriber had received."""
         last_evicted = self.first_seq + n - 1
@@ -112,6 +127,9 @@ class _SpoutLog:
 class OutcomeHub:
     """Routes resolutions into per-spout retention logs and hands them to subscribers.
 
+    ``subscriber_buffer_bytes`` bounds, per subscribed spout, the outcomes
+    waiting for its stream; ``retain_outcomes`` bounds what is kept otherwise.
+
     >>> hub = OutcomeHub(retain_outcomes=10, retain_seconds=60, incarnation=7, clock=lambda: 0.0)
     >>> sub = hub.subscribe("s", incarnation=0, after_sequence=0, wake=lambda: None)
     >>> hub.take(sub).first_sequence  # the first take always answers, to confirm the subscription
@@ -124,10 +142,15 @@ class OutcomeHub:
         retain_seconds: float,
         incarnation: int,
         clock: Clock = time.monotonic,
+        subscriber_buffer_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         if retain_outcomes < 1 or retain_seconds <= 0:
             raise ValueError("retention needs retain_outcomes >= 1 and retain_seconds > 0")
+        if subscriber_buffer_bytes < 0:
+            raise ValueError("subscriber_buffer_bytes must be zero or more")
         self.retain_outcomes = retain_outcomes
+        # A subscribed spout's backlog is kept up to this many outcomes (never fewer than retain_outcomes).
+        self.subscriber_backlog = max(retain_outcomes, subscriber_buffer_bytes // OUTCOME_BYTES)
         self.retain_seconds = float(retain_seconds)
         self.incarnation = incarnation
         self._clock = clock
@@ -165,12 +188,46 @@ class OutcomeHub:
                 for spout, idx in groups.items()
             ]
         self.retained += len(resolutions)
+        self._bound_and_wake(touched)
+
+    def publish_columns(self, columns: OutcomeColumns) -> None:
+        """:meth:`publish` for outcome columns (the native engine's output): one list extend per spout."""
+        if not len(columns):
+            return
+        now = self._clock()
+        roots, outcomes, micros = columns.roots, columns.outcomes, columns.latency_micros
+        touched = []
+        for spout, where in columns.by_spout():
+            if where is not None:
+                roots_of, outcomes_of, micros_of = roots[where], outcomes[where], micros[where]
+            else:
+                roots_of, outcomes_of, micros_of = roots, outcomes, micros
+            touched.append(self._append(spout, roots_of.tolist(), outcomes_of.tolist(), micros_of.tolist(), now))
+        self.retained += len(columns)
+        self._bound_and_wake(touched)
+
+    def _bound_and_wake(self, touched: list[_SpoutLog]) -> None:
         for log in touched:
-            excess = len(log) - self.retain_outcomes
-            if excess > 0:
-                self._evict(log, excess)
+            self._trim(log)
             if log.subscription is not None:
                 log.subscription.wake()
+
+    def _trim(self, log: _SpoutLog) -> None:
+        """Enforce the bounds: the count for a spout without a stream, the byte bound on a stream's backlog."""
+        excess = len(log) - self.retain_outcomes
+        if excess <= 0:
+            return
+        if log.subscription is None:
+            self._evict(log, excess)
+            return
+        # Subscribed: received outcomes go first (they are only kept for a resume);
+        # undelivered ones only when the backlog passes the byte bound (too slow a reader).
+        undelivered = log.undelivered
+        delivered = len(log) - undelivered
+        overflow = undelivered - self.subscriber_backlog
+        n = delivered + overflow if overflow > 0 else min(excess, delivered)
+        if n > 0:
+            self._evict(log, n)
 
     def _append(
         self, spout: str, roots: Sequence[int], outcomes: Sequence[int], micros: Sequence[int], now: float
@@ -249,6 +306,8 @@ class OutcomeHub:
             log.subscription = None
             log.active_at = self._clock()
             self.subscribers -= 1
+            # The spout is gone: its backlog falls back to the count bound.
+            self._trim(log)
 
     def take(self, subscription: Subscription, limit: int = 4096) -> OutcomeChunk | None:
         """The next up to ``limit`` outcomes for the subscriber, or None if there is nothing to say."""
@@ -268,6 +327,8 @@ class OutcomeHub:
         subscription._gap = 0
         log.delivered = max(log.delivered, end - 1)
         log.unreported_drops = 0
+        if len(log) > self.retain_outcomes:
+            self._trim(log)  # what the stream took is kept for a resume within the count bound only
         return chunk
 
     def wake_all(self) -> None:

@@ -1,7 +1,7 @@
 """One acker shard: a grpc.aio server on its own thread and event loop, with health, reflection and metrics.
 
-The ledger and the outcome hub are touched only from that event loop (RPC
-handlers and the rotation ticker), so they need no locks. grpc.aio keeps open
+The :class:`~acker_service.shard.Shard` is touched only from that event loop
+(RPC handlers and the rotation ticker), so it needs no locks. grpc.aio keeps open
 Subscribe streams from starving Apply: a stream waiting for outcomes holds no
 thread.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import signal
 import threading
 import time
@@ -18,19 +17,20 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
+from acker_protocol import grpc_options
+from acker_protocol.v1 import acker_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from . import grpc_options
 from .auth import Authenticator, AuthInterceptor
 from .config import ServerConfig
 from .decode_guard import DecodeGuardInterceptor
+from .engines import Engine
 from .interceptors import MetricsInterceptor
-from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
 from .outcome_hub import OutcomeHub
-from .servicer import AckerServicer
-from .v1 import acker_pb2, acker_pb2_grpc
+from .servicer import AckerServicer, add_acker_servicer
+from .shard import EXPIRY_SLICE, Shard
 
 __all__ = ["AckerServer", "PortInUse", "serve", "SERVICE_NAME", "start_line"]
 
@@ -40,6 +40,12 @@ SERVICE_NAME = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name
 T = TypeVar("T")
 # The ticker wakes at least this often, so retention ages out promptly even with long timeouts.
 _MAX_TICK_SECONDS = 1.0
+# Pause between expiry slices. Not sleep(0): the loop must block in its selector
+# now and then, which releases the GIL, or gRPC's completion-queue thread (which
+# hands new calls and health checks to the loop) waits for the switch interval.
+_EXPIRY_PAUSE_SECONDS = 0.001
+# An expiry of at least this many trees at once is logged as a mass timeout.
+MASS_TIMEOUT_LOG_THRESHOLD = 10_000
 
 
 class PortInUse(OSError):
@@ -51,14 +57,6 @@ def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
-def new_incarnation() -> int:
-    """A random non-zero 64-bit id for one server lifetime."""
-    while True:
-        value = secrets.randbits(64)
-        if value:
-            return value
-
-
 class AckerServer:
     """An acker shard running in a background thread; ``start()``/``stop()`` or a ``with`` block.
 
@@ -67,17 +65,13 @@ class AckerServer:
     """
 
     def __init__(self, config: ServerConfig, clock: Callable[[], float] | None = None) -> None:
-        clock = clock or time.monotonic  # None: real time (callers can pass an optional clock through)
         self.config = config
-        self.incarnation = new_incarnation()
-        self.ledger = Ledger(config.message_timeout, config.buckets, clock)
-        self.hub = OutcomeHub(config.retain_outcomes, config.retain_seconds, self.incarnation, clock)
-        self.metrics = AckerMetrics(
-            self.ledger.stats, self.hub, shard_index=config.shard_index, shard_count=config.shard_count
-        )
-        self.servicer = AckerServicer(config, self.ledger, self.hub, self.metrics, self.incarnation)
+        self.shard = Shard(config, clock)
+        self.servicer = AckerServicer(self.shard)
         self.auth = (
-            Authenticator(config.auth_tokens, config.auth_policy, self.metrics.registry) if config.auth_policy else None
+            Authenticator(config.auth_tokens, config.auth_policy, self.shard.metrics.registry)
+            if config.auth_policy
+            else None
         )
         self.port: int | None = None
         self.metrics_port: int | None = None
@@ -88,6 +82,26 @@ class AckerServer:
         self._health: health.aio.HealthServicer | None = None
         self._ticker: asyncio.Task | None = None
         self._done: asyncio.Event | None = None
+
+    @property
+    def incarnation(self) -> int:
+        """The random id of this server's lifetime (a restarted shard has a new one)."""
+        return self.shard.incarnation
+
+    @property
+    def ledger(self) -> Engine:
+        """The shard's ledger (touch it only through :meth:`call`)."""
+        return self.shard.ledger
+
+    @property
+    def hub(self) -> OutcomeHub:
+        """The shard's outcome hub (touch it only through :meth:`call`)."""
+        return self.shard.hub
+
+    @property
+    def metrics(self) -> AckerMetrics:
+        """The shard's Prometheus metrics."""
+        return self.shard.metrics
 
     @property
     def address(self) -> str:
@@ -127,7 +141,7 @@ class AckerServer:
         if c.metrics_port is not None:
             try:
                 self._http = MetricsHttpServer(
-                    self.metrics.registry,
+                    self.shard.metrics.registry,
                     c.effective_metrics_host,
                     c.metrics_port,
                     certfile=c.metrics_tls_cert,
@@ -174,10 +188,10 @@ class AckerServer:
             maximum_concurrent_rpcs=config.max_concurrent_rpcs or None,
             # Metrics outermost, so refusals of undecodable requests are counted by code too.
             # Authorization innermost: it sees only requests that decoded.
-            interceptors=[MetricsInterceptor(self.metrics), DecodeGuardInterceptor()]
+            interceptors=[MetricsInterceptor(self.shard.metrics), DecodeGuardInterceptor()]
             + ([AuthInterceptor(self.auth)] if self.auth is not None else []),
         )
-        acker_pb2_grpc.add_AckerServicer_to_server(self.servicer, server)
+        add_acker_servicer(self.servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -202,13 +216,37 @@ class AckerServer:
 
     async def _tick(self) -> None:
         """Rotate the ledger when due and age out retained outcomes."""
-        cap = min(_MAX_TICK_SECONDS, self.ledger.rotation_period / 4)
+        cap = min(_MAX_TICK_SECONDS, self.shard.ledger.rotation_period / 4)
         while True:
-            await asyncio.sleep(min(max(self.ledger.seconds_until_rotation(), 0.001), cap))
+            await asyncio.sleep(min(max(self.shard.ledger.seconds_until_rotation(), 0.001), cap))
             try:
-                self.servicer.advance()
+                await self._expire_in_slices()
             except Exception:  # a bug here must not stop expiry for good; it is logged and retried
                 log.exception("advancing the ledger failed")
+
+    async def _expire_in_slices(self) -> int:
+        """Expire what is due one slice at a time, yielding to the loop in between; return how many timed out.
+
+        Health checks, Apply and Subscribe run between slices, so a mass
+        timeout delays them by one slice, not by the whole expiry.
+        """
+        started = time.monotonic()
+        total = 0
+        while True:
+            timed_out, more = self.shard.advance_slice(EXPIRY_SLICE)
+            total += timed_out
+            if not more:
+                break
+            await asyncio.sleep(_EXPIRY_PAUSE_SECONDS)
+        if total >= MASS_TIMEOUT_LOG_THRESHOLD:
+            log.warning(
+                "mass timeout: %d trees timed out at once on shard %d, expired in %.2f s; "
+                "their spouts get TIMED_OUT and replay them",
+                total,
+                self.config.shard_index,
+                time.monotonic() - started,
+            )
+        return total
 
     def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
         """Run ``fn`` on the server's event loop and return its result (tests, diagnostics)."""
@@ -226,7 +264,7 @@ class AckerServer:
 
     def advance(self) -> int:
         """Expire what the clock says is due, now; return how many trees timed out."""
-        return self.call(self.servicer.advance)
+        return self.call(self.shard.advance)
 
     def stop(self, grace: float | None = None) -> None:
         """Health NOT_SERVING, end streams, stop with ``grace`` seconds for running calls, join."""
@@ -248,7 +286,7 @@ class AckerServer:
         await self._health.enter_graceful_shutdown()
         stopping = asyncio.ensure_future(self._server.stop(grace))
         await asyncio.sleep(0)  # new calls are refused from here on
-        self.servicer.close_streams()
+        self.shard.close()
         await stopping
         if self._ticker is not None:
             self._ticker.cancel()
@@ -276,13 +314,13 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
 
 
 def start_line(server: AckerServer) -> str:
-    """The one line logged at start: shard, addresses, timeout and buckets."""
+    """The one line logged at start: shard, addresses, timeout, buckets and ledger engine."""
     c = server.config
     metrics = f"metrics on {server.metrics_url}" if server.metrics_url else "metrics off"
     transport = ", mutual TLS" if c.tls_client_ca else ", TLS" if c.tls_cert else ""
     return (
         f"acker shard {c.shard_index}/{c.shard_count} serving on {server.address}, {metrics}, "
-        f"timeout {c.message_timeout:g}s, {c.buckets} buckets{transport}"
+        f"timeout {c.message_timeout:g}s, {c.buckets} buckets, {c.engine} ledger engine{transport}"
     )
 
 

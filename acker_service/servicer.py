@@ -1,79 +1,53 @@
-"""The Acker gRPC servicer: translates between protobuf and the ledger and outcome hub.
+"""The Acker gRPC servicer: translates between protobuf and a :class:`~acker_service.shard.Shard`, nothing more.
 
-All methods run on the server's event loop, the only place the ledger and the
-hub are touched, so nothing here needs a lock.
+All methods run on the server's event loop, the only place the shard is
+touched, so nothing here needs a lock. Apply receives the request's raw bytes
+(see :func:`add_acker_servicer`): the shard's ledger engine decodes them, so the
+native engine never builds a Python object per operation.
 """
 
 from __future__ import annotations
 
-import asyncio
-from operator import itemgetter
+import contextlib
 from typing import cast
 
 import grpc
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from ._version import __version__
-from .batch import MAX_SPOUT_NAME_BYTES, Batch, BatchTooLarge, InvalidBatch, WrongShard, validate_batch
-from .config import ServerConfig
-from .ledger import Ledger, Resolution
-from .metrics import AckerMetrics
-from .outcome_hub import OutcomeHub
-from .text import clip
-from .v1 import acker_pb2, acker_pb2_grpc
+from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
+from .shard import BadSpoutName, Shard, ShardClosing, SubscribeRefused, Superseded, TooManySubscriptions
 
-__all__ = ["AckerServicer", "OUTCOMES_PER_MESSAGE"]
+__all__ = ["AckerServicer", "OUTCOMES_PER_MESSAGE", "add_acker_servicer"]
 
 # Outcomes per OutcomeBatch message: ~20 bytes each, so well under any message limit.
 OUTCOMES_PER_MESSAGE = 4096
-
-_LATENCY = itemgetter(3)  # Resolution.latency_seconds, without attribute lookups
 
 _STATUS_OF = {
     InvalidBatch: grpc.StatusCode.INVALID_ARGUMENT,
     BatchTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     WrongShard: grpc.StatusCode.FAILED_PRECONDITION,
+    BadSpoutName: grpc.StatusCode.INVALID_ARGUMENT,
+    ShardClosing: grpc.StatusCode.UNAVAILABLE,
+    TooManySubscriptions: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Superseded: grpc.StatusCode.ABORTED,
 }
 
 
 class AckerServicer(acker_pb2_grpc.AckerServicer):
     """Apply, Subscribe and Describe for one shard."""
 
-    def __init__(
-        self, config: ServerConfig, ledger: Ledger, hub: OutcomeHub, metrics: AckerMetrics, incarnation: int
-    ) -> None:
-        self._config = config
-        self._ledger = ledger
-        self._hub = hub
-        self._metrics = metrics
-        self._incarnation = incarnation
-        self._closing = False
+    def __init__(self, shard: Shard) -> None:
+        self._shard = shard
 
-    async def Apply(self, request: acker_pb2.ApplyRequest, context: grpc.aio.ServicerContext):
-        """Validate the whole batch, apply it, route the outcomes it produced."""
-        batch = Batch.of(
-            request.kinds,
-            request.root_ids,
-            request.values,
-            request.dedup_keys,
-            request.spouts,
-            request.spout_index,
-        )
-        config = self._config
+    # The generated base class types the request as ApplyRequest; here it is its bytes (add_acker_servicer).
+    async def Apply(self, request: bytes, context: grpc.aio.ServicerContext):  # type: ignore[override]
+        """Let the shard decode, validate and apply the request; report the counts (or why nothing was applied)."""
         try:
-            validate_batch(
-                batch,
-                shard_index=config.shard_index,
-                shard_count=config.shard_count,
-                max_batch=config.max_batch,
-            )
-        except (InvalidBatch, BatchTooLarge, WrongShard) as exc:
+            result = self._shard.apply_request(request)
+        except BatchError as exc:
             status, message = _STATUS_OF[type(exc)], str(exc)
         else:
-            result = self._ledger.apply_batch(batch)
-            self.settle(result.resolutions)
-            # Not ends, so no latency or outcome metrics: only the spout must know.
-            self._hub.publish(result.timeout_resets)
-            self._metrics.batch_operations.observe(len(batch))
             return acker_pb2.ApplyResponse(
                 applied=result.applied, deduplicated=result.deduplicated, ignored=result.ignored
             )
@@ -81,39 +55,22 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
 
     async def Subscribe(self, request: acker_pb2.SubscribeRequest, context: grpc.aio.ServicerContext):
         """Stream the spout's retained outcomes after the resume position, then live ones."""
-        spout = request.spout
-        size = len(spout.encode("utf-8"))
-        if not 1 <= size <= MAX_SPOUT_NAME_BYTES:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"spout name is {size} bytes; name the spout used in INIT operations (1 to "
-                f"{MAX_SPOUT_NAME_BYTES} bytes)",
-            )
-        if self._closing:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "this acker is shutting down; subscribe again later")
-        limit = self._config.max_subscriptions
-        if limit and self._hub.subscribers >= limit and not self._hub.is_subscribed(spout):
-            # A takeover replaces a stream and is allowed; a new spout would exceed the bound.
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"this acker has {self._hub.subscribers} open subscriptions, its maximum (--max-subscriptions "
-                f"{limit}); close unused spouts or raise the limit",
-            )
-        wakeup = asyncio.Event()
-        subscription = self._hub.subscribe(
-            spout, incarnation=request.incarnation, after_sequence=request.after_sequence, wake=wakeup.set
+        incarnation = self._shard.incarnation
+        chunks = self._shard.subscribe(
+            request.spout,
+            incarnation=request.incarnation,
+            after_sequence=request.after_sequence,
+            limit=OUTCOMES_PER_MESSAGE,
         )
         try:
-            while True:
-                if subscription.superseded:
-                    await context.abort(
-                        grpc.StatusCode.ABORTED,
-                        f"a newer Subscribe for spout {clip(spout)} took over; one subscription per spout per acker",
-                    )
-                chunk = self._hub.take(subscription, OUTCOMES_PER_MESSAGE)
-                if chunk is not None:
+            # Headers now, not with the first outcome: the client learns at once
+            # that its stream is open again (its backstop pauses until then).
+            await context.send_initial_metadata(())
+            # aclosing: a cancelled stream releases its subscription now, not at garbage collection.
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
                     yield acker_pb2.OutcomeBatch(
-                        incarnation=self._incarnation,
+                        incarnation=incarnation,
                         first_sequence=chunk.first_sequence,
                         root_ids=chunk.roots,
                         # Plain ints from the (protobuf-free) hub are the enum's wire values.
@@ -121,49 +78,58 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
                         latency_micros=chunk.latency_micros,
                         dropped=chunk.dropped,
                     )
-                elif self._closing:
-                    # Everything retained was sent; the spout resumes from its position elsewhere.
-                    await context.abort(
-                        grpc.StatusCode.UNAVAILABLE,
-                        "this acker is shutting down; resubscribe with your position",
-                    )
-                else:
-                    wakeup.clear()
-                    await wakeup.wait()
-        finally:
-            self._hub.unsubscribe(subscription)
+        except SubscribeRefused as exc:
+            status, message = _STATUS_OF[type(exc)], str(exc)
+        else:
+            return
+        await context.abort(status, message)
 
     async def Describe(self, request: acker_pb2.DescribeRequest, context: grpc.aio.ServicerContext):
         """Shard, timeouts, retention, pending trees and version."""
-        c = self._config
+        c = self._shard.config
         return acker_pb2.DescribeResponse(
             shard_index=c.shard_index,
             shard_count=c.shard_count,
             message_timeout_seconds=c.message_timeout,
             buckets=c.buckets,
-            pending_trees=self._ledger.pending_trees,
+            pending_trees=self._shard.pending_trees,
             version=__version__,
             max_batch=c.max_batch,
-            incarnation=self._incarnation,
+            incarnation=self._shard.incarnation,
             retain_outcomes=c.retain_outcomes,
             retain_seconds=c.retain_seconds,
         )
 
-    def advance(self) -> int:
-        """Expire due trees and old retained outcomes; return how many trees timed out."""
-        resolutions = self._ledger.advance()
-        self.settle(resolutions)
-        self._hub.expire()
-        return len(resolutions)
 
-    def settle(self, resolutions: list[Resolution]) -> None:
-        """Record and route the outcomes of ended trees, refresh the scrape-time gauges."""
-        if resolutions:
-            self._metrics.complete_latency.observe_many(list(map(_LATENCY, resolutions)))
-            self._hub.publish(resolutions)
-        self._metrics.refresh_gauges(self._ledger.pending_trees, self._ledger.orphan_entries)
+def _raw_request(data: bytes) -> bytes:
+    """Apply's request deserializer: none; the ledger engine decodes the bytes itself."""
+    return data
 
-    def close_streams(self) -> None:
-        """End every Subscribe stream once it has sent what is retained (shutdown)."""
-        self._closing = True
-        self._hub.wake_all()
+
+def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None:
+    """Register the servicer like the generated ``add_AckerServicer_to_server``, but Apply gets raw bytes.
+
+    The native engine decodes ``ApplyRequest`` in Rust; the reference engine decodes
+    with protobuf. Either way a request that does not decode is INVALID_ARGUMENT
+    (a failing deserializer would surface as a less helpful status).
+    """
+    handlers = {
+        "Apply": grpc.unary_unary_rpc_method_handler(
+            servicer.Apply,
+            request_deserializer=_raw_request,
+            response_serializer=acker_pb2.ApplyResponse.SerializeToString,
+        ),
+        "Subscribe": grpc.unary_stream_rpc_method_handler(
+            servicer.Subscribe,
+            request_deserializer=acker_pb2.SubscribeRequest.FromString,
+            response_serializer=acker_pb2.OutcomeBatch.SerializeToString,
+        ),
+        "Describe": grpc.unary_unary_rpc_method_handler(
+            servicer.Describe,
+            request_deserializer=acker_pb2.DescribeRequest.FromString,
+            response_serializer=acker_pb2.DescribeResponse.SerializeToString,
+        ),
+    }
+    service = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)

@@ -2,8 +2,9 @@
 
 Usage: python scripts/generate_proto.py [OUTPUT_ROOT]
 
-OUTPUT_ROOT defaults to the repository root, so the modules land in
-acker_service/v1/. The staleness test generates into a temporary directory and
+OUTPUT_ROOT defaults to proto/, so the modules land next to the .proto file in
+proto/acker_protocol/v1/ (the Python import path follows the file's path under
+proto/). The staleness test generates into a temporary directory and
 compares with the committed files.
 """
 
@@ -42,4 +43,4 @@ def generate(output_root: Path) -> None:
 
 
 if __name__ == "__main__":
-    generate(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO)
+    generate(Path(sys.argv[1]) if len(sys.argv) > 1 else PROTO_ROOT)

@@ -4,7 +4,8 @@ from .bolt import BoltCollector
 from .cluster import ClientStats, ClusterClient
 from .errors import AckerError, ClusterMisconfigured, RequestRefused, ShardFailure, ShardUnavailable, SpoutFull
 from .ids import EdgeIdSource, RandomEdgeIds, new_id
-from .spout import FailReason, Spout, SpoutStats
+from .shared import close_shared_clients, shared_client
+from .spout import Spout, SpoutStats
 from .tuples import MessageId, TrackedTuple
 
 __all__ = [
@@ -14,7 +15,6 @@ __all__ = [
     "ClusterClient",
     "ClusterMisconfigured",
     "EdgeIdSource",
-    "FailReason",
     "MessageId",
     "RandomEdgeIds",
     "RequestRefused",
@@ -24,5 +24,7 @@ __all__ = [
     "SpoutFull",
     "SpoutStats",
     "TrackedTuple",
+    "close_shared_clients",
     "new_id",
+    "shared_client",
 ]

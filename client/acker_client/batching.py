@@ -5,14 +5,18 @@ Pure: no I/O, no clock, no lock (the cluster client holds the lock).
 
 from __future__ import annotations
 
-from acker_service.v1 import acker_pb2
+from typing import cast
+
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import OpKind
 
 __all__ = ["OpBuffer", "INIT", "ACK", "FAIL", "RESET_TIMEOUT"]
 
-INIT = acker_pb2.OP_KIND_INIT
-ACK = acker_pb2.OP_KIND_ACK
-FAIL = acker_pb2.OP_KIND_FAIL
-RESET_TIMEOUT = acker_pb2.OP_KIND_RESET_TIMEOUT
+# Plain ints: they go into a protobuf repeated enum field by the thousand.
+INIT = int(OpKind.INIT)
+ACK = int(OpKind.ACK)
+FAIL = int(OpKind.FAIL)
+RESET_TIMEOUT = int(OpKind.RESET_TIMEOUT)
 
 
 class OpBuffer:
@@ -108,8 +112,13 @@ class OpBuffer:
         """Roots of the buffered INIT operations."""
         return tuple(self._init_roots)
 
-    def to_request(self) -> acker_pb2.ApplyRequest:
-        """Encode as one ApplyRequest of packed parallel arrays (no per-operation sub-messages)."""
+    def to_request(self, batch_key: int = 0) -> acker_pb2.ApplyRequest:
+        """Encode as one ApplyRequest of packed parallel arrays (no per-operation sub-messages).
+
+        A non-zero ``batch_key`` becomes the dedup key of every unkeyed ACK, so
+        that the acker applies them once even if the whole request is sent
+        again after a lost response (see :mod:`acker_client.delivery`).
+        """
         acks = [(r, v) for r, v in self._acks.items() if v]
         keyed = [(r, k, v) for (r, k), v in self._keyed_acks.items() if v]
         n_init, n_fail, n_reset = len(self._init_roots), len(self._fails), len(self._resets)
@@ -125,9 +134,13 @@ class OpBuffer:
         roots += self._resets
         values += [0] * n_reset
         spouts = list(self._spouts)
-        request = acker_pb2.ApplyRequest(kinds=kinds, root_ids=roots, values=values, spouts=spouts)
-        if keyed:
-            request.dedup_keys.extend([0] * (len(kinds) - len(keyed) - n_reset))
+        # Plain ints are the enum's wire values.
+        request = acker_pb2.ApplyRequest(
+            kinds=cast("list[acker_pb2.OpKind.ValueType]", kinds), root_ids=roots, values=values, spouts=spouts
+        )
+        if keyed or (acks and batch_key):
+            request.dedup_keys.extend([0] * (n_init + n_fail))
+            request.dedup_keys.extend([batch_key] * len(acks))
             request.dedup_keys.extend([k for _, k, _ in keyed])
             request.dedup_keys.extend([0] * n_reset)
         if len(spouts) > 1:

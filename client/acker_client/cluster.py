@@ -1,101 +1,31 @@
-"""ClusterClient: routes operations to acker shards, batches and folds them, and sends them with deadlines."""
+"""ClusterClient: the public API of the acker cluster, routing each operation to its shard's buffer.
+
+The per-process state (channels, buffers, counters) is in :mod:`.process`, the
+sending and the age-based flusher in :mod:`.sender`.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
 
 import grpc
+from acker_protocol import grpc_options
+from acker_protocol.credentials import ChannelSecurity
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+from acker_protocol.wire import MAX_ID, check_id, check_root, check_spout_name, shard_of
 
-from acker_service import grpc_options
-from acker_service.credentials import ChannelSecurity, open_channel
-from acker_service.text import clip
-from acker_service.v1 import acker_pb2, acker_pb2_grpc
-
+from . import process
 from .batching import OpBuffer
-from .errors import (
-    REFUSAL_CODES,
-    AckerError,
-    ClusterMisconfigured,
-    RequestRefused,
-    ShardFailure,
-    ShardUnavailable,
-    _BatchError,
-)
+from .errors import AckerError, ClusterMisconfigured, batch_error, shard_failure
+from .process import ClientStats, ProcessState
+from .sender import Sender
 
 __all__ = ["ClusterClient", "ClientStats"]
 
 log = logging.getLogger(__name__)
-
-_MAX_ID = (1 << 64) - 1
-_MAX_SPOUT_BYTES = 256
-
-# os.getpid() is a real system call (about 250 ns on our machines), too dear
-# for every ack. Python runs this hook in the child of every os.fork(), which
-# is how PySpark's daemon and multiprocessing's "fork" context create workers.
-_pid = os.getpid()
-# Guards the creation of a process's state. Replaced in a forked child: another
-# thread of the parent may have held it at the moment of the fork.
-_state_lock = threading.Lock()
-
-
-def _after_fork_in_child() -> None:
-    global _pid, _state_lock
-    _pid = os.getpid()
-    _state_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-@dataclass
-class ClientStats:
-    """Counters of what this process's client did (a forked child starts from zero)."""
-
-    calls: int = 0  # ack/init/fail/reset_timeout calls buffered
-    batches_sent: int = 0
-    operations_sent: int = 0
-    operations_folded: int = 0  # calls merged into another operation of the same batch
-    batches_failed: int = 0
-    operations_dropped: int = 0  # operations of failed batches (never retried)
-    background_errors: int = 0  # failures of age-based flushes (reported to on_error)
-    applied: int = 0  # from ApplyResponse
-    deduplicated: int = 0
-    ignored: int = 0
-
-    def copy(self) -> ClientStats:
-        """A snapshot."""
-        return ClientStats(**{f.name: getattr(self, f.name) for f in fields(self)})
-
-
-class _Sending:
-    """Batches taken out of the buffers and being sent; :meth:`ClusterClient.flush` waits for these."""
-
-    __slots__ = ("done", "error")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.error: _BatchError | None = None
-
-
-class _ProcessState:
-    """Channels, stubs, buffers and the flusher thread of one process (never shared across a fork)."""
-
-    def __init__(self, addresses: Sequence[str], security: ChannelSecurity | None = None) -> None:
-        self.pid = _pid
-        self.channels = [open_channel(a, security, grpc_options.client_options()) for a in addresses]
-        self.stubs = [acker_pb2_grpc.AckerStub(c) for c in self.channels]
-        self.buffers = [OpBuffer() for _ in addresses]
-        self.lock = threading.Lock()
-        self.wake = threading.Condition(self.lock)
-        self.flusher: threading.Thread | None = None
-        self.closed = False
-        self.sending: set[_Sending] = set()
-        self.stats = ClientStats()
 
 
 class ClusterClient:
@@ -104,15 +34,27 @@ class ClusterClient:
     Operations are buffered per shard and sent as one ``Apply`` per batch when
     the batch reaches ``batch_size`` operations (by the caller that filled it),
     when its oldest operation is ``flush_interval`` seconds old (by a background
-    thread), or on :meth:`flush`. Every call carries ``deadline`` seconds. A
-    failed batch is dropped, never retried (XOR acks are not idempotent): the
-    trees involved are left to the spout's backstop. Thread-safe; fork-safe
-    (a forked child gets its own channels, buffers and thread and never sends
-    the parent's buffered operations).
+    thread), or on :meth:`flush`. Thread-safe; fork-safe (a forked child gets
+    its own channels, buffers and threads and never sends the parent's
+    buffered operations).
+
+    Through a network blip (see :mod:`acker_client.delivery` and
+    ``docs/client-outages.md``): every attempt waits for the shard's connection
+    (``wait_for_ready``) for at most ``deadline`` seconds, and a batch is
+    retried after transient failures for up to ``wait_for_shard`` seconds in
+    all, because every batch is safe to repeat (each unkeyed ACK gets the
+    batch's dedup key; ``batch_keys=False`` turns that off and with it the
+    retrying of batches that hold unkeyed ACKs). A shard's buffer never holds
+    more than ``batch_size`` operations: the caller that fills it sends it and
+    waits, which is the back-pressure a bolt's ``ack`` and a spout's ``emit``
+    feel while a shard is unreachable. After ``wait_for_shard`` seconds the
+    batch is dropped and the caller gets :class:`ShardUnavailable`; the trees
+    involved are left to the spout's backstop. ``reconnect_backoff`` is the
+    channels' (initial, maximum) pause in seconds between connection attempts.
 
     ``on_error`` receives the error of every failed background flush.
-    ``security`` gives TLS / mTLS files and a bearer token (see
-    :class:`acker_service.credentials.ChannelSecurity`); None is plaintext.
+    ``security`` gives TLS / mTLS files and a bearer token
+    (:class:`acker_protocol.credentials.ChannelSecurity`); None is plaintext.
     """
 
     def __init__(
@@ -124,6 +66,12 @@ class ClusterClient:
         deadline: float = 5.0,
         verify: bool = True,
         on_error: Callable[[AckerError], None] | None = None,
+        wait_for_shard: float = 20.0,
+        reconnect_backoff: tuple[float, float] = (
+            grpc_options.INITIAL_RECONNECT_BACKOFF_MS / 1000,
+            grpc_options.MAX_RECONNECT_BACKOFF_MS / 1000,
+        ),
+        batch_keys: bool = True,
         security: ChannelSecurity | None = None,
     ) -> None:
         if isinstance(addresses, str):
@@ -132,16 +80,29 @@ class ClusterClient:
             raise ValueError("a cluster needs at least one acker address")
         if batch_size < 1 or flush_interval <= 0 or deadline <= 0:
             raise ValueError("batch_size, flush_interval and deadline must be positive")
+        if wait_for_shard < 0:
+            raise ValueError(f"wait_for_shard must be 0 or more seconds, got {wait_for_shard}")
+        initial_backoff, max_backoff = reconnect_backoff
+        self._channel_options = grpc_options.client_options(
+            initial_reconnect_backoff_ms=round(initial_backoff * 1000),
+            max_reconnect_backoff_ms=round(max_backoff * 1000),
+        )
         self._addresses = tuple(addresses)
         self.security = security
         self._n = len(self._addresses)
         self.batch_size = batch_size
-        self.flush_interval = flush_interval
-        self.deadline = deadline
         self.on_error = on_error
+        self._sender = Sender(
+            self._addresses,
+            deadline=deadline,
+            flush_interval=flush_interval,
+            report=self._report,
+            wait_for_shard=wait_for_shard,
+            batch_keys=batch_keys,
+        )
         self._listeners: list[Callable[[AckerError], None]] = []
-        self._proc: _ProcessState | None = None
-        self._abandoned: list[_ProcessState] = []
+        self._proc: ProcessState | None = None
+        self._abandoned: list[ProcessState] = []
         self._closed = False
         self._known_spouts: set[str] = set()
         if verify:
@@ -159,13 +120,37 @@ class ClusterClient:
         return self._addresses
 
     @property
+    def deadline(self) -> float:
+        """Seconds every call to an acker may take."""
+        return self._sender.deadline
+
+    @deadline.setter
+    def deadline(self, seconds: float) -> None:
+        self._sender.deadline = seconds
+
+    @property
+    def wait_for_shard(self) -> float:
+        """Seconds one batch may wait and retry for its shard before it is dropped."""
+        return self._sender.wait_for_shard
+
+    @property
+    def batch_keys(self) -> bool:
+        """Whether unkeyed ACKs get their batch's dedup key (so every batch may be retried)."""
+        return self._sender.batch_keys
+
+    @property
+    def flush_interval(self) -> float:
+        """Seconds after which a buffer's oldest operation is sent by the background flusher."""
+        return self._sender.flush_interval
+
+    @property
     def shard_count(self) -> int:
         """The number of shards."""
         return self._n
 
     def shard_of(self, root: int) -> int:
         """The shard that owns ``root``."""
-        return root % self._n
+        return shard_of(root, self._n)
 
     @property
     def stats(self) -> ClientStats:
@@ -174,7 +159,8 @@ class ClusterClient:
         with st.lock:
             snapshot = st.stats.copy()
             snapshot.calls += sum(b.added for b in st.buffers)
-            return snapshot
+        snapshot.shard_states = st.connections.states()
+        return snapshot
 
     def add_error_listener(self, listener: Callable[[AckerError], None]) -> None:
         """Call ``listener`` with every failed batch, foreground or background (the spout uses this)."""
@@ -187,16 +173,16 @@ class ClusterClient:
 
     # -- per-process state ---------------------------------------------------
 
-    def _state(self) -> _ProcessState:
+    def _state(self) -> ProcessState:
         st = self._proc
-        if st is not None and st.pid == _pid:
+        if st is not None and st.pid == process.current_pid():
             return st
         return self._new_state()
 
-    def _new_state(self) -> _ProcessState:
-        with _state_lock:
+    def _new_state(self) -> ProcessState:
+        with process.state_lock:
             st = self._proc
-            if st is not None and st.pid == _pid:
+            if st is not None and st.pid == process.current_pid():
                 return st
             if self._closed:
                 raise AckerError("this ClusterClient is closed")
@@ -204,7 +190,7 @@ class ClusterClient:
                 # The parent's channels belong to the parent: keep a reference
                 # so that garbage collection never runs their finalizers here.
                 self._abandoned.append(st)
-            st = _ProcessState(self._addresses, self.security)
+            st = ProcessState(self._addresses, self._channel_options, self.security)
             self._proc = st
             return st
 
@@ -218,7 +204,7 @@ class ClusterClient:
         try:
             return self._stub(shard).Describe(acker_pb2.DescribeRequest(), timeout=self.deadline)
         except grpc.RpcError as exc:
-            raise self._error([self._failure(shard, exc, 0, ())]) from exc
+            raise batch_error([shard_failure(shard, self._addresses[shard], exc, 0)]) from exc
 
     def _verify(self) -> None:
         for shard, address in enumerate(self._addresses):
@@ -239,28 +225,28 @@ class ClusterClient:
 
     def init(self, root: int, value: int, spout: str) -> None:
         """Buffer INIT: start tree ``root`` with checksum ``value`` (xor of its first edges), owned by ``spout``."""
-        _check_id(root, value)
+        check_id(root, value)
         if spout not in self._known_spouts:
-            _check_spout(spout)
+            check_spout_name(spout)
             self._known_spouts.add(spout)
-        st, shard = self._state(), root % self._n
+        st, shard = self._state(), shard_of(root, self._n)
         with st.lock:
             buf = st.buffers[shard]
             buf.init(root, value, spout)
             full = self._after_add(st, shard, buf)
         if full is not None:
-            self._send_now(st, *full)
+            self._sender.send_now(st, *full)
 
     def ack(self, root: int, value: int, dedup_key: int = 0) -> None:
         """Buffer ACK(root, value); acks with the same root and dedup key in one batch fold into one."""
         # The hot path: checks and the common case inlined (about 0.5 µs per call).
-        if not (0 < root <= _MAX_ID and 0 <= value <= _MAX_ID and 0 <= dedup_key <= _MAX_ID):
-            _check_id(root, value)
+        if not (0 < root <= MAX_ID and 0 <= value <= MAX_ID and 0 <= dedup_key <= MAX_ID):
+            check_id(root, value)
             raise ValueError(f"dedup key {dedup_key!r} is not a 64-bit unsigned integer")
         st = self._proc
-        if st is None or st.pid != _pid:
+        if st is None or st.pid != process._pid:  # process.current_pid(), inlined on the hot path
             st = self._new_state()
-        shard = root % self._n
+        shard = root % self._n  # shard_of, inlined
         with st.lock:
             buf = st.buffers[shard]
             buf.ack(root, value, dedup_key)
@@ -268,7 +254,7 @@ class ClusterClient:
             if buf.started is None or buf.size >= self.batch_size:
                 full = self._after_add(st, shard, buf)
         if full is not None:
-            self._send_now(st, *full)
+            self._sender.send_now(st, *full)
 
     def fail(self, root: int, dedup_key: int = 0) -> None:
         """Buffer FAIL(root). (FAIL is idempotent; the dedup key is accepted for symmetry and unused.)"""
@@ -279,23 +265,23 @@ class ClusterClient:
         self._idempotent(root, OpBuffer.reset_timeout)
 
     def _idempotent(self, root: int, add: Callable[[OpBuffer, int], None]) -> None:
-        _check_id(root, 0)
-        st, shard = self._state(), root % self._n
+        check_root(root)
+        st, shard = self._state(), shard_of(root, self._n)
         with st.lock:
             buf = st.buffers[shard]
             add(buf, root)
             full = self._after_add(st, shard, buf)
         if full is not None:
-            self._send_now(st, *full)
+            self._sender.send_now(st, *full)
 
-    def _after_add(self, st: _ProcessState, shard: int, buf: OpBuffer):
+    def _after_add(self, st: ProcessState, shard: int, buf: OpBuffer):
         # Called with st.lock held. Returns (batches, ticket) to send now if the buffer is full.
         if buf.started is None:
             buf.started = time.monotonic()
-            self._ensure_flusher(st)
+            self._sender.ensure_flusher(st)
             st.wake.notify()
         if buf.size >= self.batch_size:
-            return self._take(st, lambda b: b is buf)
+            return self._sender.take(st, lambda b: b is buf)
         return None
 
     # -- sending -------------------------------------------------------------
@@ -310,98 +296,20 @@ class ClusterClient:
         st = self._state()
         with st.lock:
             earlier = list(st.sending)
-            batches, sending = self._take(st, lambda buf: True)
-        own = self._send(st, batches, sending)
+            batches, sending = self._sender.take(st, lambda buf: True)
+        own = self._sender.send(st, batches, sending)
         failures = list(own.failures) if own is not None else []
         for other in earlier:
-            # A batch another thread is sending cannot outlive its deadline.
+            # A batch another thread is sending cannot outlive its wait_for_shard.
             other.done.wait()
             if other.error is not None:
                 failures.extend(other.error.failures)
         if own is not None:
-            self._report(own, background=False)
+            self._report(own, False)
         if failures:
-            raise self._error(failures)
+            raise batch_error(failures)
 
-    def _take(self, st: _ProcessState, due: Callable[[OpBuffer], bool]) -> tuple[dict[int, OpBuffer], _Sending]:
-        # Called with st.lock held: swap out the buffers selected by ``due`` and
-        # register them as being sent, in the same critical section, so that a
-        # concurrent flush() either sends them itself or waits for them.
-        taken = {}
-        for shard, buf in enumerate(st.buffers):
-            if buf.started is not None and due(buf):
-                taken[shard] = buf
-                st.buffers[shard] = OpBuffer()
-                st.stats.calls += buf.added
-        sending = _Sending()
-        if taken:
-            st.sending.add(sending)
-        return taken, sending
-
-    def _send_now(self, st: _ProcessState, batches: dict[int, OpBuffer], sending: _Sending) -> None:
-        error = self._send(st, batches, sending)
-        if error is not None:
-            self._report(error, background=False)
-            raise error
-
-    def _send(self, st: _ProcessState, batches: dict[int, OpBuffer], sending: _Sending) -> _BatchError | None:
-        """Send one batch per shard in parallel; return the combined error, or None."""
-        if not batches:
-            return None
-        try:
-            sending.error = self._send_batches(st, batches)
-        finally:
-            with st.lock:
-                st.sending.discard(sending)
-            sending.done.set()
-        return sending.error
-
-    def _send_batches(self, st: _ProcessState, batches: dict[int, OpBuffer]) -> _BatchError | None:
-        calls = []
-        for shard, buf in batches.items():
-            request = buf.to_request()
-            if not request.kinds:
-                continue  # everything folded away to no-op acks
-            future = st.stubs[shard].Apply.future(request, timeout=self.deadline)
-            calls.append((shard, buf, len(request.kinds), future))
-        failures = []
-        for shard, buf, count, future in calls:
-            try:
-                response = future.result()
-            except grpc.RpcError as exc:
-                failures.append(self._failure(shard, exc, count, buf.init_roots()))
-                continue
-            self._count_sent(st, buf, count, response)
-        if failures:
-            with st.lock:
-                st.stats.batches_failed += len(failures)
-                st.stats.operations_dropped += sum(f.operations for f in failures)
-            return self._error(failures)
-        return None
-
-    def _count_sent(self, st: _ProcessState, buf: OpBuffer, count: int, response: acker_pb2.ApplyResponse) -> None:
-        with st.lock:
-            s = st.stats
-            s.batches_sent += 1
-            s.operations_sent += count
-            s.operations_folded += buf.added - count
-            s.applied += response.applied
-            s.deduplicated += response.deduplicated
-            s.ignored += response.ignored
-
-    def _failure(self, shard: int, exc: grpc.RpcError, count: int, init_roots: tuple[int, ...]) -> ShardFailure:
-        code = exc.code() if hasattr(exc, "code") else None
-        detail = exc.details() if hasattr(exc, "details") else str(exc)
-        return ShardFailure(shard, self._addresses[shard], code, detail or "", count, init_roots)
-
-    @staticmethod
-    def _error(failures: list[ShardFailure]) -> _BatchError:
-        refused = [f for f in failures if f.code in REFUSAL_CODES]
-        if refused:
-            return RequestRefused(failures, "an acker refused a batch; nothing of that batch was applied")
-        return ShardUnavailable(failures, "acker shard unavailable; its operations were dropped, not retried")
-
-    def _report(self, error: AckerError, *, background: bool) -> None:
+    def _report(self, error: AckerError, background: bool) -> None:
         for listener in list(self._listeners):
             try:
                 listener(error)
@@ -415,36 +323,6 @@ class ClusterClient:
                 except Exception:
                     log.exception("acker client on_error callback failed")
 
-    # -- background flusher --------------------------------------------------
-
-    def _ensure_flusher(self, st: _ProcessState) -> None:
-        # Called with st.lock held.
-        if st.flusher is None and not st.closed:
-            st.flusher = threading.Thread(target=self._flush_loop, args=(st,), name="acker-client-flusher", daemon=True)
-            st.flusher.start()
-
-    def _flush_loop(self, st: _ProcessState) -> None:
-        interval = self.flush_interval
-        while True:
-            with st.lock:
-                if st.closed:
-                    return
-                now = time.monotonic()
-                # The predicate runs inside _take, in this iteration: `now` is current.
-                batches, sending = self._take(
-                    st,
-                    lambda buf: buf.started is not None and now - buf.started >= interval,  # noqa: B023
-                )
-                if not batches:
-                    starts: list[float] = [b.started for b in st.buffers if b.started is not None]
-                    st.wake.wait(min(starts) + interval - now if starts else None)
-                    continue
-            error = self._send(st, batches, sending)
-            if error is not None:
-                with st.lock:
-                    st.stats.background_errors += 1
-                self._report(error, background=True)
-
     # -- subscriptions -------------------------------------------------------
 
     def subscribe(
@@ -455,16 +333,20 @@ class ClusterClient:
         after_sequence: int = 0,
         timeout: float | None = None,
     ):
-        """Open the outcome stream of ``spout`` on ``shard``: an iterator of OutcomeBatch with ``cancel()``."""
+        """Open the outcome stream of ``spout`` on ``shard``: an iterator of OutcomeBatch with ``cancel()``.
+
+        The call waits for the shard's connection (``wait_for_ready``), so a
+        stream re-opened during a blip starts the moment the network is back.
+        """
         request = acker_pb2.SubscribeRequest(spout=spout, incarnation=incarnation, after_sequence=after_sequence)
-        return self._stub(shard).Subscribe(request, timeout=timeout)
+        return self._stub(shard).Subscribe(request, timeout=timeout, wait_for_ready=True)
 
     # -- lifecycle -----------------------------------------------------------
 
     def close(self) -> None:
         """Flush what is buffered (errors are reported, not raised), stop the flusher and close the channels."""
         st = self._proc
-        if st is None or st.pid != _pid or st.closed:
+        if st is None or st.pid != process.current_pid() or st.closed:
             self._closed = True
             return
         try:
@@ -476,6 +358,8 @@ class ClusterClient:
             st.wake.notify_all()
         if st.flusher is not None and st.flusher is not threading.current_thread():
             st.flusher.join(timeout=self.deadline + 1.0)
+        if st.senders is not None:
+            st.senders.shutdown(wait=True)
         for channel in st.channels:
             channel.close()
         self._closed = True
@@ -489,18 +373,3 @@ class ClusterClient:
 
     def __repr__(self) -> str:
         return f"ClusterClient({list(self._addresses)!r})"
-
-
-def _check_id(root: int, value: int) -> None:
-    # A zero or out-of-range id would make the acker refuse the whole batch,
-    # dropping other callers' operations with it: refuse it here instead.
-    if not 0 < root <= _MAX_ID:
-        raise ValueError(f"root id {root!r} is not a non-zero 64-bit unsigned integer")
-    if not 0 <= value <= _MAX_ID:
-        raise ValueError(f"value {value!r} for root {root} is not a 64-bit unsigned integer")
-
-
-def _check_spout(spout: str) -> None:
-    size = len(spout.encode("utf-8"))
-    if not 0 < size <= _MAX_SPOUT_BYTES:
-        raise ValueError(f"spout name {clip(spout)} is {size} bytes; spout names must be 1 to {_MAX_SPOUT_BYTES} bytes")

@@ -44,11 +44,16 @@ class ShardFailure:
     detail: str
     operations: int
     init_roots: tuple[int, ...] = ()
+    # Why the batch was given up on: "refused", "timeout" (retried until the
+    # client's wait_for_shard ran out) or "ambiguous" (may have been applied,
+    # and not safe to repeat); see acker_client.delivery.
+    reason: str = ""
 
     def describe(self) -> str:
         """One human-readable line naming the shard, its address and the cause."""
         code = self.code.name if self.code is not None else "ERROR"
-        return f"shard {self.shard} ({self.address}): {code}: {self.detail} [{self.operations} operations dropped]"
+        why = f", {self.reason}" if self.reason else ""
+        return f"shard {self.shard} ({self.address}): {code}: {self.detail} [{self.operations} operations dropped{why}]"
 
 
 class _BatchError(AckerError):
@@ -75,11 +80,13 @@ class _BatchError(AckerError):
 
 
 class ShardUnavailable(_BatchError):
-    """A shard could not be reached within the deadline; its operations were dropped, not retried.
+    """A shard could not be reached in time; its operations were dropped.
 
-    DEADLINE_EXCEEDED means the batch may or may not have been applied: XOR
-    acks are not idempotent, so the client never retries; the spout's backstop
-    settles the affected trees.
+    A retry-safe batch (every ACK carries a dedup key: the default) was retried
+    until the client's ``wait_for_shard`` ran out (reason "timeout"). A batch
+    holding an unkeyed ACK is never repeated after a failure that may have
+    applied it (reason "ambiguous"). Either way the spout's backstop settles
+    the affected trees.
     """
 
 
@@ -93,3 +100,20 @@ class ClusterMisconfigured(AckerError):
 
 class SpoutFull(AckerError):
     """The spout has ``max_pending`` trees in flight and none completed within the timeout."""
+
+
+def shard_failure(
+    shard: int, address: str, exc: grpc.RpcError, operations: int, init_roots: tuple[int, ...] = ()
+) -> ShardFailure:
+    """The :class:`ShardFailure` of a call to ``shard`` that raised ``exc``."""
+    code = exc.code() if hasattr(exc, "code") else None
+    detail = exc.details() if hasattr(exc, "details") else str(exc)
+    return ShardFailure(shard, address, code, detail or "", operations, init_roots)
+
+
+def batch_error(failures: list[ShardFailure]) -> _BatchError:
+    """RequestRefused if any shard said no, else ShardUnavailable: one error naming every failed shard."""
+    refused = [f for f in failures if f.code in REFUSAL_CODES]
+    if refused:
+        return RequestRefused(failures, "an acker refused a batch; nothing of that batch was applied")
+    return ShardUnavailable(failures, "acker shard unavailable; its operations were dropped")

@@ -40,14 +40,17 @@ class OutcomeSubscription:
         deliver: Deliver,
         *,
         on_dropped: Callable[[int], None] | None = None,
+        on_state: Callable[[int, bool], None] | None = None,
         initial_backoff: float = 0.05,
-        max_backoff: float = 2.0,
+        max_backoff: float = 1.0,
     ) -> None:
         self.cluster = cluster
         self.shard = shard
         self.spout = spout
         self._deliver = deliver
         self._on_dropped = on_dropped
+        self._on_state = on_state
+        self.connected = False
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
         self.incarnation = 0
@@ -106,6 +109,12 @@ class OutcomeSubscription:
         if self._closing.is_set():
             call.cancel()
         try:
+            # The acker sends its headers as soon as the stream is set up, so
+            # this returns once the stream is really open (or has failed).
+            initial_metadata = getattr(call, "initial_metadata", None)
+            if initial_metadata is not None:
+                initial_metadata()
+            self._set_connected(True)
             for batch in call:
                 self._handle(batch)
                 received = True
@@ -115,7 +124,15 @@ class OutcomeSubscription:
             with self._lock:
                 self._call = None
             call.cancel()
+            self._set_connected(False)
         return received
+
+    def _set_connected(self, connected: bool) -> None:
+        if connected == self.connected:
+            return
+        self.connected = connected
+        if self._on_state is not None and not self._closing.is_set():
+            self._on_state(self.shard, connected)
 
     def _log_break(self, exc: grpc.RpcError) -> None:
         if self._closing.is_set():

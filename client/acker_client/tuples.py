@@ -5,16 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from acker_protocol.wire import check_id
+
 __all__ = ["MessageId", "TrackedTuple"]
-
-_MAX_ID = (1 << 64) - 1
-
-
-def _check(root: int, edge: int) -> None:
-    if not 0 < root <= _MAX_ID:
-        raise ValueError(f"root id {root!r} is not a non-zero 64-bit unsigned integer")
-    if not 0 <= edge <= _MAX_ID:
-        raise ValueError(f"edge id {edge!r} for root {root} is not a 64-bit unsigned integer")
 
 
 class MessageId:
@@ -32,7 +25,7 @@ class MessageId:
     def __init__(self, ids: Mapping[int, int] | Iterable[tuple[int, int]] = ()) -> None:
         items = dict(ids.items() if isinstance(ids, Mapping) else ids)
         for root, edge in items.items():
-            _check(root, edge)
+            check_id(root, edge, what="edge id")
         self._ids: dict[int, int] = items
         self._hash: int | None = None
 

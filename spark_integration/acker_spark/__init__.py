@@ -9,7 +9,7 @@ Typical use::
     stats = pipeline.run(records, lambda rdd: store.apply(split.apply(rdd)).count())
 
 DataFrames: ``pipeline.run(records, job, as_dataframe=True)`` and ``bolt.apply_df(df, schema)``
-(see :mod:`acker_spark.frames`). Test helpers: :mod:`acker_spark.testing`.
+(see :mod:`acker_spark.frames`).
 Structured Streaming: ``register_acker_spout(spark)``, then ``spark.readStream.format("acker_spout")``
 (see :mod:`acker_spark.streaming`; needs the ``[streaming]`` extra, pyarrow).
 """
@@ -20,7 +20,7 @@ from .dead_letter import DeadLetter, DeadLetterStore
 from .executor import Bolt, BoltFunction, UntrackedCollector, client_for, close_clients
 from .frames import TRACKING_COLUMN, pack_ids, unpack_ids
 from .ids import DeterministicEdgeIds, dedup_key, stable_id
-from .pipeline import ACKED, GuaranteedPipeline, Job, PipelineStats, run_untracked
+from .pipeline import GuaranteedPipeline, Job, PipelineStats, run_untracked
 from .replays import ReplayPolicy
 from .session import LOCAL_MASTER, local_session
 from .sources import Delivery, Record, TextDirectorySource, generated_sentences, records_from
@@ -45,7 +45,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "ACKED",
     "AckerSpoutDataSource",
     "Bolt",
     "BoltFunction",

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from acker_protocol.wire import Outcome
+
 from .sqlite import open_db
 
 __all__ = ["DeadLetter", "DeadLetterStore"]
@@ -29,7 +31,7 @@ class DeadLetter:
 
     key: str
     record: Any
-    reason: str
+    reason: Outcome  # the last failure: FAILED, TIMED_OUT or LOST
     attempts: int
     created_at: float
 
@@ -46,20 +48,23 @@ class DeadLetterStore:
         with open_db(self.path) as conn:
             conn.execute(_SCHEMA)
 
-    def add(self, key: str, record: Any, reason: str, attempts: int) -> None:
+    def add(self, key: str, record: Any, reason: Outcome, attempts: int) -> None:
         """Store one record with its last failure reason and the number of deliveries made."""
         payload = json.dumps(record, default=repr, ensure_ascii=False)
         with open_db(self.path) as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?)",
-                (key, payload, reason, attempts, time.time()),
+                (key, payload, reason.name, attempts, time.time()),
             )
 
     def all(self) -> list[DeadLetter]:
         """Every dead letter, ordered by key."""
         with open_db(self.path) as conn:
             rows = conn.execute("SELECT * FROM dead_letters ORDER BY record_key").fetchall()
-        return [DeadLetter(key, json.loads(record), reason, attempts, at) for key, record, reason, attempts, at in rows]
+        return [
+            DeadLetter(key, json.loads(record), Outcome[reason], attempts, at)
+            for key, record, reason, attempts, at in rows
+        ]
 
     def keys(self) -> set[str]:
         """The keys of every dead-lettered record."""

@@ -10,15 +10,14 @@ task shares. A failing attempt sends nothing.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 from acker_client import BoltCollector, ClusterClient, MessageId, ShardUnavailable, TrackedTuple, new_id
+from acker_client.shared import close_shared_clients, shared_client
+from acker_protocol.credentials import ChannelSecurity
 
-from acker_service.credentials import ChannelSecurity
-
+from .frames import _RowCodec, tracked_schema
 from .ids import DeterministicEdgeIds, dedup_key
 
 __all__ = ["Bolt", "BoltFunction", "UntrackedCollector", "client_for", "close_clients"]
@@ -28,33 +27,17 @@ log = logging.getLogger(__name__)
 BoltFunction = Callable[[Iterator[TrackedTuple], Any], Iterable[TrackedTuple]]
 """``fn(tuples, collector) -> tuples emitted`` (usually a generator yielding ``collector.emit(...)``)."""
 
-# One client per (cluster, process). PySpark forks its workers from a daemon and
-# reuses them across tasks: keying by pid means a forked child never touches its
-# parent's channels, and a reused worker keeps its connections warm.
-_clients: dict[tuple[tuple[str, ...], ChannelSecurity | None, int], ClusterClient] = {}
-_clients_lock = threading.Lock()
-
 
 def client_for(addresses: Sequence[str], security: ChannelSecurity | None = None) -> ClusterClient:
-    """This process's client for the cluster at ``addresses`` (with ``security``), created on first use."""
-    key = (tuple(addresses), security, os.getpid())
-    with _clients_lock:
-        client = _clients.get(key)
-        if client is None:
-            # verify=False: the driver's spout already checked the shard layout, and an
-            # executor must not fail its task because one acker is restarting right now.
-            client = _clients[key] = ClusterClient(list(addresses), verify=False, security=security)
-        return client
+    """This process's client for the cluster at ``addresses`` (the client library's per-process cache)."""
+    # verify=False: the driver's spout already checked the shard layout, and an
+    # executor must not fail its task because one acker is restarting right now.
+    return shared_client(addresses, verify=False, security=security)
 
 
 def close_clients() -> None:
-    """Close the clients this process created (tests, and drivers that ran bolts locally)."""
-    pid = os.getpid()
-    with _clients_lock:
-        mine = [key for key in _clients if key[2] == pid]
-        clients = [_clients.pop(key) for key in mine]
-    for client in clients:
-        client.close()
+    """Close the clients this process shares (tests, and drivers that ran bolts locally)."""
+    close_shared_clients()
 
 
 class UntrackedCollector:
@@ -122,10 +105,23 @@ class Bolt:
         describes the emitted values; the result has those columns plus
         ``_acker_ids``. ``None``: the bolt emits nothing (a sink). Input values
         are Rows without the tracking column. See :mod:`acker_spark.frames`.
+        Run an action (such as ``.count()``) on the result to make it do its work.
         """
-        from .frames import apply_dataframe
+        out_schema = tracked_schema(schema)
+        codec = _RowCodec(df.columns, out_schema.names[:-1])
+        self.track_commits(df.sparkSession.sparkContext)
+        bolt = self
 
-        return apply_dataframe(self, df, schema)
+        def run(rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
+            # The same Bolt.__call__ as the RDD path: held acks, the task's dedup key.
+            tuples = bolt(codec.decode(rows))
+            try:
+                yield from codec.encode(tuples)
+            finally:
+                # Closing the bolt's generator early (the consumer stopped) discards its held acks.
+                tuples.close()
+
+        return df.sparkSession.createDataFrame(df.rdd.mapPartitions(run), out_schema)
 
     def track_commits(self, sc: Any) -> None:
         """Create the commit and commit-error accumulators on first use (driver side)."""

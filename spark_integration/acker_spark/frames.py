@@ -2,8 +2,8 @@
 
 A tracked DataFrame has its user columns plus ``_acker_ids``: the row's
 MessageId packed as little-endian uint64 ``(root, id)`` pairs (16 bytes per
-root; empty for an unanchored row). :func:`apply_dataframe` runs a bolt over
-such a DataFrame through ``df.rdd.mapPartitions`` and ``createDataFrame`` with
+root; empty for an unanchored row). ``Bolt.apply_df`` (in :mod:`acker_spark.executor`)
+runs a bolt over such a DataFrame through ``df.rdd.mapPartitions`` and ``createDataFrame`` with
 an explicit schema, so it needs no pyarrow and reuses the RDD path's held,
 deduplicated, deterministic-id machinery unchanged. After an aggregation,
 ``_acker_ids`` may be an ``array<binary>`` (``F.collect_list("_acker_ids")``):
@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from acker_client import MessageId, TrackedTuple
-
-if TYPE_CHECKING:  # pragma: no cover - typing only: pyspark is imported lazily at run time
-    from .executor import Bolt
 
 __all__ = [
     "TRACKING_COLUMN",
     "pack_ids",
     "unpack_ids",
     "tracked_schema",
-    "apply_dataframe",
     "delivery_frame",
 ]
 
@@ -130,28 +126,6 @@ class _RowCodec:
         if len(names) == 1:
             return (value,)
         raise TypeError(f"emit a tuple, Row or dict with the columns {names} (got {type(value).__name__} {value!r})")
-
-
-def apply_dataframe(bolt: Bolt, df: Any, schema: Any = None) -> Any:
-    """Run ``bolt`` over a tracked DataFrame; return the DataFrame of what it emits (``schema`` + tracking).
-
-    ``schema=None`` is for a last bolt that emits nothing: run an action (such
-    as ``.count()``) on the result to make it do its work.
-    """
-    out_schema = tracked_schema(schema)
-    codec = _RowCodec(df.columns, out_schema.names[:-1])
-    bolt.track_commits(df.sparkSession.sparkContext)
-
-    def run(rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
-        # The same Bolt.__call__ as the RDD path: held acks, the task's dedup key.
-        tuples = bolt(codec.decode(rows))
-        try:
-            yield from codec.encode(tuples)
-        finally:
-            # Closing the bolt's generator early (the consumer stopped) discards its held acks.
-            tuples.close()
-
-    return df.sparkSession.createDataFrame(df.rdd.mapPartitions(run), out_schema)
 
 
 def delivery_frame(spark: Any, batch: Sequence[TrackedTuple], partitions: int, value_type: Any = None) -> Any:

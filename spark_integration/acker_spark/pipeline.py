@@ -1,7 +1,8 @@
 """Driver side: a spout that feeds Spark in micro-batches and replays exactly the records that failed.
 
 :class:`GuaranteedPipeline` pulls records from a source, starts one tuple tree
-per record through :class:`acker_client.Spout`, runs the user's job on an RDD
+per record through the :class:`~acker_spark.replaying_spout.ReplayingSpout`
+it shares with the streaming source, runs the user's job on an RDD
 (or a DataFrame) of the batch's TrackedTuples, and receives each tree's
 outcome. Failed, timed-out and lost records are delivered again as new trees
 after an exponential backoff, up to ``max_attempts`` deliveries; then they go
@@ -18,14 +19,16 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from acker_client import AckerError, ClusterClient, FailReason, MessageId, Spout, TrackedTuple, new_id
+from acker_client import AckerError, ClusterClient, MessageId, TrackedTuple, new_id
+from acker_protocol.wire import Outcome
 
 from .dead_letter import DeadLetterStore
 from .frames import delivery_frame
-from .replays import ReplayPolicy, ReplaySchedule
+from .replaying_spout import ReplayingSpout
+from .replays import ReplayPolicy
 from .sources import Delivery, Record
 
-__all__ = ["PipelineStats", "GuaranteedPipeline", "run_untracked", "Job", "ACKED"]
+__all__ = ["PipelineStats", "GuaranteedPipeline", "run_untracked", "Job"]
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +38,6 @@ Job = Callable[[Any], object]
 ``batch`` is an RDD of TrackedTuple[Delivery], or with ``as_dataframe=True`` a
 DataFrame with columns ``key``, ``value``, ``attempt`` and ``_acker_ids``.
 """
-
-ACKED = "ACKED"
-"""The outcome name passed to ``on_outcome`` for an acked delivery (failures pass a FailReason name)."""
 
 
 @dataclass
@@ -75,8 +75,9 @@ class GuaranteedPipeline:
 
     ``job(batch)`` must complete the work (run the actions) before it returns;
     the bolts inside it ack the trees. ``on_outcome(delivery, outcome)`` is called
-    once per delivery from the spout's callback thread (``outcome`` is ``"ACKED"``
-    or a FailReason name); ``on_progress(stats)`` from the driver thread.
+    once per delivery from the spout's callback thread (``outcome`` is an
+    :class:`~acker_protocol.wire.Outcome`: ACKED, FAILED, TIMED_OUT or LOST);
+    ``on_progress(stats)`` from the driver thread.
     """
 
     def __init__(
@@ -92,7 +93,7 @@ class GuaranteedPipeline:
         dead_letters: DeadLetterStore | None = None,
         spout_timeout: float | None = None,
         on_progress: Callable[[PipelineStats], None] | None = None,
-        on_outcome: Callable[[Delivery, str], None] | None = None,
+        on_outcome: Callable[[Delivery, Outcome], None] | None = None,
         progress_interval: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -116,9 +117,8 @@ class GuaranteedPipeline:
         self.clock = clock
         self.stats = PipelineStats()
         self._cond = threading.Condition()
-        self._inflight: dict[tuple[str, int], Delivery] = {}
-        self._schedule = ReplaySchedule(policy, clock)
-        self._dead: list[tuple[Delivery, str]] = []  # written by the driver thread
+        self._spout: ReplayingSpout | None = None  # one per run
+        self._dead: list[tuple[Delivery, Outcome]] = []  # written by the driver thread
         self._exhausted = False
         self._as_dataframe = False
         self._value_type: Any = None
@@ -142,14 +142,16 @@ class GuaranteedPipeline:
         if self._exhausted or self.stats.attempts:
             raise RuntimeError("a GuaranteedPipeline runs once; create a new one for another source")
         self._as_dataframe, self._value_type = as_dataframe, value_type
-        spout = Spout(
+        spout = self._spout = ReplayingSpout(
             self.cluster,
-            on_ack=self._on_ack,
-            on_fail=self._on_fail,
+            on_outcome=self._on_outcome,
             name=self.name,
             max_pending=self.max_pending,
+            policy=self.policy,
             timeout=self.spout_timeout,
             clock=self.clock,
+            backstop_clock=self.clock,
+            cond=self._cond,
         )
         spout.start()
         try:
@@ -171,31 +173,15 @@ class GuaranteedPipeline:
         self._report()
         return self.stats
 
-    def _take_batch(self, spout: Spout, records: Iterator[Any]) -> list[TrackedTuple]:
+    def _take_batch(self, spout: ReplayingSpout, records: Iterator[Any]) -> list[TrackedTuple]:
         room = min(self.batch_size, self.max_pending - spout.pending)
-        batch: list[TrackedTuple] = []
-        while len(batch) < room:
-            delivery = self._next_delivery(records)
-            if delivery is None:
-                break
-            message_id = (delivery.key, delivery.attempt)
-            with self._cond:
-                self._inflight[message_id] = delivery  # before emit: the outcome may come at once
-            tracked = spout.try_emit(delivery, message_id)
-            if tracked is None:
-                with self._cond:
-                    del self._inflight[message_id]
-                self._push_back(delivery)
-                break
-            self._count_delivery(delivery)
-            batch.append(tracked)
+        batch = spout.take(room, lambda: self._fresh(records))
+        for tracked in batch:
+            self._count_delivery(tracked.value)
         return batch
 
-    def _next_delivery(self, records: Iterator[Any]) -> Delivery | None:
-        with self._cond:
-            delivery = self._schedule.pop_due()
-        if delivery is not None:
-            return delivery
+    def _fresh(self, records: Iterator[Any]) -> Delivery | None:
+        """The first delivery of the source's next record, or None once it is exhausted."""
         if self._exhausted:
             return None
         try:
@@ -204,10 +190,6 @@ class GuaranteedPipeline:
             self._exhausted = True
             return None
         return Delivery(str(key), value, 1)
-
-    def _push_back(self, delivery: Delivery) -> None:
-        with self._cond:
-            self._schedule.push_back(delivery)
 
     def _count_delivery(self, delivery: Delivery) -> None:
         with self._cond:
@@ -255,12 +237,13 @@ class GuaranteedPipeline:
 
     def _finished(self) -> bool:
         with self._cond:
-            return self._exhausted and self._schedule.empty and not (self._inflight or self._dead)
+            busy = self._spout is not None and self._spout.busy()
+            return self._exhausted and not busy and not self._dead
 
     def _wait(self) -> None:
         with self._cond:
             timeout = self.progress_interval
-            due = self._schedule.next_due()
+            due = self._spout.schedule.next_due() if self._spout is not None else None
             if due is not None:
                 timeout = max(0.0, min(timeout, due - self.clock()))
             self._cond.wait(timeout)
@@ -272,34 +255,28 @@ class GuaranteedPipeline:
     def snapshot(self) -> PipelineStats:
         """A consistent copy of the stats, with ``pending`` and ``awaiting_replay`` filled in."""
         with self._cond:
-            self.stats.pending = len(self._inflight)
-            self.stats.awaiting_replay = self._schedule.waiting + len(self._dead)
+            spout = self._spout
+            self.stats.pending = spout.unsettled if spout is not None else 0
+            self.stats.awaiting_replay = (spout.schedule.waiting if spout is not None else 0) + len(self._dead)
             return replace(self.stats, replayed_keys=set(self.stats.replayed_keys))
 
     # -- outcomes (the spout's callback thread) ----------------------------------
 
-    def _on_ack(self, message_id: tuple[str, int]) -> None:
+    def _on_outcome(self, delivery: Delivery, outcome: Outcome, final: bool) -> None:
         with self._cond:
-            delivery = self._inflight.pop(message_id)
-            self.stats.acked += 1
-            self._cond.notify_all()
-        if self.on_outcome is not None:
-            self.on_outcome(delivery, ACKED)
-
-    def _on_fail(self, message_id: tuple[str, int], reason: FailReason) -> None:
-        with self._cond:
-            delivery = self._inflight.pop(message_id)
-            if reason is FailReason.FAILED:
+            if outcome is Outcome.ACKED:
+                self.stats.acked += 1
+            elif outcome is Outcome.FAILED:
                 self.stats.failed += 1
-            elif reason is FailReason.TIMED_OUT:
+            elif outcome is Outcome.TIMED_OUT:
                 self.stats.timed_out += 1
             else:
                 self.stats.lost += 1
-            if not self._schedule.retry(delivery):
-                self._dead.append((delivery, reason.name))
+            if final and outcome is not Outcome.ACKED:
+                self._dead.append((delivery, outcome))
             self._cond.notify_all()
         if self.on_outcome is not None:
-            self.on_outcome(delivery, reason.name)
+            self.on_outcome(delivery, outcome)
 
     def _write_dead_letters(self) -> None:
         with self._cond:
@@ -312,7 +289,7 @@ class GuaranteedPipeline:
                     "record %s failed %d times (last: %s); no dead-letter store",
                     delivery.key,
                     delivery.attempt,
-                    reason,
+                    reason.name,
                 )
             with self._cond:
                 self.stats.dead_lettered += 1

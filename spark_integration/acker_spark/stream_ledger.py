@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from acker_protocol.wire import Outcome
+
 from .sqlite import open_db
 
-__all__ = ["StreamDelivery", "StreamLedger", "ACKED"]
-
-ACKED = "ACKED"
-"""The outcome of an acked delivery (a failed one has its FailReason name)."""
+__all__ = ["StreamDelivery", "StreamLedger"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stream_deliveries (
@@ -38,7 +37,7 @@ class StreamDelivery:
     run: str
     key: str
     attempt: int
-    outcome: str
+    outcome: Outcome
     final: bool
 
 
@@ -50,11 +49,12 @@ class StreamLedger:
         with open_db(self.path) as conn:
             conn.execute(_SCHEMA)
 
-    def record(self, run: str, key: str, attempt: int, outcome: str, *, final: bool, at: float) -> None:
+    def record(self, run: str, key: str, attempt: int, outcome: Outcome, *, final: bool, at: float) -> None:
         """Store one delivery's outcome (a second outcome for the same delivery of a run is an error)."""
         with open_db(self.path) as conn:
             conn.execute(
-                "INSERT INTO stream_deliveries VALUES (?, ?, ?, ?, ?, ?)", (run, key, attempt, outcome, int(final), at)
+                "INSERT INTO stream_deliveries VALUES (?, ?, ?, ?, ?, ?)",
+                (run, key, attempt, outcome.name, int(final), at),
             )
 
     def deliveries(self) -> list[StreamDelivery]:
@@ -63,7 +63,10 @@ class StreamLedger:
             rows = conn.execute(
                 "SELECT run, record_key, attempt, outcome, final FROM stream_deliveries ORDER BY at, record_key"
             ).fetchall()
-        return [StreamDelivery(run, key, attempt, outcome, bool(final)) for run, key, attempt, outcome, final in rows]
+        return [
+            StreamDelivery(run, key, attempt, Outcome[outcome], bool(final))
+            for run, key, attempt, outcome, final in rows
+        ]
 
     def settled_keys(self) -> set[str]:
         """The keys of the records that were acked or dead-lettered."""

@@ -4,9 +4,10 @@
 calls, with no Spark in it: :meth:`advance` starts trees for records due for
 replay and new records (at most ``max_pending`` in flight) and appends their
 rows to an in-memory log; :meth:`rows` slices the log by offset; :meth:`commit`
-drops what Spark has processed. Outcomes arrive on the spout's callback
-thread: acks and dead letters are written to SQLite, failures are queued for
-replay as new trees after an exponential backoff.
+drops what Spark has processed. Emitting and replaying is the
+:class:`~acker_spark.replaying_spout.ReplayingSpout` the batch pipeline uses
+too; outcomes arrive on its callback thread and are written to SQLite (every
+delivery's outcome, and the dead letters).
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from acker_client import ClusterClient, FailReason, Spout, new_id
+from acker_client import ClusterClient, new_id
+from acker_protocol.wire import Outcome
 
 from .dead_letter import DeadLetterStore
 from .frames import pack_ids
-from .replays import ReplayPolicy, ReplaySchedule
+from .replaying_spout import ReplayingSpout
+from .replays import ReplayPolicy
 from .sources import Delivery, Record
-from .stream_ledger import ACKED, StreamLedger
+from .stream_ledger import StreamLedger
 
 __all__ = ["StreamSpout", "DirectoryFeed", "Row"]
 
@@ -106,19 +109,25 @@ class StreamSpout:
         self.clock = clock
         self.dead_letters = DeadLetterStore(database)
         self.ledger = StreamLedger(database)
-        self.spout = Spout(cluster, on_ack=self._on_ack, on_fail=self._on_fail, name=name, max_pending=max_pending)
         self._cond = threading.Condition()
-        self._inflight: dict[tuple[str, int], Delivery] = {}
-        self._schedule = ReplaySchedule(self.policy, clock)
+        self.replaying = ReplayingSpout(
+            cluster,
+            on_outcome=self._record,
+            name=name,
+            max_pending=max_pending,
+            policy=self.policy,
+            clock=clock,
+            cond=self._cond,
+        )
+        self.spout = self.replaying.spout  # the client spout: stats, wait_idle
         self._pending_records: Iterator[Record] = iter(())
         self._log: deque[Row] = deque()
         self._first = 0  # the offset of self._log[0]
-        self._closing = False
         self.run = f"{new_id():016x}"  # tags this reader's rows in the progress table
 
     def start(self) -> StreamSpout:
         """Subscribe to the ackers' outcomes."""
-        self.spout.start()
+        self.replaying.start()
         return self
 
     @property
@@ -142,23 +151,10 @@ class StreamSpout:
 
     def advance(self, max_rows: int | None = None) -> int:
         """Emit due replays, then new records, while trees may be started; return the new end offset."""
-        emitted = 0
-        while max_rows is None or emitted < max_rows:
-            delivery = self._next_delivery()
-            if delivery is None:
-                break
-            message_id = (delivery.key, delivery.attempt)
-            with self._cond:
-                self._inflight[message_id] = delivery  # before emit: the outcome may come at once
-            tracked = self.spout.try_emit(delivery, message_id)
-            if tracked is None:  # max_pending trees in flight
-                with self._cond:
-                    del self._inflight[message_id]
-                self._push_back(delivery)
-                break
+        for tracked in self.replaying.take(max_rows, self._fresh):
+            delivery = tracked.value
             with self._cond:
                 self._log.append((delivery.key, delivery.value, delivery.attempt, pack_ids(tracked.message_id)))
-            emitted += 1
         return self.end
 
     def rows(self, start: int, end: int) -> list[Row]:
@@ -181,67 +177,39 @@ class StreamSpout:
 
     def busy(self) -> bool:
         """True while a record is in flight or waiting for its replay."""
-        with self._cond:
-            return bool(self._inflight) or not self._schedule.empty
+        return self.replaying.busy()
 
     def wait_for_work(self, timeout: float) -> None:
         """Block until a replay is due, nothing is in flight or waiting any more, or ``timeout`` passed."""
         deadline = self.clock() + timeout
         with self._cond:
-            while self._inflight or self._schedule.waiting:
-                now, due = self.clock(), self._schedule.next_due()
+            while self.replaying.unsettled or self.replaying.schedule.waiting:
+                now, due = self.clock(), self.replaying.schedule.next_due()
                 if now >= deadline or (due is not None and due <= now):
                     return
                 self._cond.wait(min(due if due is not None else deadline, deadline) - now)
 
     def close(self) -> None:
         """Close the spout: trees still pending end LOST, recorded but not replayed (the query is over)."""
-        with self._cond:
-            self._closing = True
-        self.spout.close()
+        self.replaying.close()
 
     # -- internals ---------------------------------------------------------------
 
-    def _next_delivery(self) -> Delivery | None:
-        with self._cond:
-            delivery = self._schedule.pop_due()
-        if delivery is not None:
-            return delivery
+    def _fresh(self) -> Delivery | None:
+        """The first delivery of the feed's next record, polling the feed for more when it runs dry."""
         record = next(self._pending_records, None)
         if record is None:
             self._pending_records = self.feed.poll()
             record = next(self._pending_records, None)
         return None if record is None else Delivery(str(record[0]), record[1], 1)
 
-    def _push_back(self, delivery: Delivery) -> None:
-        with self._cond:
-            self._schedule.push_back(delivery)
-
-    def _on_ack(self, message_id: tuple[str, int]) -> None:
-        with self._cond:
-            delivery = self._inflight[message_id]
-        try:
-            self.ledger.record(self.run, delivery.key, delivery.attempt, ACKED, final=True, at=time.time())
-        finally:
-            self._settle(message_id)
-
-    def _on_fail(self, message_id: tuple[str, int], reason: FailReason) -> None:
-        with self._cond:
-            delivery = self._inflight[message_id]
-            # A tree cut short by close() is no failure of the record: it is recorded but
-            # neither replayed nor dead-lettered, so it stays unsettled in the table.
-            # Queued before the SQLite writes: a write error must not lose the replay.
-            final = not self._closing and not self._schedule.retry(delivery)
-        try:
-            if final:
-                self.dead_letters.add(delivery.key, delivery.value, reason.name, delivery.attempt)
-            self.ledger.record(self.run, delivery.key, delivery.attempt, reason.name, final=final, at=time.time())
-        finally:
-            self._settle(message_id)
-
-    def _settle(self, message_id: tuple[str, int]) -> None:
-        # Only after its rows are written: busy() turning False may end an AvailableNow
-        # query, and whoever then reads the tables must find every outcome there.
-        with self._cond:
-            del self._inflight[message_id]
-            self._cond.notify_all()
+    def _record(self, delivery: Delivery, outcome: Outcome, final: bool) -> None:
+        """Write the delivery's outcome, and a dead letter for a final failure (the callback thread)."""
+        # A tree cut short by close() comes here not final: recorded, neither replayed
+        # nor dead-lettered, so it stays unsettled in the table. The ReplayingSpout
+        # counts the delivery as settled only after this returns: busy() turning False
+        # may end an AvailableNow query, and whoever then reads the tables must find
+        # every outcome there.
+        if final and outcome is not Outcome.ACKED:
+            self.dead_letters.add(delivery.key, delivery.value, outcome, delivery.attempt)
+        self.ledger.record(self.run, delivery.key, delivery.attempt, outcome, final=final, at=time.time())

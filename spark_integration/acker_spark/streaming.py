@@ -16,10 +16,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from acker_protocol.credentials import ChannelSecurity
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
-
-from acker_service.credentials import ChannelSecurity
 
 from .replays import ReplayPolicy
 from .stream_spout import Row, StreamSpout

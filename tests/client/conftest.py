@@ -8,8 +8,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from acker_client import ClusterClient, FailReason, Spout
+from acker_client import ClusterClient, Spout
 from acker_client.testing import ManualClock
+from acker_protocol.wire import Outcome
 
 from acker_service.config import ServerConfig
 from acker_service.server import AckerServer
@@ -19,7 +20,7 @@ class Recorder:
     """Collects spout callbacks; every message id must be called back exactly once."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[Any, FailReason | None]] = []
+        self.calls: list[tuple[Any, Outcome | None]] = []
         self._cond = threading.Condition()
 
     def on_ack(self, message_id: Any) -> None:
@@ -28,14 +29,14 @@ class Recorder:
             self.calls.append((message_id, None))
             self._cond.notify_all()
 
-    def on_fail(self, message_id: Any, reason: FailReason) -> None:
+    def on_fail(self, message_id: Any, reason: Outcome) -> None:
         """Spout on_fail."""
         with self._cond:
             self.calls.append((message_id, reason))
             self._cond.notify_all()
 
-    def outcome(self, message_id: Any) -> FailReason | str | None:
-        """'acked', a FailReason, or None if no callback yet; fails the test on a second callback."""
+    def outcome(self, message_id: Any) -> Outcome | str | None:
+        """'acked', a Outcome, or None if no callback yet; fails the test on a second callback."""
         found = [reason for mid, reason in self.calls if mid == message_id]
         assert len(found) <= 1, f"{message_id!r} got {len(found)} callbacks"
         if not found:
@@ -43,7 +44,7 @@ class Recorder:
         return "acked" if found[0] is None else found[0]
 
     def by_reason(self) -> Counter:
-        """How many callbacks of each kind ('acked' or a FailReason)."""
+        """How many callbacks of each kind ('acked' or a Outcome)."""
         return Counter("acked" if r is None else r for _, r in self.calls)
 
     def assert_exactly_once(self, message_ids) -> None:

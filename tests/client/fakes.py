@@ -6,7 +6,7 @@ import queue
 import threading
 from collections import defaultdict
 
-from acker_service.v1 import acker_pb2
+from acker_protocol.v1 import acker_pb2
 
 
 class RecordingCluster:

@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from acker_service.batch import Batch, validate_batch
-from acker_service.ledger import Ledger
+from acker_service.reference_ledger import ReferenceLedger
 
 
 def _ops(request):
@@ -116,7 +116,7 @@ def _buffer(calls) -> OpBuffer:
 
 
 def _outcomes(requests) -> tuple[dict, int]:
-    ledger = Ledger(message_timeout=30.0, clock=lambda: 0.0)
+    ledger = ReferenceLedger(message_timeout=30.0, clock=lambda: 0.0)
     ended = {}
     for request in requests:
         _validate(request)

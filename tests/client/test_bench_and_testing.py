@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+from acker_bench.cli import main
 from acker_client import ClusterClient, new_id
-from acker_client.bench import main
 from acker_client.testing import local_cluster
 
 
@@ -49,20 +50,58 @@ def test_bench_apply_mode_streams_every_outcome(capsys):
     assert result["apply_ops_per_s"] > 0 and result["calls"] > 0
     assert result["trees_sent"] == 256 * result["calls"]
     assert result["outcomes_streamed"] == result["trees_sent"]
+    assert 0 < result["apply_p50_ms"] <= result["apply_p99_ms"]
 
 
 def test_bench_memory_mode_reports_bytes_per_pending_tree(capsys):
-    """--mode memory leaves the asked number of trees pending on a fresh acker and reports RSS per tree."""
+    """--mode memory leaves the asked number of trees pending on a fresh acker per engine and reports RSS per tree."""
     assert main(["--mode", "memory", "--pending-trees", "50000", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["pending_trees_added"] == 50_000
-    assert result["bytes_per_pending_tree"] > 0
+    assert result["engine"] == "native"
+    assert result["pending_trees_added"] == result["reference_pending_trees_added"] == 50_000
+    assert result["bytes_per_pending_tree"] > 0 and result["reference_bytes_per_pending_tree"] > 0
+
+
+def test_bench_ledger_mode_runs_both_engines_on_every_tree(capsys):
+    """--mode ledger sends every tree through the native ledger (both paths) and the reference; figures for each."""
+    assert (
+        main(["--mode", "ledger", "--trees", "5000", "--batch-ops", "1024", "--pending-trees", "20000", "--json"]) == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert (result["mode"], result["engine"], result["trees"]) == ("ledger", "native", 5000)
+    for key in ("ops_per_s", "request_ops_per_s", "reference_ops_per_s", "ops_per_cpu_s", "ops_per_s_with_pending"):
+        assert result[key] > 0, key
+
+
+def test_bench_mass_timeout_mode_reports_delivery_and_probe_latency(capsys):
+    """--mode mass-timeout: every expired tree reaches the subscriber and the probes' latencies are reported."""
+    assert main(["--mode", "mass-timeout", "--trees", "3000", "--engine", "reference", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["mode"], result["engine"], result["trees"]) == ("mass-timeout", "reference", 3000)
+    assert (result["outcomes_delivered"], result["outcomes_dropped"]) == (3000, 0)
+    assert result["health_checks"] > 0 and result["health_failed"] == 0
+    assert result["health_worst_ms"] >= result["health_p99_ms"] > 0
+
+
+def test_ledger_bench_batches_init_then_ack_every_tree_once():
+    """The ledger benchmark's batches hold one INIT and, one batch later, one ACK per tree, values cancelling."""
+    from acker_bench.ledger import ledger_batches
+
+    batches = ledger_batches(1000, 256, seed=3)
+    assert all(len(b) <= 256 for b in batches)
+    kinds = np.concatenate([b.kinds for b in batches])
+    roots = np.concatenate([b.roots for b in batches])
+    values = np.concatenate([b.values for b in batches])
+    assert (kinds == 1).sum() == (kinds == 2).sum() == len(np.unique(roots)) == 1000
+    for kind in (1, 2):
+        order = np.argsort(roots[kinds == kind])
+        assert (values[kinds == kind][order] == values[kinds == 1][np.argsort(roots[kinds == 1])]).all()
 
 
 def test_shard_roots_belong_to_their_shard():
     """The apply bench draws non-zero roots that the named shard owns."""
     import numpy as np
-    from acker_client.bench_apply import shard_roots
+    from acker_bench.apply import shard_roots
 
     rng = np.random.default_rng(7)
     for shard in range(3):

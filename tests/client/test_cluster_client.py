@@ -82,10 +82,10 @@ def test_background_flush_sends_by_age(make_ackers, make_client):
     assert server.ledger is not None and client.describe(0).pending_trees == 1
 
 
-def test_down_shard_fails_fast_with_typed_error(make_ackers, make_client):
-    """Ops for a stopped shard raise ShardUnavailable naming it; ops for the healthy shard still apply."""
+def test_down_shard_is_given_up_after_wait_for_shard(make_ackers, make_client):
+    """Ops for a stopped shard wait wait_for_shard, then raise ShardUnavailable naming it; the healthy shard applies."""
     servers = make_ackers(2, message_timeout=60.0)
-    client = make_client([s.address for s in servers], flush_interval=60.0)
+    client = make_client([s.address for s in servers], flush_interval=60.0, wait_for_shard=0.5)
     servers[1].stop(0)
     roots = [new_id() for _ in range(40)]
     for root in roots:
@@ -95,10 +95,13 @@ def test_down_shard_fails_fast_with_typed_error(make_ackers, make_client):
     err = info.value
     assert err.shards == (1,) and servers[1].address in str(err)
     assert set(err.init_roots) == {r for r in roots if r % 2 == 1}
-    assert err.failures[0].code == grpc.StatusCode.UNAVAILABLE
+    # The batch waited for a connection (wait_for_ready) until its budget ran out.
+    assert err.failures[0].code == grpc.StatusCode.DEADLINE_EXCEEDED and err.failures[0].reason == "timeout"
     assert client.describe(0).pending_trees == sum(1 for r in roots if r % 2 == 0)
-    assert client.stats.operations_dropped == len(err.init_roots)
-    client.flush()  # the dropped batch is not retried: nothing is left to send
+    stats = client.stats
+    assert stats.operations_dropped == len(err.init_roots) == stats.dropped_by_reason["timeout"]
+    assert stats.operations_waiting == 0 and stats.shard_states == ("READY", "UNREACHABLE")
+    client.flush()  # the dropped batch is gone: nothing is left to send
 
 
 def test_background_errors_reach_on_error(make_ackers, make_client):
@@ -171,3 +174,18 @@ def test_concurrent_callers_lose_nothing(make_ackers, make_client):
     client.flush()
     assert client.stats.applied == 4000
     assert sum(client.describe(i).pending_trees for i in range(2)) == 4000
+
+
+def test_shared_client_is_one_per_cluster_per_process():
+    """shared_client returns the same client for the same address list until close_shared_clients closes it."""
+    from acker_client import close_shared_clients, shared_client
+
+    addresses = ["127.0.0.1:1", "127.0.0.1:2"]
+    first = shared_client(addresses, verify=False)
+    assert shared_client(tuple(addresses)) is first
+    assert shared_client(addresses[:1], verify=False) is not first
+    close_shared_clients()
+    with pytest.raises(AckerError, match="closed"):
+        first.stats  # noqa: B018 - a closed client refuses to make new channels
+    assert shared_client(addresses, verify=False) is not first
+    close_shared_clients()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from acker_client import BoltCollector, FailReason
+from acker_client import BoltCollector
+from acker_protocol.wire import Outcome
 
 from .polling import wait_until
 
@@ -91,7 +92,7 @@ def test_fail_anywhere_fails_once(three, make_spout, recorder, where):
             bolt.ack(other)
     client.flush()
     assert spout.wait_idle(30)
-    assert recorder.outcome("m") is FailReason.FAILED
+    assert recorder.outcome("m") is Outcome.FAILED
     assert spout.stats.failed == 1 and pending_trees(client) == 0
 
 
@@ -108,7 +109,7 @@ def test_unacked_tree_times_out_at_the_acker(make_ackers, make_client, make_spou
     clock.advance(1.0)  # past T + T/(b-1) = 1.5 s
     server.advance()
     assert spout.wait_idle(30)
-    assert recorder.outcome("m") is FailReason.TIMED_OUT
+    assert recorder.outcome("m") is Outcome.TIMED_OUT
 
 
 def test_reset_timeout_keeps_slow_tree_alive(make_ackers, make_client, make_spout, recorder, clock):
@@ -126,7 +127,7 @@ def test_reset_timeout_keeps_slow_tree_alive(make_ackers, make_client, make_spou
         bolt.reset_timeout(slow)
         client.flush()
     assert recorder.wait_for(1)
-    assert recorder.outcome("twin") is FailReason.TIMED_OUT and recorder.outcome("slow") is None
+    assert recorder.outcome("twin") is Outcome.TIMED_OUT and recorder.outcome("slow") is None
     bolt.ack(slow)
     assert spout.wait_idle(30)
     assert recorder.outcome("slow") == "acked"
@@ -163,4 +164,4 @@ def test_without_resets_the_backstop_fails_the_record_as_lost(make_ackers, make_
     clock.advance(3.6)
     assert spout.check_timeouts() == 1
     assert spout.wait_idle(30)
-    assert recorder.outcome("slow") is FailReason.LOST
+    assert recorder.outcome("slow") is Outcome.LOST

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from acker_client import AckerError, BoltCollector, ClusterClient, FailReason, Spout
+from acker_client import AckerError, BoltCollector, ClusterClient, Spout
 from acker_client.testing import local_cluster
+from acker_protocol.wire import Outcome
 
 from .polling import wait_until
 
@@ -61,7 +62,7 @@ def test_kill9_one_of_three_ackers(recorder):
 
         recorder.assert_exactly_once(range(900))
         for i in range(300, 900):
-            expected = FailReason.LOST if roots[i] % 3 == 1 else "acked"
+            expected = Outcome.LOST if roots[i] % 3 == 1 else "acked"
             assert recorder.outcome(i) == expected, (i, roots[i] % 3, recorder.outcome(i))
         assert spout.stats.lost == sum(1 for i in range(300, 900) if roots[i] % 3 == 1) > 0
 

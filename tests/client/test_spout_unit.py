@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 
 import pytest
-from acker_client import FailReason, ShardFailure, ShardUnavailable, Spout, SpoutFull
+from acker_client import ShardFailure, ShardUnavailable, Spout, SpoutFull
 from acker_client.spout import default_backstop
-
-from acker_service.v1 import acker_pb2
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import Outcome
 
 from .fakes import RecordingCluster
 from .polling import wait_until
@@ -62,8 +62,8 @@ def test_outcomes_call_back_once_and_late_ones_are_counted(make_spout, recorder)
     stats = spout.stats
     assert (stats.acked, stats.failed, stats.timed_out, stats.lost) == (1, 1, 1, 0)
     assert recorder.outcome("m0") == "acked"
-    assert recorder.outcome("m1") is FailReason.FAILED
-    assert recorder.outcome("m2") is FailReason.TIMED_OUT
+    assert recorder.outcome("m1") is Outcome.FAILED
+    assert recorder.outcome("m2") is Outcome.TIMED_OUT
     wait_until(lambda: spout.stats.late_outcomes == 2)
 
 
@@ -84,7 +84,7 @@ def test_backstop_fails_as_lost_on_injected_clock(make_spout, recorder, clock):
     clock.advance(5)
     assert spout.check_timeouts() == 1
     assert spout.wait_idle(10)
-    assert [r for _, r in recorder.calls] == [FailReason.LOST] * 4
+    assert [r for _, r in recorder.calls] == [Outcome.LOST] * 4
     recorder.assert_exactly_once(range(4))
 
 
@@ -114,7 +114,7 @@ def test_failed_init_batch_fails_its_roots_as_lost(make_spout, recorder):
     for listener in cluster.listeners:
         listener(ShardUnavailable([failure], "test"))
     assert recorder.wait_for(2)
-    assert recorder.outcome(0) is FailReason.LOST and recorder.outcome(1) is FailReason.LOST
+    assert recorder.outcome(0) is Outcome.LOST and recorder.outcome(1) is Outcome.LOST
     assert recorder.outcome(2) is None and spout.pending == 1
 
 
@@ -128,7 +128,7 @@ def test_emit_swallows_a_failed_init(make_spout, recorder, clock):
     clock.advance(2)
     spout.check_timeouts()
     assert spout.wait_idle(10)
-    assert recorder.outcome("r") is FailReason.LOST
+    assert recorder.outcome("r") is Outcome.LOST
 
 
 def test_close_fails_pending_as_lost(recorder):
@@ -139,7 +139,7 @@ def test_close_fails_pending_as_lost(recorder):
         spout.emit(i, i)
     spout.close()
     recorder.assert_exactly_once(range(5))
-    assert recorder.by_reason() == {FailReason.LOST: 5}
+    assert recorder.by_reason() == {Outcome.LOST: 5}
     assert spout.stats.lost == 5 and spout.pending == 0
 
 

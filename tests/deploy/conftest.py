@@ -11,10 +11,9 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-
-from acker_service import grpc_options
-from acker_service.cluster import ProcessCluster
-from acker_service.v1 import acker_pb2, acker_pb2_grpc
+from acker_cluster import ProcessCluster
+from acker_protocol import grpc_options
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from acker_cluster import ClusterError, ProcessCluster
 
 from acker_service import healthcheck
-from acker_service.cluster import ClusterError, ProcessCluster
 
 DEADLINE = 60.0
 
@@ -67,7 +67,7 @@ def test_kill_and_restart_keep_shard_and_port(describe_acker: Callable) -> None:
 
 def test_restart_flag_revives_a_crashed_shard(caplog: pytest.LogCaptureFixture) -> None:
     """With restart=True a SIGKILLed shard is reported and comes back by itself on the same port."""
-    caplog.set_level(logging.INFO, logger="acker_service.cluster")
+    caplog.set_level(logging.INFO, logger="acker_cluster")
     with ProcessCluster(count=1, restart=True) as cluster:
         old = cluster.pid(0)
         os.kill(old, signal.SIGKILL)  # a crash from outside, not via cluster.kill()
@@ -79,7 +79,7 @@ def test_restart_flag_revives_a_crashed_shard(caplog: pytest.LogCaptureFixture) 
 
 def test_requested_kill_is_not_reported_as_unexpected(caplog: pytest.LogCaptureFixture) -> None:
     """cluster.kill() is a crash the caller asked for: logged as requested, not as an unexpected exit."""
-    caplog.set_level(logging.INFO, logger="acker_service.cluster")
+    caplog.set_level(logging.INFO, logger="acker_cluster")
     with ProcessCluster(count=1, restart=True) as cluster:
         cluster.kill(0)
         _wait_for(lambda: "SERVING again" in caplog.text, "the watcher to restart shard 0")
@@ -127,7 +127,7 @@ class Launcher:
 
     def __init__(self, args: list[str], stderr_path: Path) -> None:
         script = Path(sys.executable).with_name("acker-cluster")
-        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "acker_service.cluster_cli"]
+        cmd = [str(script)] if script.exists() else [sys.executable, "-m", "acker_cluster"]
         self.stderr_path = stderr_path
         with open(stderr_path, "wb") as err:
             self.proc = subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
@@ -227,7 +227,7 @@ def test_cli_restart_brings_the_shard_back_on_its_port(
 
 def test_cli_flags_fall_back_to_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every acker-cluster flag reads ACKER_CLUSTER_* when not given, and --help names each variable."""
-    from acker_service import cluster_cli as cluster_module
+    from acker_cluster import cli as cluster_module
 
     monkeypatch.setenv("ACKER_CLUSTER_COUNT", "5")
     monkeypatch.setenv("ACKER_CLUSTER_METRICS_BASE_PORT", "9300")

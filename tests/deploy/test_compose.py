@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tomllib
@@ -39,9 +40,21 @@ def ackers(compose: dict[str, Any]) -> dict[int, tuple[str, dict[str, Any]]]:
     return found
 
 
+def _port_mappings(service: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(host ip, published, target) of a resolved service's ports, short ("ip:pub:target/tcp") or long syntax."""
+    found = []
+    for port in service.get("ports", []):
+        if isinstance(port, str):
+            host_ip, published, target = port.split("/")[0].rsplit(":", 2)
+            found.append((host_ip, int(published), int(target)))
+        else:
+            found.append((port.get("host_ip", ""), int(port["published"]), int(port["target"])))
+    return found
+
+
 def _published(service: dict[str, Any]) -> list[tuple[int, int]]:
     """(published, target) port pairs of a resolved service."""
-    return [(int(p["published"]), int(p["target"])) for p in service.get("ports", [])]
+    return [(published, target) for _, published, target in _port_mappings(service)]
 
 
 def _bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
@@ -97,6 +110,36 @@ def test_published_ports_are_unique_and_only_the_needed_ones(
     assert set(compose["services"]) == {name for name, _ in ackers.values()} | {"prometheus", "grafana"}
 
 
+def test_ports_are_published_on_loopback_unless_told_otherwise(
+    docker_compose: str, repo: Path, compose: dict[str, Any], load_yaml: Callable[[str], Any]
+) -> None:
+    """By default every port is published on 127.0.0.1 only; ACKER_PUBLISH_HOST and the *_PORT variables move them."""
+    for name, service in compose["services"].items():
+        assert {ip for ip, _, _ in _port_mappings(service)} == {"127.0.0.1"}, name
+    env = {"ACKER_PUBLISH_HOST": "0.0.0.0", "ACKER_1_PORT": "17101", "PROMETHEUS_PORT": "19090"}
+    done = subprocess.run(
+        [docker_compose, "-f", "deploy/docker-compose.yml", "config"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 0, done.stderr
+    moved = load_yaml(done.stdout)["services"]
+    assert _port_mappings(moved["acker-1"]) == [("0.0.0.0", 17101, 7101)]
+    assert _port_mappings(moved["prometheus"]) == [("0.0.0.0", 19090, 9090)]
+
+
+def test_images_default_to_the_shipped_ones(
+    compose: dict[str, Any], ackers: dict[int, tuple[str, dict[str, Any]]]
+) -> None:
+    """Without ACKER_IMAGE / PROMETHEUS_IMAGE the ackers use pyspark-acker:latest and Prometheus the upstream image."""
+    assert {s["image"] for _, s in ackers.values()} == {"pyspark-acker:latest"}
+    assert compose["services"]["prometheus"]["image"].startswith("prom/prometheus:")
+
+
 def test_every_acker_has_a_healthcheck_probing_its_own_port(
     ackers: dict[int, tuple[str, dict[str, Any]]],
 ) -> None:
@@ -138,11 +181,17 @@ def test_promtool_accepts_the_prometheus_config(tool: Callable[[str], str], depl
 
 
 def test_promtool_accepts_the_alert_rules(tool: Callable[[str], str], deploy_dir: Path) -> None:
-    """`promtool check rules` accepts alerts.yml, and it has the four required alerts."""
+    """`promtool check rules` accepts alerts.yml, and it has the required alerts."""
     done = _run([tool("promtool"), "check", "rules", "prometheus/alerts.yml"], deploy_dir)
     assert done.returncode == 0, done.stdout + done.stderr
     text = (deploy_dir / "prometheus" / "alerts.yml").read_text()
-    for alert in ("AckerDown", "AckerTimeoutsRising", "AckerOutcomesDropped", "AckerPendingGrowing"):
+    for alert in (
+        "AckerDown",
+        "AckerTimeoutsRising",
+        "AckerOutcomesDropped",
+        "AckerPendingGrowing",
+        "AckerMassTimeout",
+    ):
         assert f"alert: {alert}" in text
 
 
@@ -165,16 +214,21 @@ def test_grafana_provisioning_matches_compose(
 
 
 def test_dockerfile_installs_the_package_and_runs_unprivileged(repo: Path, deploy_dir: Path) -> None:
-    """The image is slim Python 3.11, copies every packaged folder, runs as a non-root user, acker-server."""
+    """The image builds on BASE_IMAGE (python:3.11-slim unless told), installs the host's wheels when present,
+    runs as a non-root user, acker-server."""
     lines = [ln.strip() for ln in (deploy_dir / "Dockerfile").read_text().splitlines()]
     instructions = [ln for ln in lines if ln and not ln.startswith("#")]
-    assert instructions[0] == "FROM python:3.11-slim"
-    copied = {ln.split()[1] for ln in instructions if ln.startswith("COPY")} | {
-        part for ln in instructions if ln.startswith("COPY") for part in ln.split()[1:-1]
-    }
+    assert instructions[0] == "ARG BASE_IMAGE=python:3.11-slim"
+    assert [ln for ln in instructions if ln.startswith("FROM")] == [
+        "FROM ${BASE_IMAGE} AS install",
+        "FROM ${BASE_IMAGE}",
+    ]
+    text = "\n".join(instructions)
+    # The server's dependencies are the [server] extra: from the host's wheels, or from PyPI without them.
+    assert "--no-index --find-links build/docker/wheels 'pyspark-acker[server]'" in text
+    assert "pip install '.[server]'" in text
+    assert "COPY --from=install /opt/acker /opt/acker" in text
     pyproject = tomllib.loads((repo / "pyproject.toml").read_text())
-    packaged = {p.split("/")[0] for p in pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]}
-    assert packaged | {"pyproject.toml", "README.md", "proto"} <= copied
     users = [ln.split()[1] for ln in instructions if ln.startswith("USER")]
     assert users and users[-1] not in ("root", "0")
     assert instructions.index(f"USER {users[-1]}") < instructions.index('ENTRYPOINT ["acker-server"]')

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from acker_service.cluster import ProcessCluster
+from acker_cluster import ProcessCluster
 
 DEADLINE = 60.0
 

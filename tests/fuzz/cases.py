@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import MAX_SPOUT_NAME_BYTES
 from hypothesis import strategies as st
 
-from acker_service.batch import MAX_SPOUT_NAME_BYTES, Batch, BatchError, validate_batch
-from acker_service.v1 import acker_pb2
+from acker_service.batch import Batch, BatchError, validate_batch
 
 from .conftest import MAX_BATCH, MAX_MESSAGE_BYTES
 

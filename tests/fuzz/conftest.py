@@ -13,11 +13,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from acker_protocol import grpc_options
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from acker_service import grpc_options
 from acker_service.healthcheck import probe
-from acker_service.v1 import acker_pb2, acker_pb2_grpc
 
 # Small limits, so oversize messages and batches are cheap to build.
 MAX_BATCH = 1024

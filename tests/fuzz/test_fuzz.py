@@ -17,9 +17,8 @@ import time
 from collections import Counter
 
 import grpc
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 from hypothesis import HealthCheck, given, settings
-
-from acker_service.v1 import acker_pb2, acker_pb2_grpc
 
 from .cases import Case, fuzz_cases, would_change_ledger
 

@@ -1,4 +1,4 @@
-"""Shared fixtures for the ledger tests: a fake monotonic clock and the property tree counter."""
+"""Shared fixtures for the ledger tests: both ledger engines, a fake monotonic clock, the property tree counter."""
 
 from __future__ import annotations
 
@@ -8,7 +8,25 @@ from collections import Counter
 import pytest
 from acker_client.testing import ManualClock
 
-__all__ = ["ManualClock"]
+from acker_service.native_ledger import NativeLedger
+from acker_service.reference_ledger import ReferenceLedger
+
+__all__ = ["ManualClock", "ENGINES"]
+
+# Every ledger test runs against both: the reference model and the native core.
+ENGINES = {"reference": ReferenceLedger, "native": NativeLedger}
+
+
+@pytest.fixture(scope="session", params=list(ENGINES))
+def ledger_cls(request) -> type:
+    """The ledger class under test (session-scoped, so hypothesis tests can use it)."""
+    return ENGINES[request.param]
+
+
+@pytest.fixture(scope="session")
+def factories(ledger_cls) -> tuple[type[ManualClock], type]:
+    """(clock class, ledger class), for hypothesis tests that need fresh ones per example."""
+    return ManualClock, ledger_cls
 
 
 @pytest.fixture

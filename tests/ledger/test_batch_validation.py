@@ -6,19 +6,16 @@ import re
 
 import numpy as np
 import pytest
+from acker_protocol.wire import MAX_SPOUT_NAME_BYTES, OpKind, Outcome
 
 from acker_service.batch import (
-    MAX_SPOUT_NAME_BYTES,
     Batch,
     BatchError,
     BatchTooLarge,
     InvalidBatch,
-    OpKind,
-    Outcome,
     WrongShard,
     validate_batch,
 )
-from acker_service.ledger import Ledger
 
 INIT, ACK, FAIL, RESET = (int(k) for k in OpKind)
 
@@ -40,7 +37,7 @@ def refused(batch: Batch, error: type[BatchError], *fragments: str, **kwargs) ->
 class TestValidBatches:
     """Well-formed batches pass validation and apply."""
 
-    def test_valid_batch_of_every_kind_passes(self):
+    def test_valid_batch_of_every_kind_passes(self, ledger_cls):
         """A batch using all four kinds, keys and one spout is accepted and applies whole."""
         batch = Batch.of(
             [INIT, RESET, ACK, INIT, FAIL],
@@ -50,7 +47,7 @@ class TestValidBatches:
             spouts=["s"],
         )
         assert check(batch) is None
-        result = Ledger(message_timeout=30.0, clock=lambda: 0.0).apply_batch(batch)
+        result = ledger_cls(message_timeout=30.0, clock=lambda: 0.0).apply_batch(batch)
         assert (result.applied, result.deduplicated, result.ignored) == (5, 0, 0)
         assert sorted((r.root, r.outcome) for r in result.resolutions) == [
             (10, Outcome.ACKED),
@@ -84,7 +81,7 @@ class TestValidBatches:
 class TestMixedSpouts:
     """spout_index routes each INIT to its spout; it is ignored for other kinds."""
 
-    def test_mixed_spout_batch_routes_outcomes(self):
+    def test_mixed_spout_batch_routes_outcomes(self, ledger_cls):
         """Trees started by different spouts in one batch report to their own spout."""
         batch = Batch.of(
             [INIT, INIT, INIT, ACK, ACK, ACK],
@@ -94,7 +91,7 @@ class TestMixedSpouts:
             spout_index=[2, 0, 1, 0, 0, 0],
         )
         check(batch)
-        result = Ledger(message_timeout=30.0, clock=lambda: 0.0).apply_batch(batch)
+        result = ledger_cls(message_timeout=30.0, clock=lambda: 0.0).apply_batch(batch)
         routed = sorted((r.root, r.spout) for r in result.resolutions)
         assert routed == [(1, "gamma"), (2, "alpha"), (3, "beta")]
 

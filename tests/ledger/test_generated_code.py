@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-GENERATED = REPO / "acker_service" / "v1"
+GENERATED = REPO / "proto" / "acker_protocol" / "v1"
 SCRIPT = REPO / "scripts" / "generate_proto.py"
 HOW_TO_FIX = (
     "regenerate with `make proto` (or `PATH=.venv/bin:$PATH .venv/bin/python scripts/generate_proto.py` "
-    "from the repo root) and commit acker_service/v1"
+    "from the repo root) and commit proto/acker_protocol/v1"
 )
 
 
@@ -36,7 +36,7 @@ def fresh(tmp_path_factory) -> Path:
         check=False,
     )
     assert proc.returncode == 0, f"generate_proto.py exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return out / "acker_service" / "v1"
+    return out / "acker_protocol" / "v1"
 
 
 def test_generator_produces_the_expected_modules(fresh):
@@ -61,4 +61,4 @@ def test_no_leftover_generated_files(fresh):
     """No committed *_pb2* file exists that the generator no longer produces (a removed proto)."""
     produced = {p.name for p in fresh.iterdir()}
     leftovers = sorted(p.name for p in GENERATED.glob("*_pb2*") if p.name not in produced)
-    assert not leftovers, f"acker_service/v1 holds files proto/ no longer generates: {leftovers}; delete them"
+    assert not leftovers, f"proto/acker_protocol/v1 holds files proto/ no longer generates: {leftovers}; delete them"

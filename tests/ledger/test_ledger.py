@@ -1,4 +1,4 @@
-"""Unit tests of the Ledger against the acker-semantics spec, with an injected fake clock."""
+"""Unit tests of the ReferenceLedger against the acker-semantics spec, with an injected fake clock."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import itertools
 from dataclasses import dataclass
 
 import pytest
+from acker_protocol.wire import OpKind, Outcome
 
-from acker_service.batch import Batch, OpKind, Outcome
-from acker_service.ledger import BatchResult, Ledger
+from acker_service.batch import Batch
+from acker_service.reference_ledger import BatchResult, ReferenceLedger
 
 SPOUT = "spout-a"
 R = 0x9E3779B97F4A7C15  # a root id with the high bit set: ids are full 64-bit values
@@ -59,13 +60,13 @@ def batch_of(ops: list[Op]) -> Batch:
     )
 
 
-def assert_conserved(ledger: Ledger) -> None:
+def assert_conserved(ledger: ReferenceLedger) -> None:
     """Spec invariant 3: inits = acked + failed + timed out + pending."""
     s = ledger.stats
     assert s.inits == s.acked + s.failed + s.timed_out + ledger.pending_trees, s
 
 
-def apply(ledger: Ledger, *ops: Op) -> BatchResult:
+def apply(ledger: ReferenceLedger, *ops: Op) -> BatchResult:
     """Apply ops as one batch, check the result accounts for every op and conservation holds."""
     result = ledger.apply_batch(batch_of(list(ops)))
     assert result.applied + result.deduplicated + result.ignored == len(ops), result
@@ -80,9 +81,9 @@ def outcomes(result_or_list) -> list[tuple[int, Outcome]]:
 
 
 @pytest.fixture
-def ledger(clock) -> Ledger:
+def ledger(ledger_cls, clock) -> ReferenceLedger:
     """A ledger with a long timeout (nothing expires unless a test moves the clock far)."""
-    return Ledger(message_timeout=1000.0, buckets=3, clock=clock)
+    return ledger_cls(message_timeout=1000.0, buckets=3, clock=clock)
 
 
 # --- the spec's table, transcribed, as the reference for the permutation tests ---
@@ -155,9 +156,9 @@ class TestEveryOrdering:
     """Every ordering of init / ack / fail / reset_timeout for one root, per the spec's table."""
 
     @pytest.mark.parametrize(("scenario", "order"), PERMUTATIONS)
-    def test_one_message_per_batch(self, clock, scenario, order):
+    def test_one_message_per_batch(self, ledger_cls, clock, scenario, order):
         """Each message alone: the outcome comes at exactly the message the spec says, once."""
-        ledger = Ledger(message_timeout=1000.0, clock=clock)
+        ledger = ledger_cls(message_timeout=1000.0, clock=clock)
         model = SpecModel()
         seen = []
         for i, op in enumerate(order):
@@ -377,6 +378,14 @@ class TestDedupKeys:
         assert (result.applied, result.deduplicated, outcomes(result)) == (3, 0, [])
         assert outcomes(apply(ledger, ack(R, E3, key=3))) == [(R, Outcome.ACKED)]
 
+    def test_every_earlier_key_is_remembered_once_a_tree_has_several(self, ledger):
+        """The first key is kept alone, then with the next ones: repeats of any of them are dropped."""
+        apply(ledger, init(R, E1 ^ E2 ^ E3), ack(R, E1, key=1))
+        apply(ledger, ack(R, E2, key=2))
+        repeats = apply(ledger, ack(R, E1, key=1), ack(R, E2, key=2))
+        assert repeats.deduplicated == 2 and ledger.pending_trees == 1
+        assert outcomes(apply(ledger, ack(R, E3, key=3))) == [(R, Outcome.ACKED)]
+
     def test_keys_do_not_leak_across_roots(self, ledger):
         """The same key on two different trees applies to each."""
         r2 = R + 2
@@ -411,11 +420,11 @@ class TestTimeouts:
     """An entry put at t expires in [t + T, t + T + T/(b-1)]; TIMED_OUT if the spout is known."""
 
     @pytest.mark.parametrize(("T", "b"), TIMEOUT_CASES)
-    def test_expiry_window_checked_at_bounds(self, clock, T, b):
+    def test_expiry_window_checked_at_bounds(self, ledger_cls, clock, T, b):
         """Not expired just before t + T; expired (TIMED_OUT, once) by t + T + T/(b-1)."""
         for offset in expiry_offsets(T / (b - 1)):
             c = type(clock)(start=clock.now)
-            ledger = Ledger(message_timeout=T, buckets=b, clock=c)
+            ledger = ledger_cls(message_timeout=T, buckets=b, clock=c)
             c.advance(offset)
             t = c.now
             apply(ledger, init(R, E1))
@@ -429,12 +438,12 @@ class TestTimeouts:
             assert ledger.advance() == []
 
     @pytest.mark.parametrize(("T", "b"), TIMEOUT_CASES)
-    def test_expiry_time_inside_window_with_small_steps(self, clock, T, b):
+    def test_expiry_time_inside_window_with_small_steps(self, ledger_cls, clock, T, b):
         """Driving advance() in small steps, the entry expires at a time inside the window."""
         period = T / (b - 1)
         for offset in expiry_offsets(period):
             c = type(clock)(start=clock.now)
-            ledger = Ledger(message_timeout=T, buckets=b, clock=c)
+            ledger = ledger_cls(message_timeout=T, buckets=b, clock=c)
             c.advance(offset)
             t = c.now
             apply(ledger, init(R, E1))
@@ -446,9 +455,9 @@ class TestTimeouts:
             assert expired_at is not None, f"never expired (T={T}, b={b})"
             assert t + T <= expired_at <= t + T + period, (T, b, offset, expired_at - t)
 
-    def test_tree_completed_from_older_bucket_does_not_time_out(self, clock):
+    def test_tree_completed_from_older_bucket_does_not_time_out(self, ledger_cls, clock):
         """A tree that ends after a rotation moved it to an older bucket leaves the map for good."""
-        ledger = Ledger(message_timeout=4.0, buckets=3, clock=clock)
+        ledger = ledger_cls(message_timeout=4.0, buckets=3, clock=clock)
         apply(ledger, init(R, E1 ^ E2), ack(R, E1))
         clock.advance(3.0)  # past one rotation (every 2 s): the entry is no longer in the nursery
         assert ledger.advance() == [] and ledger.pending_trees == 1
@@ -457,28 +466,28 @@ class TestTimeouts:
         assert ledger.advance() == []
         assert (ledger.stats.timed_out, ledger.pending_trees, ledger.orphan_entries) == (0, 0, 0)
 
-    def test_timed_out_latency_from_init(self, clock):
+    def test_timed_out_latency_from_init(self, ledger_cls, clock):
         """A timed-out tree reports the time from its init to the expiry."""
-        ledger = Ledger(message_timeout=2.0, buckets=3, clock=clock)
+        ledger = ledger_cls(message_timeout=2.0, buckets=3, clock=clock)
         apply(ledger, init(R, E1))
         clock.advance(3.0)
         (res,) = ledger.advance()
         assert (res.outcome, res.spout, res.latency_seconds) == (Outcome.TIMED_OUT, SPOUT, 3.0)
 
-    def test_apply_batch_reports_trees_that_expired_first(self, clock):
+    def test_apply_batch_reports_trees_that_expired_first(self, ledger_cls, clock):
         """apply_batch rotates first and returns the TIMED_OUT trees alongside its own."""
-        ledger = Ledger(message_timeout=2.0, buckets=3, clock=clock)
+        ledger = ledger_cls(message_timeout=2.0, buckets=3, clock=clock)
         apply(ledger, init(R, E1))
         clock.advance(3.0)
         result = apply(ledger, init(R + 1, 0))
         assert sorted(outcomes(result)) == sorted([(R, Outcome.TIMED_OUT), (R + 1, Outcome.ACKED)])
 
     @pytest.mark.parametrize("b", [2, 3, 5])
-    def test_reset_timeout_gives_fresh_timeout(self, clock, b):
+    def test_reset_timeout_gives_fresh_timeout(self, ledger_cls, clock, b):
         """After reset_timeout at t', the tree lives until at least t' + T and ends by t' + T + T/(b-1)."""
         T = 12.0
         period = T / (b - 1)
-        ledger = Ledger(message_timeout=T, buckets=b, clock=clock)
+        ledger = ledger_cls(message_timeout=T, buckets=b, clock=clock)
         apply(ledger, init(R, E1))
         clock.advance(T - 2.0**-10)  # just before the earliest possible expiry
         assert ledger.advance() == []
@@ -489,10 +498,10 @@ class TestTimeouts:
         clock.set(t_reset + T + period)
         assert outcomes(ledger.advance()) == [(R, Outcome.TIMED_OUT)]
 
-    def test_reset_keeps_orphan_alive_until_its_init(self, clock):
+    def test_reset_keeps_orphan_alive_until_its_init(self, ledger_cls, clock):
         """reset_timeout also refreshes an entry whose init has not arrived yet."""
         T = 4.0
-        ledger = Ledger(message_timeout=T, buckets=3, clock=clock)
+        ledger = ledger_cls(message_timeout=T, buckets=3, clock=clock)
         apply(ledger, ack(R, E1))
         clock.advance(T - 0.25)
         apply(ledger, reset(R))
@@ -501,10 +510,10 @@ class TestTimeouts:
         assert outcomes(apply(ledger, init(R, E1))) == [(R, Outcome.ACKED)]
 
     @pytest.mark.parametrize("first", [ack(R, E1), fail(R)], ids=["ack", "fail"])
-    def test_orphan_dropped_and_counted(self, clock, first):
+    def test_orphan_dropped_and_counted(self, ledger_cls, clock, first):
         """An ack or fail whose init never comes expires with no outcome, counted as orphaned."""
         T = 6.0
-        ledger = Ledger(message_timeout=T, buckets=3, clock=clock)
+        ledger = ledger_cls(message_timeout=T, buckets=3, clock=clock)
         t = clock.now
         apply(ledger, first)
         assert (ledger.pending_trees, ledger.orphan_entries) == (0, 1)
@@ -515,9 +524,9 @@ class TestTimeouts:
         assert (ledger.orphan_entries, ledger.stats.orphaned, ledger.stats.timed_out) == (0, 1, 0)
         assert ledger.stats.inits == 0
 
-    def test_clock_jump_expires_everything_once(self, clock):
+    def test_clock_jump_expires_everything_once(self, ledger_cls, clock):
         """A long pause (many rotations due) times every tree out exactly once."""
-        ledger = Ledger(message_timeout=3.0, buckets=4, clock=clock)
+        ledger = ledger_cls(message_timeout=3.0, buckets=4, clock=clock)
         roots = list(range(1, 51))
         apply(ledger, *(init(r, E1) for r in roots), ack(999, E2))
         clock.advance(100 * 3.0)
@@ -526,10 +535,10 @@ class TestTimeouts:
         clock.advance(100 * 3.0)
         assert ledger.advance() == []
 
-    def test_no_traffic_drains_within_one_window(self, clock):
+    def test_no_traffic_drains_within_one_window(self, ledger_cls, clock):
         """Bounded memory: with no traffic, pending trees and orphans reach 0 within T + T/(b-1)."""
         T, b = 8.0, 5
-        ledger = Ledger(message_timeout=T, buckets=b, clock=clock)
+        ledger = ledger_cls(message_timeout=T, buckets=b, clock=clock)
         for i in range(40):  # spread puts over a window, then go quiet
             apply(ledger, init(1000 + i, E1), ack(5000 + i, E2))
             clock.advance(T / 40)
@@ -541,21 +550,21 @@ class TestTimeouts:
 
 
 class TestConstruction:
-    """Ledger arguments are checked and the rotation period follows T / (b - 1)."""
+    """ReferenceLedger arguments are checked and the rotation period follows T / (b - 1)."""
 
     @pytest.mark.parametrize(("T", "b"), [(30.0, 3), (12.0, 4), (1.0, 2)])
-    def test_rotation_period(self, clock, T, b):
+    def test_rotation_period(self, ledger_cls, clock, T, b):
         """The rotation period is T / (b - 1)."""
-        ledger = Ledger(message_timeout=T, buckets=b, clock=clock)
+        ledger = ledger_cls(message_timeout=T, buckets=b, clock=clock)
         assert (ledger.rotation_period, ledger.buckets) == (T / (b - 1), b)
 
     @pytest.mark.parametrize("T", [0.0, -1.0])
-    def test_non_positive_timeout_rejected(self, clock, T):
+    def test_non_positive_timeout_rejected(self, ledger_cls, clock, T):
         """A zero or negative message timeout is refused with a message naming it."""
         with pytest.raises(ValueError, match="message_timeout must be positive"):
-            Ledger(message_timeout=T, clock=clock)
+            ledger_cls(message_timeout=T, clock=clock)
 
-    def test_one_bucket_rejected(self, clock):
+    def test_one_bucket_rejected(self, ledger_cls, clock):
         """b = 1 leaves no timeout window and is refused."""
         with pytest.raises(ValueError, match="at least 2 buckets"):
-            Ledger(message_timeout=1.0, buckets=1, clock=clock)
+            ledger_cls(message_timeout=1.0, buckets=1, clock=clock)

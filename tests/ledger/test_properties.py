@@ -3,7 +3,7 @@
 The simulator follows the spec's "What each side sends" exactly (spout init with the xor
 of its k edge ids; bolts anchor children to one or more live tuples, possibly of other
 trees, and ack with ``id ^ out_ack_val``). Messages are shuffled, split into random
-batches and applied through ``Ledger.apply_batch``; the spec's invariants are checked
+batches and applied through ``apply_batch`` of each ledger engine; the spec's invariants are checked
 after every batch. ``ACKER_PROPERTY_TREES`` sets how many trees each property covers
 (default 1000; the issue's on-demand configuration is 20000).
 """
@@ -17,11 +17,12 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+from acker_protocol.wire import OpKind, Outcome
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from acker_service.batch import Batch, OpKind, Outcome
-from acker_service.ledger import Ledger
+from acker_service.batch import Batch
+from acker_service.reference_ledger import ReferenceLedger
 
 TREES = int(os.environ.get("ACKER_PROPERTY_TREES", "1000"))
 EXAMPLES = min(40, max(10, TREES // 20))
@@ -181,13 +182,13 @@ def splits(rng: random.Random, total: int, mean: int) -> list[tuple[int, int]]:
     return cuts
 
 
-def assert_conserved(ledger: Ledger) -> None:
+def assert_conserved(ledger: ReferenceLedger) -> None:
     """Spec invariant 3: inits = acked + failed + timed out + pending."""
     s = ledger.stats
     assert s.inits == s.acked + s.failed + s.timed_out + ledger.pending_trees, s
 
 
-def assert_all_timed_out(ledger: Ledger, timed_out: list, roots: list[int], forest: Forest) -> None:
+def assert_all_timed_out(ledger: ReferenceLedger, timed_out: list, roots: list[int], forest: Forest) -> None:
     """Exactly ``roots`` timed out, each to its own spout, and the ledger is empty and conserved."""
     assert sorted(res.root for res in timed_out) == sorted(roots)
     assert all(res.outcome == Outcome.TIMED_OUT for res in timed_out)
@@ -249,7 +250,8 @@ def deliver(ledger, clock, order, cuts, forest: Forest, expected: Expected, dt=0
             assert res.outcome == want, f"root {res.root:#x}: got {res.outcome.name}, expected {want}"
             assert lo <= want_at < hi, f"{res.root:#x} {want.name} in batch [{lo}, {hi}), due at {want_at}"
             assert res.spout == spout_name(forest.spout_of[res.root])
-            assert res.latency_seconds == pytest.approx(clock.now - init_time[res.root], abs=1e-9)
+            # Whole microseconds, as the wire carries them (the native engine keeps no finer time).
+            assert res.latency_seconds == pytest.approx(clock.now - init_time[res.root], abs=1.5e-6)
         # Exactly at: every tree due in this batch or before has ended, and no other tree.
         assert len(resolved) == bisect.bisect_left(positions, hi), f"after batch [{lo}, {hi})"
         assert_conserved(ledger)
@@ -294,7 +296,7 @@ class Entries:
         return len(self.entries) - self.pending
 
 
-def check_entries(ledger: Ledger, model: Entries) -> None:
+def check_entries(ledger: ReferenceLedger, model: Entries) -> None:
     """The ledger holds the trees and orphans the model says, with the model's counters."""
     s = ledger.stats
     assert (ledger.pending_trees, ledger.orphan_entries) == (model.pending, model.orphans)
@@ -329,15 +331,16 @@ def shuffled(rng: random.Random, msgs: list[Msg]) -> list[Msg]:
     return order
 
 
-def new_ledger(clock_factory, rng, T=1000.0, b=3):
+def new_ledger(factories, rng, T=1000.0, b=3):
     """A ledger whose rotation phase relative to the first message is random."""
-    clock = clock_factory(start=1000.0)
-    ledger = Ledger(message_timeout=T, buckets=b, clock=clock)
+    clock_cls, ledger_cls = factories
+    clock = clock_cls(start=1000.0)
+    ledger = ledger_cls(message_timeout=T, buckets=b, clock=clock)
     clock.advance(rng.random() * T / (b - 1))
     return ledger, clock
 
 
-def deliver_all_acked(clock_factory, rng, forest: Forest, msgs: list, mean, timeout):
+def deliver_all_acked(factories, rng, forest: Forest, msgs: list, mean, timeout):
     """Shuffle ``msgs``, deliver them in random batches within 0.9 T, and check every tree ended ACKED.
 
     Spread over 0.9 T, rotations happen mid-delivery, yet no entry can expire.
@@ -346,7 +349,7 @@ def deliver_all_acked(clock_factory, rng, forest: Forest, msgs: list, mean, time
     order = shuffled(rng, msgs)
     expected = expected_outcomes(order, forest.roots)
     T, b = timeout
-    ledger, clock = new_ledger(clock_factory, rng, T, b)
+    ledger, clock = new_ledger(factories, rng, T, b)
     cuts = splits(rng, len(order), mean)
     resolved = deliver(ledger, clock, order, cuts, forest, expected, 0.9 * T / len(cuts))
     assert sorted(resolved) == sorted(forest.roots)
@@ -359,12 +362,12 @@ def deliver_all_acked(clock_factory, rng, forest: Forest, msgs: list, mean, time
 
 @PROPERTY
 @given(seed=seeds, shape=shapes(), mean=batch_means, timeout=timeouts)
-def test_acked_exactly_at_last_message(clock_factory, trees_checked, seed, shape, mean, timeout):
+def test_acked_exactly_at_last_message(factories, trees_checked, seed, shape, mean, timeout):
     """Complete trees end ACKED in the batch holding their last message, never before, once."""
     rng = random.Random(seed)
     forest = build_forest(rng, FOREST, shape)
     event(f"cross-root tuples: {'yes' if forest.cross_root_tuples else 'no'}")
-    ledger, clock, order, expected = deliver_all_acked(clock_factory, rng, forest, forest.all_messages(), mean, timeout)
+    ledger, clock, order, expected = deliver_all_acked(factories, rng, forest, forest.all_messages(), mean, timeout)
     model = Entries(expected)
     model.feed(order)
     check_entries(ledger, model)
@@ -405,7 +408,7 @@ def check_messages_after_end(ledger, clock, rng, order, spouts, model: Entries):
 
 @PROPERTY
 @given(seed=seeds, shape=shapes(), mean=batch_means, timeout=timeouts)
-def test_dropped_ack_never_acks_and_times_out(clock_factory, trees_checked, seed, shape, mean, timeout):
+def test_dropped_ack_never_acks_and_times_out(factories, trees_checked, seed, shape, mean, timeout):
     """Dropping one ack of a tree: never ACKED; TIMED_OUT once, not before t+T, by t+T+T/(b-1)."""
     T, b = timeout
     rng = random.Random(seed)
@@ -421,7 +424,7 @@ def test_dropped_ack_never_acks_and_times_out(clock_factory, trees_checked, seed
     expected = expected_outcomes(order, forest.roots)
     for r in dropped:
         del expected.at[r]  # incomplete: must not end during delivery
-    ledger, clock = new_ledger(clock_factory, rng, T, b)
+    ledger, clock = new_ledger(factories, rng, T, b)
     t0 = clock.now  # every entry is put at t0: the clock stands still during delivery
     resolved = deliver(ledger, clock, order, splits(rng, len(order), mean), forest, expected)
     assert not dropped & resolved.keys()
@@ -436,13 +439,13 @@ def test_dropped_ack_never_acks_and_times_out(clock_factory, trees_checked, seed
 
 @PROPERTY
 @given(seed=seeds, shape=shapes(), mean=batch_means, timeout=timeouts)
-def test_duplicated_init_never_acks_early(clock_factory, trees_checked, seed, shape, mean, timeout):
+def test_duplicated_init_never_acks_early(factories, trees_checked, seed, shape, mean, timeout):
     """A second copy of each init, anywhere in the order, never makes a tree end early."""
     rng = random.Random(seed)
     forest = build_forest(rng, FOREST, shape)
     dup_inits = [m for r in forest.roots for m in forest.msgs[r] if m.kind == INIT]
     msgs = forest.all_messages() + dup_inits
-    ledger, clock, order, expected = deliver_all_acked(clock_factory, rng, forest, msgs, mean, timeout)
+    ledger, clock, order, expected = deliver_all_acked(factories, rng, forest, msgs, mean, timeout)
     T, b = timeout
     # A copy after the end is a new tree (the spec keeps no memory of ended roots).
     resent = {m.root for i, m in enumerate(order) if m.kind == INIT and i > expected.at[m.root][0]}
@@ -466,14 +469,14 @@ def test_duplicated_init_never_acks_early(clock_factory, trees_checked, seed, sh
     mean=batch_means,
     timeout=timeouts,
 )
-def test_fail_anywhere_fails_exactly_once(clock_factory, trees_checked, seed, shape, mean, timeout):
+def test_fail_anywhere_fails_exactly_once(factories, trees_checked, seed, shape, mean, timeout):
     """A tree with a failed tuple ends FAILED once, when its init and a fail have both arrived."""
     rng = random.Random(seed)
     forest = build_forest(rng, FOREST, shape)
     order = shuffled(rng, forest.all_messages())
     expected = expected_outcomes(order, forest.roots)
     T, b = timeout
-    ledger, clock = new_ledger(clock_factory, rng, T, b)
+    ledger, clock = new_ledger(factories, rng, T, b)
     cuts = splits(rng, len(order), mean)
     # Spread over 0.9 T: rotations happen mid-delivery, yet no entry can expire.
     resolved = deliver(ledger, clock, order, cuts, forest, expected, 0.9 * T / len(cuts))
@@ -491,7 +494,7 @@ def test_fail_anywhere_fails_exactly_once(clock_factory, trees_checked, seed, sh
 
 @PROPERTY
 @given(seed=seeds, shape=shapes(fail_rate=st.sampled_from([0.0, 0.2])), mean=batch_means, timeout=timeouts)
-def test_no_traffic_drains_within_one_window(clock_factory, trees_checked, seed, shape, mean, timeout):
+def test_no_traffic_drains_within_one_window(factories, trees_checked, seed, shape, mean, timeout):
     """Bounded memory: lost inits and late acks (orphans), lost acks (pending) all drain within T + T/(b-1)."""
     T, b = timeout
     rng = random.Random(seed)
@@ -511,7 +514,7 @@ def test_no_traffic_drains_within_one_window(clock_factory, trees_checked, seed,
             stuck.add(r)
         msgs += tree
     order = shuffled(rng, msgs)
-    ledger, clock = new_ledger(clock_factory, rng, T, b)
+    ledger, clock = new_ledger(factories, rng, T, b)
     cuts = splits(rng, len(order), mean)
     dt = T / (2 * len(cuts))  # traffic spread over half a timeout
     for lo, hi in cuts:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from acker_protocol.credentials import ChannelSecurity, open_channel
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from acker_service.auth import hash_token
 from acker_service.config import ServerConfig
-from acker_service.credentials import ChannelSecurity, open_channel
 from acker_service.server import AckerServer
-from acker_service.v1 import acker_pb2, acker_pb2_grpc
 
 TOKENS = {"orders-spout": "t-orders-0123", "executors": "t-exec-4567", "other-spout": "t-other-89ab"}
 SPOUT_CERT_SUBJECT = "CN=orders-spout,O=acker-tests"

@@ -9,12 +9,12 @@ import urllib.request
 import grpc
 import pytest
 from acker_client import ClusterClient
+from acker_protocol.credentials import ChannelSecurity, open_channel
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from acker_service.config import ConfigError, ServerConfig
-from acker_service.credentials import ChannelSecurity, open_channel
 from acker_service.healthcheck import main as healthcheck_main
 from acker_service.server import AckerServer
-from acker_service.v1 import acker_pb2, acker_pb2_grpc
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_tls_server_serves_a_client_that_trusts_its_ca(start, pki):
 
 def test_client_refuses_a_server_certificate_it_cannot_verify(start, pki, tmp_path):
     """A client trusting another CA does not talk to the server (UNAVAILABLE: handshake failed)."""
-    from acker_service.testcerts import CertificateAuthority
+    from acker_protocol.testcerts import CertificateAuthority
 
     other = CertificateAuthority(tmp_path, "other-ca")
     server = start(tls_cert=pki.server.cert, tls_key=pki.server.key)

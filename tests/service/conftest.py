@@ -8,11 +8,11 @@ from collections.abc import Callable, Iterator
 import grpc
 import pytest
 from acker_client.testing import ManualClock
+from acker_protocol import grpc_options
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
-from acker_service import grpc_options
 from acker_service.config import ServerConfig
 from acker_service.server import AckerServer
-from acker_service.v1 import acker_pb2, acker_pb2_grpc
 
 
 @pytest.fixture
@@ -21,13 +21,19 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
+@pytest.fixture(params=["native", "reference"])
+def engine(request) -> str:
+    """The ledger engine the test's servers run: every server test runs against both."""
+    return request.param
+
+
 @pytest.fixture
-def make_server() -> Iterator[Callable[..., AckerServer]]:
+def make_server(engine) -> Iterator[Callable[..., AckerServer]]:
     """Start servers with ServerConfig overrides (port 0 on 127.0.0.1); all are stopped at teardown."""
     servers: list[AckerServer] = []
 
     def make(clock: Callable[[], float] | None = None, **overrides) -> AckerServer:
-        config = ServerConfig(**{"host": "127.0.0.1", "port": 0, "grace": 0.5, **overrides})
+        config = ServerConfig(**{"host": "127.0.0.1", "port": 0, "grace": 0.5, "engine": engine, **overrides})
         server = AckerServer(config, clock=clock)
         server.start()
         servers.append(server)

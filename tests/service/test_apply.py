@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
-from acker_service.batch import OpKind
-from acker_service.v1 import acker_pb2
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import OpKind
 
 INIT, ACK, FAIL, RESET = (int(k) for k in OpKind)
 
@@ -195,3 +194,29 @@ def test_oversized_message_is_refused_by_grpc(make_server, connect, apply, ledge
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert ledger_state(server) == before
     assert apply(stub, [(INIT, 5, 5)]).applied == 1
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(b"\xff\xff\xff", id="truncated-varint-tag"),
+        pytest.param(b"\x12\x05\x01", id="packed-field-past-the-end"),
+        pytest.param(b"\x2a\x02\xc3\x28", id="spout-name-not-utf8"),
+    ],
+)
+def test_undecodable_request_is_invalid_argument(payload, make_server, ledger_state):
+    """Bytes that are no ApplyRequest get INVALID_ARGUMENT naming the message type, never UNKNOWN."""
+    server = make_server()
+    before = ledger_state(server)
+    with grpc.insecure_channel(server.address) as channel:
+        raw_apply = channel.unary_unary("/acker_service.v1.Acker/Apply")  # bytes in, bytes out
+        with pytest.raises(grpc.RpcError) as caught:
+            raw_apply(payload, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+        assert "not a valid acker_service.v1.ApplyRequest" in caught.value.details()
+        # The server keeps serving: a valid request (as bytes) after the bad one applies.
+        reply = raw_apply(
+            acker_pb2.ApplyRequest(kinds=[INIT], root_ids=[5], values=[0], spouts=["s"]).SerializeToString(), timeout=10
+        )
+        assert acker_pb2.ApplyResponse.FromString(reply).applied == 1
+    assert ledger_state(server)[3]["acked"] == before[3]["acked"] + 1

@@ -18,7 +18,7 @@ from acker_service.config import ConfigError, ServerConfig
 
 START_LINE = re.compile(
     r"^acker shard (\d+)/(\d+) serving on (127\.0\.0\.1:\d+), "
-    r"(metrics on http://127\.0\.0\.1:\d+/metrics|metrics off), timeout ([\d.]+)s, (\d+) buckets$"
+    r"(metrics on http://127\.0\.0\.1:\d+/metrics|metrics off), timeout ([\d.]+)s, (\d+) buckets, (native|reference) ledger engine$"
 )
 FLAGS = (
     "host",
@@ -88,6 +88,8 @@ def test_env_vars_are_fallbacks_and_flags_win():
         ({"retain_outcomes": 0}, "retain outcomes must be at least 1"),
         ({"retain_seconds": -1}, "retain seconds must be positive"),
         ({"grace": -1}, "grace must be zero or more"),
+        ({"engine": "jvm"}, "engine must be one of native, reference"),
+        ({"buckets": 40}, "the native engine supports at most 32 buckets"),
     ],
 )
 def test_config_validation_names_the_problem(overrides, fragment):
@@ -134,7 +136,7 @@ def test_cli_serves_health_and_exits_0_on_sigterm():
         line = proc.stderr.readline().rstrip("\n")
         match = START_LINE.match(line)
         assert match, f"unexpected start line: {line!r}"
-        assert match.group(1, 2, 5, 6) == ("1", "2", "5", "3")
+        assert match.group(1, 2, 5, 6, 7) == ("1", "2", "5", "3", "native")
         with grpc.insecure_channel(match.group(3)) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -148,14 +150,17 @@ def test_cli_serves_health_and_exits_0_on_sigterm():
             proc.communicate()
 
 
-def test_start_line_without_metrics_says_off(make_server):
+def test_start_line_without_metrics_says_off(make_server, engine):
     """With no metrics port the start line says 'metrics off'."""
     from acker_service.server import start_line
 
     server = make_server(message_timeout=30.0)
     line = start_line(server)
     assert START_LINE.match(line), line
-    assert line == f"acker shard 0/1 serving on {server.address}, metrics off, timeout 30s, 3 buckets"
+    assert (
+        line
+        == f"acker shard 0/1 serving on {server.address}, metrics off, timeout 30s, 3 buckets, {engine} ledger engine"
+    )
 
 
 def test_taken_port_is_refused_with_exit_2(make_server):

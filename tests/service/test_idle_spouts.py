@@ -10,11 +10,11 @@ import tracemalloc
 import grpc
 import pytest
 from acker_client.testing import ManualClock
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import Outcome
 
-from acker_service.batch import Outcome
-from acker_service.ledger import Resolution
 from acker_service.outcome_hub import OutcomeHub
-from acker_service.v1 import acker_pb2
+from acker_service.reference_ledger import Resolution
 
 INC = 0x5EED
 RETAIN_SECONDS = 60.0

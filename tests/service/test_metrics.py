@@ -9,11 +9,11 @@ import urllib.request
 
 import grpc
 import pytest
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import OpKind
 from prometheus_client.parser import text_string_to_metric_families
 
-from acker_service.batch import OpKind
 from acker_service.metrics import ExactHistogram
-from acker_service.v1 import acker_pb2
 
 INIT, ACK, FAIL, RESET = (int(k) for k in OpKind)
 
@@ -34,7 +34,7 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
     }
 
 
-def test_ledger_metrics_read_back_over_http(make_server, connect, apply, clock):
+def test_ledger_metrics_read_back_over_http(make_server, connect, apply, clock, engine):
     """Operations, outcomes, gauges and the exact latency histogram match what the test did."""
     server = make_server(clock=clock, metrics_port=0, message_timeout=10.0, retain_outcomes=2)
     stub = connect(server)
@@ -69,7 +69,12 @@ def test_ledger_metrics_read_back_over_http(make_server, connect, apply, clock):
         m[
             (
                 "acker_build_info",
-                (("shard_count", "1"), ("shard_index", "0"), ("version", __import__("acker_service").__version__)),
+                (
+                    ("engine", engine),
+                    ("shard_count", "1"),
+                    ("shard_index", "0"),
+                    ("version", __import__("acker_service").__version__),
+                ),
             )
         ]
         == 1

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import pytest
+from acker_protocol.wire import Outcome
 
-from acker_service.batch import Outcome
-from acker_service.ledger import Resolution
-from acker_service.outcome_hub import OutcomeHub
+from acker_service.outcome_hub import OUTCOME_BYTES, OutcomeHub
+from acker_service.reference_ledger import Resolution
 
 INC = 0xABCDEF
 
 
-def make_hub(clock, retain=100, seconds=60.0) -> OutcomeHub:
-    """A hub with incarnation INC on the test's fake clock."""
-    return OutcomeHub(retain_outcomes=retain, retain_seconds=seconds, incarnation=INC, clock=clock)
+def make_hub(clock, retain=100, seconds=60.0, buffer_bytes=0) -> OutcomeHub:
+    """A hub with incarnation INC on the test's fake clock (no subscriber backlog beyond ``retain`` by default)."""
+    return OutcomeHub(
+        retain_outcomes=retain,
+        retain_seconds=seconds,
+        incarnation=INC,
+        clock=clock,
+        subscriber_buffer_bytes=buffer_bytes,
+    )
 
 
 def publish(hub, roots, spout="s", outcome=Outcome.ACKED, latency=0.25):
@@ -101,12 +107,49 @@ def test_count_bound_evicts_oldest_and_counts_undelivered(clock):
 
 
 def test_slow_reader_loses_only_what_is_evicted(clock):
-    """A subscriber that does not read lags in the log; evicted unread outcomes are counted as dropped."""
-    hub = make_hub(clock, retain=4)
+    """A subscriber whose backlog passes its buffer loses the oldest unread outcomes, counted as dropped."""
+    hub = make_hub(clock, retain=4, buffer_bytes=4 * OUTCOME_BYTES)
     sub = hub.subscribe("s", incarnation=0, after_sequence=0, wake=Waker())
     assert drain(hub, sub) == ([], 0)
     publish(hub, range(1, 11))
     assert drain(hub, sub) == ([(7, 7), (8, 8), (9, 9), (10, 10)], 6)
+
+
+def test_burst_beyond_the_count_bound_reaches_a_subscriber(clock):
+    """A burst larger than retain_outcomes (a mass timeout) waits in the subscriber's buffer, nothing dropped."""
+    hub = make_hub(clock, retain=4, buffer_bytes=1000 * OUTCOME_BYTES)
+    sub = hub.subscribe("s", incarnation=0, after_sequence=0, wake=Waker())
+    assert drain(hub, sub) == ([], 0)
+    publish(hub, range(1, 1001))
+    assert (hub.retained, hub.dropped_total) == (1000, 0)
+    pairs, dropped = drain(hub, sub, limit=64)
+    assert pairs == [(i, i) for i in range(1, 1001)] and dropped == 0
+    # Delivered outcomes fall back to the count bound (kept only for a resume).
+    assert hub.retained == 4 and hub.dropped_total == 0
+
+
+def test_backlog_bound_is_in_bytes(clock):
+    """Past subscriber_buffer_bytes of unread outcomes the oldest unread ones go, counted as dropped."""
+    hub = make_hub(clock, retain=4, buffer_bytes=100 * OUTCOME_BYTES)
+    sub = hub.subscribe("s", incarnation=0, after_sequence=0, wake=Waker())
+    drain(hub, sub)
+    publish(hub, range(1, 151))
+    assert (hub.retained, hub.dropped_total) == (100, 50)
+    pairs, dropped = drain(hub, sub)
+    assert pairs[0] == (51, 51) and len(pairs) == 100 and dropped == 50
+
+
+def test_a_spout_that_leaves_falls_back_to_the_count_bound(clock):
+    """When the stream ends, its unread backlog is trimmed to retain_outcomes and the rest counted dropped."""
+    hub = make_hub(clock, retain=4, buffer_bytes=1000 * OUTCOME_BYTES)
+    sub = hub.subscribe("s", incarnation=0, after_sequence=0, wake=Waker())
+    drain(hub, sub)
+    publish(hub, range(1, 11))
+    assert hub.dropped_total == 0
+    hub.unsubscribe(sub)
+    assert (hub.retained, hub.dropped_total) == (4, 6)
+    again = hub.subscribe("s", incarnation=INC, after_sequence=0, wake=Waker())
+    assert drain(hub, again) == ([(7, 7), (8, 8), (9, 9), (10, 10)], 6)
 
 
 def test_age_bound_evicts_old_outcomes(clock):

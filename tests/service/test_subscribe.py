@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import OpKind
 
-from acker_service.batch import OpKind
 from acker_service.servicer import OUTCOMES_PER_MESSAGE
-from acker_service.v1 import acker_pb2
 
 INIT, ACK, FAIL, RESET = (int(k) for k in (OpKind.INIT, OpKind.ACK, OpKind.FAIL, OpKind.RESET_TIMEOUT))
 ACKED, FAILED, TIMED_OUT = acker_pb2.OUTCOME_ACKED, acker_pb2.OUTCOME_FAILED, acker_pb2.OUTCOME_TIMED_OUT

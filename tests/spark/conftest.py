@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
+from acker_demo.wordcount import create_sink
 from acker_spark import LOCAL_MASTER, close_clients, local_session
-from acker_spark.wordcount import create_sink
 
 # Short acker timeouts keep lost-tree tests quick, yet leave room for a micro-batch
 # job on a busy 2-core machine (a tree must outlive the job that processes it).

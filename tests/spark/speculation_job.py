@@ -32,11 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from acker_client import ClusterClient
-from acker_spark import Bolt, DeadLetterStore, GuaranteedPipeline, ReplayPolicy, close_clients, local_session
-from acker_spark.executor import client_for
-from acker_spark.testing import StandaloneCluster
-from acker_spark.wordcount import (
-    AckAudit,
+from acker_cluster import ProcessCluster
+from acker_demo.wordcount import (
     CountWords,
     create_sink,
     expected_counts,
@@ -45,9 +42,13 @@ from acker_spark.wordcount import (
     stable_partition,
     word_of,
 )
-from prometheus_client.parser import text_string_to_metric_families
+from acker_spark import Bolt, DeadLetterStore, GuaranteedPipeline, ReplayPolicy, close_clients, local_session
+from acker_spark.executor import client_for
 
-from acker_service.cluster import ProcessCluster
+# Run as a script: its own folder (tests/spark) is first on sys.path.
+from audit import AckAudit
+from prometheus_client.parser import text_string_to_metric_families
+from standalone import StandaloneCluster
 
 SLOW_AFTER_COMMIT = 1
 STALLED = 2
@@ -226,7 +227,7 @@ def run_pipeline(spark: Any, addresses: list[str], work: Path, records: list[Any
     stalled = [e for e in log.events() if e["event"] == "stalled"]
     return dict(
         stats=stats.as_dict(),
-        outcomes=audit.outcomes,
+        outcomes={key: [o.name for o in seq] for key, seq in audit.outcomes.items()},
         false_acks=audit.false_acks,
         sink_matches_expected=sink_counts(db) == expected_counts(records),
         # Whether Spark killed the stalled attempt's Python worker (bounded wait).

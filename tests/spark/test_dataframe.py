@@ -9,14 +9,24 @@ from typing import Any
 
 import pytest
 from acker_client import ClusterClient, MessageId, TrackedTuple
-from acker_spark import Bolt, DeadLetterStore, Delivery, GuaranteedPipeline, generated_sentences, run_untracked
+from acker_client.testing import local_cluster
+from acker_demo.wordcount import expected_counts, sink_counts, tokenize
+from acker_spark import (
+    Bolt,
+    DeadLetterStore,
+    Delivery,
+    GuaranteedPipeline,
+    close_clients,
+    generated_sentences,
+    run_untracked,
+)
 from acker_spark.frames import delivery_frame, unpack_ids
 from acker_spark.sqlite import open_db, upsert
-from acker_spark.wordcount import AckAudit, expected_counts, sink_counts, tokenize
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType
 
+from .audit import AckAudit
 from .test_pipeline import FAST, assert_every_record_acked_once, task_attempts
 
 # Spark's workers cannot import this test module: ship its functions by value.
@@ -25,6 +35,21 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 pytestmark = pytest.mark.spark
 
 WORDS = "key string, position int, word string"
+
+# No test here is about lost trees, and a group-by job on a busy 2-core machine can
+# outlast the suite's short acker timeout, making every tree time out and replay: these
+# tests get ackers whose timeout outlives any job they run.
+PATIENT_TIMEOUT = 60.0
+
+
+@pytest.fixture
+def ackers() -> Iterator[Any]:
+    """Three in-process ackers with a timeout no micro-batch job here reaches."""
+    with local_cluster(3, message_timeout=PATIENT_TIMEOUT) as cluster:
+        yield cluster
+    close_clients()
+
+
 SINK_COLUMNS = ("record_key", "position", "word")
 
 

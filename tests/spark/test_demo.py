@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from acker_spark.demo import main, parse_args
+from acker_demo.cli import main, parse_args
 
 pytestmark = pytest.mark.spark
 

@@ -9,24 +9,25 @@ from typing import Any
 
 import pytest
 from acker_client import ClusterClient, Spout, TrackedTuple
-from acker_spark import ACKED, Bolt, Delivery
-from acker_spark.wordcount import split_words
+from acker_demo.wordcount import split_words
+from acker_protocol.wire import Outcome
+from acker_spark import Bolt, Delivery
 
 
 class Outcomes:
     """Spout callbacks recorded per message id."""
 
     def __init__(self) -> None:
-        self.by_id: dict[Any, list[str]] = {}
+        self.by_id: dict[Any, list[Outcome]] = {}
         self._lock = threading.Lock()
 
     def ack(self, message_id: Any) -> None:
         with self._lock:
-            self.by_id.setdefault(message_id, []).append(ACKED)
+            self.by_id.setdefault(message_id, []).append(Outcome.ACKED)
 
     def fail(self, message_id: Any, reason: Any) -> None:
         with self._lock:
-            self.by_id.setdefault(message_id, []).append(reason.name)
+            self.by_id.setdefault(message_id, []).append(reason)
 
 
 def emit_sentences(spout: Spout, count: int) -> list[TrackedTuple]:
@@ -69,14 +70,14 @@ def run_twice_then_ack(bolt: Bolt, ackers: Any, client: ClusterClient, count: in
 def test_rerun_of_a_partition_acks_every_tree_once(ackers: Any, client: ClusterClient) -> None:
     """A partition processed twice (any order) yields the same child ids; the repeat ack is deduplicated."""
     outcomes = run_twice_then_ack(Bolt(split_words, ackers.addresses), ackers, client)
-    assert outcomes.by_id == {f"s{i}": [ACKED] for i in range(20)}
+    assert outcomes.by_id == {f"s{i}": [Outcome.ACKED] for i in range(20)}
     assert sum(server.ledger.stats.deduplicated for server in ackers.servers) == 20
 
 
 def test_without_dedup_keys_a_rerun_hangs_trees(ackers: Any, client: ClusterClient) -> None:
     """Control: the same re-run with plain XOR acks cancels the first ack and the trees time out."""
     outcomes = run_twice_then_ack(NoDedupBolt(split_words, ackers.addresses), ackers, client, count=5)
-    assert outcomes.by_id == {f"s{i}": ["TIMED_OUT"] for i in range(5)}
+    assert outcomes.by_id == {f"s{i}": [Outcome.TIMED_OUT] for i in range(5)}
 
 
 def test_failed_attempt_sends_nothing(ackers: Any, client: ClusterClient) -> None:
@@ -99,7 +100,7 @@ def test_failed_attempt_sends_nothing(ackers: Any, client: ClusterClient) -> Non
         children = list(bolt.run_partition(3, shipped(sentences)))
         list(Bolt(ack_all, ackers.addresses).run_partition(0, children))
         assert spout.wait_idle(20.0)
-    assert outcomes.by_id == {f"s{i}": [ACKED] for i in range(6)}
+    assert outcomes.by_id == {f"s{i}": [Outcome.ACKED] for i in range(6)}
     assert sum(server.ledger.stats.deduplicated for server in ackers.servers) == 0
 
 
@@ -115,7 +116,7 @@ def test_consumer_stopping_early_discards(ackers: Any, client: ClusterClient) ->
         children = list(bolt.run_partition(0, shipped(sentences)))
         list(Bolt(ack_all, ackers.addresses).run_partition(0, children))
         assert spout.wait_idle(20.0)
-    assert outcomes.by_id == {f"s{i}": [ACKED] for i in range(4)}
+    assert outcomes.by_id == {f"s{i}": [Outcome.ACKED] for i in range(4)}
 
 
 def test_untracked_bolt_runs_the_same_function() -> None:

@@ -11,18 +11,7 @@ from typing import Any
 import pytest
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
-from acker_spark import (
-    ACKED,
-    Bolt,
-    DeadLetterStore,
-    GuaranteedPipeline,
-    Job,
-    ReplayPolicy,
-    generated_sentences,
-)
-from acker_spark.sqlite import open_db
-from acker_spark.wordcount import (
-    AckAudit,
+from acker_demo.wordcount import (
     CountWords,
     FailureInjection,
     build_job,
@@ -32,8 +21,19 @@ from acker_spark.wordcount import (
     stable_partition,
     word_of,
 )
+from acker_protocol.wire import Outcome
+from acker_spark import (
+    Bolt,
+    DeadLetterStore,
+    GuaranteedPipeline,
+    Job,
+    ReplayPolicy,
+    generated_sentences,
+)
+from acker_spark.sqlite import open_db
 from pyspark import cloudpickle
 
+from .audit import AckAudit
 from .conftest import MESSAGE_TIMEOUT
 
 # Spark's workers cannot import this test module: ship its functions by value.
@@ -100,7 +100,7 @@ def audited(fn: Callable[..., Any], db: Path, stage: str, crash_partition: int |
 
 
 def assert_every_record_acked_once(stats: Any, audit: AckAudit, records: list[Any], db: Path) -> None:
-    assert audit.outcomes == {key: [ACKED] for key, _ in records}
+    assert audit.outcomes == {key: [Outcome.ACKED] for key, _ in records}
     assert audit.false_acks == []
     assert (stats.emitted, stats.acked, stats.replayed, stats.dead_lettered) == (
         len(records),
@@ -169,10 +169,10 @@ def test_per_record_failures_replay_exactly_those_and_dead_letter(
     stats, audit = run(spark, client, db, records, job, policy=policy)
     assert stats.replayed_keys == always | once
     assert set(audit.first_failures()) == always | once
-    assert all(audit.outcomes[k] == ["FAILED", ACKED] for k in once)
-    assert all(audit.outcomes[k] == ["FAILED"] * 3 for k in always)
+    assert all(audit.outcomes[k] == [Outcome.FAILED, Outcome.ACKED] for k in once)
+    assert all(audit.outcomes[k] == [Outcome.FAILED] * 3 for k in always)
     dead = DeadLetterStore(db).all()
-    assert {d.key: (d.reason, d.attempts) for d in dead} == {k: ("FAILED", 3) for k in always}
+    assert {d.key: (d.reason, d.attempts) for d in dead} == {k: (Outcome.FAILED, 3) for k in always}
     assert (stats.acked, stats.dead_lettered, stats.replayed) == (
         len(records) - 3,
         3,
@@ -205,9 +205,9 @@ def test_killed_acker_loses_no_record(spark: Any, db: Path) -> None:
 
         stats, audit = run(spark, client, db, records, job, max_pending=120)
     failures = audit.first_failures()
-    assert failures and set(failures.values()) <= {"LOST", "TIMED_OUT"}
+    assert failures and set(failures.values()) <= {Outcome.LOST, Outcome.TIMED_OUT}
     assert stats.replayed_keys == set(failures)
-    assert all(seq[-1] == ACKED for seq in audit.outcomes.values())
+    assert all(seq[-1] is Outcome.ACKED for seq in audit.outcomes.values())
     assert (stats.acked, stats.dead_lettered) == (len(records), 0)
     assert stats.lost + stats.timed_out == stats.replayed
     assert audit.false_acks == []

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from acker_spark.testing import can_bind, loopback_hosts
+
+from .standalone import can_bind, loopback_hosts
 
 pytestmark = pytest.mark.spark
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from acker_client import BoltCollector, ClusterClient, TrackedTuple
 from acker_client.testing import local_cluster
+from acker_protocol.wire import Outcome
 from acker_spark import Bolt, DeadLetterStore, close_clients
 from acker_spark.frames import unpack_ids
 from acker_spark.sqlite import open_db, upsert
@@ -102,10 +103,10 @@ def test_reader_offsets_partitions_commit_and_replay(tmp_path: Path) -> None:
             reader.stop()
     outcomes = {(d.key, d.attempt): (d.outcome, d.final) for d in StreamLedger(db).deliveries()}
     assert len({d.run for d in StreamLedger(db).deliveries()}) == 1
-    assert outcomes[("a.txt:1", 1)] == ("ACKED", True)
-    assert outcomes[("a.txt:2", 1)] == ("FAILED", False)
+    assert outcomes[("a.txt:1", 1)] == (Outcome.ACKED, True)
+    assert outcomes[("a.txt:2", 1)] == (Outcome.FAILED, False)
     assert ("a.txt:2", 2) in outcomes  # closed while pending: LOST, recorded, not settled
-    assert outcomes[("a.txt:2", 2)] == ("LOST", False)
+    assert outcomes[("a.txt:2", 2)] == (Outcome.LOST, False)
     assert DeadLetterStore(db).keys() == set()
 
 
@@ -198,12 +199,12 @@ def test_streaming_word_count_with_replays_and_dead_letter(spark: Any, tmp_path:
     assert ledger.settled_keys() == set(expected)
 
     deliveries = ledger.deliveries()
-    acked = Counter(d.key for d in deliveries if d.outcome == "ACKED")
+    acked = Counter(d.key for d in deliveries if d.outcome is Outcome.ACKED)
     dead = DeadLetterStore(db).all()
-    assert [(d.key, d.reason, d.attempts) for d in dead] == [(ALWAYS_FAIL, "FAILED", 2)]
+    assert [(d.key, d.reason, d.attempts) for d in dead] == [(ALWAYS_FAIL, Outcome.FAILED, 2)]
     assert acked == Counter({key: 1 for key in expected if key != ALWAYS_FAIL})
     assert {d.key for d in deliveries if d.attempt > 1} == FAIL_ONCE | {ALWAYS_FAIL}
-    assert {(d.key, d.attempt) for d in deliveries if d.outcome == "FAILED"} == {
+    assert {(d.key, d.attempt) for d in deliveries if d.outcome is Outcome.FAILED} == {
         *((key, 1) for key in FAIL_ONCE),
         (ALWAYS_FAIL, 1),
         (ALWAYS_FAIL, 2),

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 from acker_client import MessageId, TrackedTuple
+from acker_demo.wordcount import FailureInjection, Word, expected_counts, sink_counts, tokenize
+from acker_protocol.wire import Outcome
 from acker_spark import (
     DeadLetterStore,
     DeterministicEdgeIds,
@@ -18,8 +20,8 @@ from acker_spark import (
     stable_id,
 )
 from acker_spark.frames import _RowCodec, pack_ids, tracked_schema, unpack_ids
-from acker_spark.testing import StandaloneCluster, can_bind, loopback_hosts
-from acker_spark.wordcount import FailureInjection, Word, expected_counts, sink_counts, tokenize
+
+from .standalone import StandaloneCluster, can_bind, loopback_hosts
 
 
 class TestDeterministicEdgeIds:
@@ -106,13 +108,13 @@ def test_text_directory_source_requires_a_directory(tmp_path: Path) -> None:
 def test_dead_letter_store_round_trip(tmp_path: Path) -> None:
     """A dead letter keeps its record, reason and attempts; adding a key again replaces it."""
     store = DeadLetterStore(tmp_path / "dl.sqlite")
-    store.add("k1", {"text": "hello"}, "FAILED", 3)
-    store.add("k2", "plain", "LOST", 5)
-    store.add("k1", {"text": "hello"}, "TIMED_OUT", 4)
+    store.add("k1", {"text": "hello"}, Outcome.FAILED, 3)
+    store.add("k2", "plain", Outcome.LOST, 5)
+    store.add("k1", {"text": "hello"}, Outcome.TIMED_OUT, 4)
     rows = store.all()
     assert [(r.key, r.record, r.reason, r.attempts) for r in rows] == [
-        ("k1", {"text": "hello"}, "TIMED_OUT", 4),
-        ("k2", "plain", "LOST", 5),
+        ("k1", {"text": "hello"}, Outcome.TIMED_OUT, 4),
+        ("k2", "plain", Outcome.LOST, 5),
     ]
     assert store.keys() == {"k1", "k2"} and len(store) == 2
 
@@ -146,7 +148,7 @@ def test_sink_counts_exclude_dead_letters(db: Path) -> None:
         upsert(conn, "words", ("record_key", "position", "word"), [("a", 0, "x"), ("a", 1, "y"), ("b", 0, "x")])
         upsert(conn, "words", ("record_key", "position", "word"), [("a", 0, "x")])  # a replay: no double count
     assert sink_counts(db) == {"x": 2, "y": 1}
-    DeadLetterStore(db).add("b", "x", "FAILED", 3)
+    DeadLetterStore(db).add("b", "x", Outcome.FAILED, 3)
     assert sink_counts(db) == {"x": 1, "y": 1} == expected_counts([("a", "x y"), ("b", "x")], {"b"})
 
 

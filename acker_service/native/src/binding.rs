@@ -1,0 +1,332 @@
+//! The thin PyO3 binding: `acker_service._native.NativeCore` and two helper functions.
+//!
+//! It converts between Python and the pure core and nothing else: arrays in as slices,
+//! outcome columns out as numpy arrays that take over the Rust vectors (no copy), and
+//! refusals as the exception classes of `acker_service.batch`. The GIL is released while
+//! a batch is decoded, validated and applied.
+
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::ledger::{BatchOutput, Ledger, LedgerError, Ops, Outcomes};
+use crate::validate::{validate, BatchError, Limits, Refusal};
+use crate::wire::decode_apply_request;
+
+/// Outcome columns as Python sees them: (spout names, spout index per outcome, roots,
+/// outcome codes, latency in microseconds). Spout indices point into the names list.
+type Columns<'py> = (
+    Bound<'py, PyList>,
+    Bound<'py, PyArray1<u16>>,
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<u8>>,
+    Bound<'py, PyArray1<u64>>,
+);
+
+/// (applied, deduplicated, ignored, ended trees, timeout-reset notifications).
+type Applied<'py> = (u64, u64, u64, Columns<'py>, Columns<'py>);
+
+fn refusal_error(py: Python<'_>, err: BatchError) -> PyErr {
+    let class = match err.refusal {
+        Refusal::Invalid => "InvalidBatch",
+        Refusal::TooLarge => "BatchTooLarge",
+        Refusal::WrongShard => "WrongShard",
+    };
+    match py.import("acker_service.batch").and_then(|m| m.getattr(class)) {
+        Ok(cls) => PyErr::from_type(cls.cast_into().expect("an exception class"), err.message),
+        Err(e) => e,
+    }
+}
+
+fn ledger_error(py: Python<'_>, err: LedgerError) -> PyErr {
+    match err {
+        LedgerError::Config(m) => PyValueError::new_err(m),
+        LedgerError::TooManySpouts(message) => refusal_error(
+            py,
+            BatchError {
+                refusal: Refusal::TooLarge,
+                message,
+            },
+        ),
+    }
+}
+
+/// Turn outcome columns into numpy arrays, with spout ids renumbered into a names list.
+fn columns<'py>(py: Python<'py>, ledger: &Ledger, out: Outcomes) -> PyResult<Columns<'py>> {
+    let mut ids: Vec<u16> = Vec::new();
+    let mut local: Vec<u16> = Vec::with_capacity(out.spout.len());
+    let mut last = (0u16, 0u16);
+    for &id in &out.spout {
+        // Batches are mostly of one spout: remember the last lookup.
+        let idx = if id == last.0 && !ids.is_empty() {
+            last.1
+        } else {
+            let idx = match ids.iter().position(|&x| x == id) {
+                Some(p) => p as u16,
+                None => {
+                    ids.push(id);
+                    (ids.len() - 1) as u16
+                }
+            };
+            last = (id, idx);
+            idx
+        };
+        local.push(idx);
+    }
+    let names = PyList::new(py, ids.iter().map(|&id| ledger.spout_name(id)))?;
+    Ok((
+        names,
+        local.into_pyarray(py),
+        out.root.into_pyarray(py),
+        out.outcome.into_pyarray(py),
+        out.latency_us.into_pyarray(py),
+    ))
+}
+
+/// The native ledger behind `acker_service.native_ledger.NativeLedger`.
+#[pyclass(module = "acker_service._native")]
+pub struct NativeCore {
+    ledger: Ledger,
+}
+
+impl NativeCore {
+    fn finish<'py>(&self, py: Python<'py>, out: BatchOutput) -> PyResult<Applied<'py>> {
+        Ok((
+            out.applied,
+            out.deduplicated,
+            out.ignored,
+            columns(py, &self.ledger, out.ended)?,
+            columns(py, &self.ledger, out.resets)?,
+        ))
+    }
+}
+
+#[pymethods]
+impl NativeCore {
+    /// A ledger with timeout `message_timeout` s and `buckets` buckets, created at clock time `now`.
+    #[new]
+    fn new(py: Python<'_>, message_timeout: f64, buckets: u64, now: f64, seed: u64) -> PyResult<Self> {
+        let ledger = Ledger::new(message_timeout, buckets, now, seed).map_err(|e| ledger_error(py, e))?;
+        Ok(NativeCore { ledger })
+    }
+
+    /// Decode serialized `ApplyRequest` bytes, validate and apply them at `now`, GIL released.
+    ///
+    /// Raises InvalidBatch / BatchTooLarge / WrongShard (nothing applied) on refusal.
+    /// At most `expire_limit` due trees are collected first (all when None): the rest
+    /// wait for `expire_some`, except those the batch touches, which expire first.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (data, now, shard_index, shard_count, max_batch, expire_limit=None))]
+    fn apply_request<'py>(
+        &mut self,
+        py: Python<'py>,
+        data: &[u8],
+        now: f64,
+        shard_index: u64,
+        shard_count: u64,
+        max_batch: usize,
+        expire_limit: Option<usize>,
+    ) -> PyResult<Applied<'py>> {
+        let expire_limit = expire_limit.unwrap_or(usize::MAX);
+        let limits = Limits {
+            shard_index,
+            shard_count,
+            max_batch,
+        };
+        let ledger = &mut self.ledger;
+        let result = py.detach(|| -> Result<BatchOutput, Result<BatchError, LedgerError>> {
+            let req = decode_apply_request(data).map_err(|message| {
+                Ok(BatchError {
+                    refusal: Refusal::Invalid,
+                    message,
+                })
+            })?;
+            let ops = req.ops();
+            validate(&ops, limits).map_err(Ok)?;
+            let mut out = BatchOutput::default();
+            ledger
+                .apply_expiring_at_most(&ops, now, expire_limit, &mut out)
+                .map_err(Err)?;
+            Ok(out)
+        });
+        match result {
+            Ok(out) => self.finish(py, out),
+            Err(Ok(refusal)) => Err(refusal_error(py, refusal)),
+            Err(Err(e)) => Err(ledger_error(py, e)),
+        }
+    }
+
+    /// Validate and apply a batch given as arrays (the `Ledger.apply_batch` interface);
+    /// `expire_limit` as in `apply_request`.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (kinds, roots, values, dedup_keys, spouts, spout_index, now, expire_limit=None))]
+    fn apply_arrays<'py>(
+        &mut self,
+        py: Python<'py>,
+        kinds: PyReadonlyArray1<'py, i32>,
+        roots: PyReadonlyArray1<'py, u64>,
+        values: PyReadonlyArray1<'py, u64>,
+        dedup_keys: PyReadonlyArray1<'py, u64>,
+        spouts: Vec<String>,
+        spout_index: PyReadonlyArray1<'py, u32>,
+        now: f64,
+        expire_limit: Option<usize>,
+    ) -> PyResult<Applied<'py>> {
+        let expire_limit = expire_limit.unwrap_or(usize::MAX);
+        let ops = Ops {
+            kinds: kinds.as_slice()?,
+            roots: roots.as_slice()?,
+            values: values.as_slice()?,
+            dedup_keys: dedup_keys.as_slice()?,
+            spouts: &spouts,
+            spout_index: spout_index.as_slice()?,
+        };
+        let limits = Limits {
+            shard_index: 0,
+            shard_count: 1,
+            max_batch: usize::MAX,
+        };
+        validate(&ops, limits).map_err(|e| refusal_error(py, e))?;
+        let ledger = &mut self.ledger;
+        let mut out = BatchOutput::default();
+        py.detach(|| ledger.apply_expiring_at_most(&ops, now, expire_limit, &mut out))
+            .map_err(|e| ledger_error(py, e))?;
+        self.finish(py, out)
+    }
+
+    /// Rotate as due and collect every expired tree (TIMED_OUT columns).
+    fn advance<'py>(&mut self, py: Python<'py>, now: f64) -> PyResult<Columns<'py>> {
+        let ledger = &mut self.ledger;
+        let mut out = Outcomes::default();
+        py.detach(|| ledger.advance(now, &mut out));
+        columns(py, &self.ledger, out)
+    }
+
+    /// Rotate as due without collecting; true if a rotation happened.
+    fn advance_clock(&mut self, now: f64) -> bool {
+        self.ledger.advance_clock(now)
+    }
+
+    /// Collect at most `limit` expired trees; returns (columns, whether more may be due).
+    fn expire_some<'py>(&mut self, py: Python<'py>, now: f64, limit: usize) -> PyResult<(Columns<'py>, bool)> {
+        let ledger = &mut self.ledger;
+        let mut out = Outcomes::default();
+        let more = py.detach(|| ledger.expire_some(now, limit, &mut out));
+        Ok((columns(py, &self.ledger, out)?, more))
+    }
+
+    /// Seconds until the next rotation is due at clock time `now` (never negative).
+    fn seconds_until_rotation(&self, now: f64) -> f64 {
+        self.ledger.seconds_until_rotation(now)
+    }
+
+    /// The counters, in `LedgerStats` field order.
+    fn stats(&self) -> (u64, u64, u64, u64, u64, u64, u64, u64, u64, u64) {
+        let s = self.ledger.stats();
+        (
+            s.inits,
+            s.acks,
+            s.fails,
+            s.resets,
+            s.acked,
+            s.failed,
+            s.timed_out,
+            s.orphaned,
+            s.duplicate_inits,
+            s.deduplicated,
+        )
+    }
+
+    /// Root ids of all entries (tests and diagnostics).
+    fn roots<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<u64>> {
+        self.ledger.roots().into_pyarray(py)
+    }
+
+    /// Trees whose init was applied and that have no outcome yet.
+    #[getter]
+    fn pending_trees(&self) -> u64 {
+        self.ledger.pending_trees()
+    }
+
+    /// Entries whose init has not (yet) arrived.
+    #[getter]
+    fn orphan_entries(&self) -> u64 {
+        self.ledger.orphan_entries()
+    }
+
+    /// Number of buckets.
+    #[getter]
+    fn buckets(&self) -> u64 {
+        self.ledger.buckets()
+    }
+
+    /// Seconds between rotations.
+    #[getter]
+    fn rotation_period(&self) -> f64 {
+        self.ledger.rotation_period()
+    }
+
+    /// The message timeout in seconds.
+    #[getter]
+    fn message_timeout(&self) -> f64 {
+        self.ledger.message_timeout()
+    }
+
+    /// Slots of the entry table (24 bytes each).
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.ledger.capacity()
+    }
+}
+
+/// Decode `ApplyRequest` bytes into a dict of lists (tests compare it with the .proto).
+#[pyfunction]
+fn decode_apply_request_fields<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyDict>> {
+    let req = decode_apply_request(data).map_err(|m| {
+        refusal_error(
+            py,
+            BatchError {
+                refusal: Refusal::Invalid,
+                message: m,
+            },
+        )
+    })?;
+    let d = PyDict::new(py);
+    d.set_item("kinds", req.kinds)?;
+    d.set_item("root_ids", req.root_ids)?;
+    d.set_item("values", req.values)?;
+    d.set_item("dedup_keys", req.dedup_keys)?;
+    d.set_item("spouts", req.spouts)?;
+    d.set_item("spout_index", req.spout_index)?;
+    Ok(d)
+}
+
+/// Decode and validate request bytes without applying them; raise what Apply would refuse with.
+#[pyfunction]
+fn validate_request(py: Python<'_>, data: &[u8], shard_index: u64, shard_count: u64, max_batch: usize) -> PyResult<()> {
+    let err = |e| refusal_error(py, e);
+    let req = decode_apply_request(data).map_err(|message| {
+        err(BatchError {
+            refusal: Refusal::Invalid,
+            message,
+        })
+    })?;
+    let ops = req.ops();
+    let limits = Limits {
+        shard_index,
+        shard_count,
+        max_batch,
+    };
+    validate(&ops, limits).map_err(err)
+}
+
+/// The extension module `acker_service._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeCore>()?;
+    m.add_function(wrap_pyfunction!(decode_apply_request_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(validate_request, m)?)?;
+    m.add("MAX_BUCKETS", crate::ledger::MAX_BUCKETS)?;
+    Ok(())
+}

@@ -1,0 +1,340 @@
+"""The reference ledger: Storm's XOR tree tracking over a RotatingMap, in plain Python, with no I/O.
+
+This is the executable model of the acker-semantics spec: the native ledger
+(:mod:`acker_service.native_ledger`, the server's default engine) must agree with
+it on every outcome and counter, which a differential test checks. It also
+serves (``--engine reference``) where the native extension cannot be built.
+
+One ``ReferenceLedger`` holds the pending trees of one shard. It applies batches of
+operations (see :mod:`acker_service.batch`), rotates its RotatingMap on the
+injected monotonic clock, and returns every tree that ended as a
+:class:`Resolution`. Each rule cites the reason it exists; the full contract is
+the project's acker-semantics spec.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import NamedTuple
+
+from acker_protocol.wire import OpKind, Outcome
+
+from .batch import Batch
+from .rotating_map import RotatingMap
+
+__all__ = ["ReferenceLedger", "LedgerStats", "Resolution", "BatchResult"]
+
+Clock = Callable[[], float]
+
+_INIT, _ACK, _FAIL, _RESET = (int(k) for k in OpKind)
+_ACKED, _FAILED, _RESET_OUTCOME = Outcome.ACKED, Outcome.FAILED, Outcome.TIMEOUT_RESET
+
+
+class Resolution(NamedTuple):
+    """One tree's single outcome, to be delivered to its spout."""
+
+    spout: str
+    root: int
+    outcome: Outcome
+    latency_seconds: float
+
+
+class _Entry:
+    """Per-root state: a constant size whatever the tree's size (dedup keys aside)."""
+
+    __slots__ = ("val", "spout", "failed", "started", "dedup")
+
+    def __init__(self, started: float) -> None:
+        self.val = 0
+        self.spout: str | None = None  # unknown until init: an ack may overtake its init
+        self.failed = False
+        self.started = started
+        # Dedup keys applied to this tree: None, one key as a plain int (the
+        # common case: one client batch key, 36 B instead of a 216 B set), or a set.
+        self.dedup: int | set[int] | None = None
+
+
+@dataclass
+class LedgerStats:
+    """Monotonic counters of everything the ledger did (the metrics read these)."""
+
+    inits: int = 0
+    acks: int = 0
+    fails: int = 0
+    resets: int = 0
+    acked: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    orphaned: int = 0
+    duplicate_inits: int = 0
+    deduplicated: int = 0
+
+
+@dataclass
+class BatchResult:
+    """What one ``apply_batch`` did, with the trees it ended (and any that expired first).
+
+    ``timeout_resets`` lists the trees with a known spout that a RESET_TIMEOUT
+    gave a fresh timeout (outcome ``TIMEOUT_RESET``, not an end): the spout must
+    hear of them, or its own backstop would give up on a tree the acker keeps.
+    """
+
+    applied: int
+    deduplicated: int
+    ignored: int
+    resolutions: list[Resolution]
+    timeout_resets: list[Resolution] = field(default_factory=list)
+
+
+class ReferenceLedger:
+    """Pending tuple trees of one shard, expiring after ``message_timeout`` seconds.
+
+    >>> ledger = ReferenceLedger(message_timeout=30.0, clock=lambda: 0.0)
+    >>> ledger.apply_batch(Batch.of([1, 2], [5, 5], [9, 9], spouts=["s"])).resolutions
+    [Resolution(spout='s', root=5, outcome=<Outcome.ACKED: 1>, latency_seconds=0.0)]
+    """
+
+    def __init__(
+        self,
+        message_timeout: float,
+        buckets: int = 3,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if not message_timeout > 0:  # also refuses NaN, which would make every comparison false
+            raise ValueError(f"message_timeout must be positive, got {message_timeout}")
+        self.message_timeout = float(message_timeout)
+        self._clock = clock
+        # Only pending trees are kept, as in Storm: a message for a tree that
+        # already ended (a Spark re-run after completion) cannot be told from an
+        # ack overtaking its init, so it makes an entry without a spout that
+        # expires as an orphan. Remembering ended roots instead would cost memory
+        # for every tree for a whole timeout window, i.e. scale with throughput.
+        self._pending: RotatingMap[int, _Entry] = RotatingMap(buckets)
+        self._period = self.message_timeout / (buckets - 1)
+        self._next_rotation = clock() + self._period
+        # Buckets a rotation detached and whose entries have not all been expired
+        # yet (sliced expiry, see ``advance_some``). Their trees are already due:
+        # an operation that touches one expires it first.
+        self._draining: deque[dict[int, _Entry]] = deque()
+        self._open_trees = 0  # entries whose init was applied
+        self.stats = LedgerStats()
+
+    @property
+    def buckets(self) -> int:
+        """Number of RotatingMap buckets."""
+        return self._pending.bucket_count
+
+    @property
+    def rotation_period(self) -> float:
+        """Seconds between rotations, ``T / (b - 1)``."""
+        return self._period
+
+    @property
+    def pending_trees(self) -> int:
+        """Trees whose init was applied and that have no outcome yet."""
+        return self._open_trees
+
+    @property
+    def orphan_entries(self) -> int:
+        """Entries created by acks or fails whose init has not (yet) arrived."""
+        return len(self._pending) + sum(map(len, self._draining)) - self._open_trees
+
+    @property
+    def expiry_due(self) -> int:
+        """Entries a rotation already detached that ``advance_some`` has not expired yet."""
+        return sum(map(len, self._draining))
+
+    def apply_batch(self, batch: Batch, max_expired: int | None = None) -> BatchResult:
+        """Apply a batch that :func:`~acker_service.batch.validate_batch` accepted.
+
+        This is the hot path, so the per-operation rules are inlined in one
+        loop over plain Python ints (the numpy arrays are converted once).
+        Trees that are due collect first, at most ``max_expired`` of them (all
+        by default); a due tree the batch touches expires before the batch
+        applies to it, so a sliced expiry never changes what a client sees.
+        """
+        resolutions, _ = self.advance_some(max_expired)
+        now = self._clock()
+        stats = self.stats
+        n = len(batch.kinds)
+        spouts = batch.spouts  # one str object per name, shared by all its entries
+        op_spouts: Iterable[str | None]
+        if len(batch.spout_index):
+            op_spouts = [spouts[i] if i < len(spouts) else None for i in batch.spout_index.tolist()]
+        else:
+            op_spouts = repeat(spouts[0] if spouts else None, n)
+        keys = batch.dedup_keys.tolist() if len(batch.dedup_keys) else repeat(0, n)
+        # No rotation happens inside a batch, so the bucket lists stay valid.
+        nursery, *older = self._pending.live_buckets()
+        draining = self._draining
+        timed_out = 0
+        applied = deduplicated = ignored = 0
+        inits = acks = fails = resets = dup_inits = acked = failed = 0
+        timeout_resets: list[Resolution] = []
+        for kind, root, value, key, spout in zip(
+            batch.kinds.tolist(), batch.roots.tolist(), batch.values.tolist(), keys, op_spouts
+        ):
+            home = nursery
+            entry = nursery.get(root)
+            if entry is None:
+                for home in older:
+                    entry = home.get(root)
+                    if entry is not None:
+                        break
+                else:
+                    if draining:
+                        # Due, not collected yet: it expires now, as the scan would have.
+                        timed_out += self._expire_touched(root, now, resolutions)
+                    if kind == _RESET:
+                        # Nothing to keep alive; an entry would only be an orphan.
+                        ignored += 1
+                        continue
+                    # An ack or fail may overtake its init: create the entry now.
+                    entry = _Entry(now)
+                    home = nursery
+                    nursery[root] = entry
+            if kind == _ACK:
+                if key:
+                    seen = entry.dedup
+                    if seen is None:
+                        entry.dedup = key
+                    elif seen == key or (isinstance(seen, set) and key in seen):
+                        # A re-run Spark task or a re-sent client batch: the first copy counted.
+                        deduplicated += 1
+                        continue
+                    elif isinstance(seen, set):
+                        seen.add(key)
+                    else:
+                        entry.dedup = {seen, key}
+                entry.val ^= value
+                acks += 1
+            elif kind == _INIT:
+                if entry.spout is not None:
+                    # Init is set-once: a retried init must not XOR itself back
+                    # out and let the tree reach 0 (a false ack).
+                    dup_inits += 1
+                    ignored += 1
+                    continue
+                entry.val ^= value
+                entry.spout = spout
+                entry.started = now  # latency is measured from init
+                inits += 1
+            elif kind == _FAIL:
+                entry.failed = True
+                fails += 1
+            else:
+                # reset_timeout: back to the nursery, a fresh timeout for slow work.
+                self._pending.put(root, entry)
+                resets += 1
+                applied += 1
+                if entry.spout is not None:
+                    timeout_resets.append(Resolution(entry.spout, root, _RESET_OUTCOME, now - entry.started))
+                continue
+            applied += 1
+            if entry.spout is not None:
+                # Storm's order: a zero checksum wins over the failed flag.
+                if entry.val == 0:
+                    outcome = _ACKED
+                    acked += 1
+                elif entry.failed:
+                    outcome = _FAILED
+                    failed += 1
+                else:
+                    continue
+                del home[root]
+                resolutions.append(Resolution(entry.spout, root, outcome, now - entry.started))
+        self._open_trees += inits - acked - failed - timed_out
+        stats.timed_out += timed_out
+        stats.acked += acked
+        stats.failed += failed
+        stats.inits += inits
+        stats.acks += acks
+        stats.fails += fails
+        stats.resets += resets
+        stats.duplicate_inits += dup_inits
+        stats.deduplicated += deduplicated
+        return BatchResult(applied, deduplicated, ignored, resolutions, timeout_resets)
+
+    def advance(self) -> list[Resolution]:
+        """Rotate as many times as the clock says are due; return every tree that timed out.
+
+        Entries without a spout (acks whose init never came) are dropped and
+        counted as orphaned, as the spec says.
+        """
+        resolutions, _ = self.advance_some(None)
+        return resolutions
+
+    def advance_some(self, max_expired: int | None) -> tuple[list[Resolution], bool]:
+        """Rotate as due, then expire at most ``max_expired`` due entries (None: all).
+
+        Returns the trees that timed out and whether more are due. A rotation
+        detaches its expired bucket at once, so the expiry window is the same
+        however the expiry is sliced; only collecting the entries is spread
+        over calls (the server yields to its event loop in between).
+        """
+        now = self._clock()
+        resolutions: list[Resolution] = []
+        if now >= self._next_rotation:
+            # A long stall (a suspended host) may owe many rotations; count them
+            # instead of looping, since more than `buckets` of them change nothing.
+            due = int((now - self._next_rotation) // self._period) + 1
+            self._next_rotation += due * self._period
+            for _ in range(min(due, self.buckets)):
+                expired = self._pending.rotate()
+                if expired:
+                    self._draining.append(expired)
+        budget = -1 if max_expired is None else max_expired
+        draining = self._draining
+        while draining and budget != 0:
+            bucket = draining[0]
+            taken = self._expire(bucket, budget, now, resolutions)
+            if budget > 0:
+                budget -= taken
+            if not bucket:
+                draining.popleft()
+        return resolutions, bool(draining)
+
+    def _expire(self, bucket: dict[int, _Entry], limit: int, now: float, resolutions: list[Resolution]) -> int:
+        """Remove up to ``limit`` entries (-1: all) from a detached bucket; return how many."""
+        if limit < 0 or limit >= len(bucket):
+            items = list(bucket.items())
+            bucket.clear()
+        else:
+            items = [bucket.popitem() for _ in range(limit)]
+        stats = self.stats
+        timed_out = 0
+        for root, entry in items:
+            if entry.spout is None:
+                stats.orphaned += 1
+                continue
+            timed_out += 1
+            resolutions.append(Resolution(entry.spout, root, Outcome.TIMED_OUT, max(0.0, now - entry.started)))
+        self._open_trees -= timed_out
+        stats.timed_out += timed_out
+        return len(items)
+
+    def _expire_touched(self, root: int, now: float, resolutions: list[Resolution]) -> int:
+        """Expire ``root`` if a detached bucket still holds it; return 1 if it was a tree (0: absent or orphan)."""
+        for bucket in self._draining:
+            entry = bucket.pop(root, None)
+            if entry is not None:
+                if entry.spout is None:
+                    self.stats.orphaned += 1
+                    return 0
+                resolutions.append(Resolution(entry.spout, root, Outcome.TIMED_OUT, max(0.0, now - entry.started)))
+                return 1
+        return 0
+
+    def seconds_until_rotation(self) -> float:
+        """Seconds until the next rotation is due (never negative)."""
+        return max(0.0, self._next_rotation - self._clock())
+
+    def pending_roots(self) -> Iterable[int]:
+        """Root ids of all entries (for tests and diagnostics; not the hot path)."""
+        yield from self._pending
+        for bucket in self._draining:
+            yield from bucket

@@ -1,0 +1,203 @@
+"""acker-bench --mode apply: raw batched throughput into the ackers, and server bytes per pending tree.
+
+The tree mode (``cli.py``) measures what a Python pipeline gets end to end and
+is bound by the load generator. This mode measures the ackers themselves: each
+client process sends pre-encoded Apply batches of fresh trees (half INIT, half
+ACK, so every tree ends ACKED and its outcome is streamed back), one call in
+flight per process, spread round-robin over the shards. The request bytes are
+built before the clock starts and cycled (a tree ends within its own batch, so
+sending the same bytes again starts and ends the same trees anew); each call's
+latency is recorded for the p50/p99.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from acker_protocol.credentials import ChannelSecurity
+
+__all__ = ["ApplyBenchConfig", "run_apply_bench", "measure_pending_bytes"]
+
+_SPOUT = "acker-bench-apply"
+_POOL = 8  # distinct pre-encoded requests per shard and process
+
+
+@dataclass(frozen=True)
+class ApplyBenchConfig:
+    """Cluster, operations per Apply call, duration and client processes."""
+
+    addresses: tuple[str, ...]
+    batch_ops: int = 8192
+    duration: float = 10.0
+    processes: int = 2
+    security: ChannelSecurity | None = None  # TLS / token for the channels (None: plaintext)
+
+
+def shard_roots(rng: np.random.Generator, count: int, shard: int, shard_count: int) -> np.ndarray:
+    """``count`` random non-zero root ids with ``root % shard_count == shard``."""
+    roots = rng.integers(1, 2**63, size=count, dtype=np.uint64) // np.uint64(shard_count)
+    roots = roots * np.uint64(shard_count) + np.uint64(shard)
+    roots[roots == 0] = np.uint64(shard_count)  # only possible on shard 0; shard_count % n == 0 too
+    return roots
+
+
+def _trees_request(rng: np.random.Generator, trees: int, shard: int, shard_count: int, *, ack: bool):
+    """An ApplyRequest of ``trees`` fresh INITs, followed by their completing ACKs when ``ack``."""
+    from acker_protocol.v1 import acker_pb2
+
+    roots = shard_roots(rng, trees, shard, shard_count).tolist()
+    values = rng.integers(1, 2**63, size=trees, dtype=np.uint64).tolist()
+    init, ack_kind = acker_pb2.OP_KIND_INIT, acker_pb2.OP_KIND_ACK
+    if not ack:
+        return acker_pb2.ApplyRequest(kinds=[init] * trees, root_ids=roots, values=values, spouts=[_SPOUT])
+    return acker_pb2.ApplyRequest(
+        kinds=[init] * trees + [ack_kind] * trees, root_ids=roots + roots, values=values + values, spouts=[_SPOUT]
+    )
+
+
+def _drain(stream, counter: list[int]) -> None:
+    """Count streamed outcomes until the stream ends."""
+    import grpc
+
+    try:
+        for batch in stream:
+            counter[0] += len(batch.root_ids)
+    except grpc.RpcError:
+        pass
+
+
+def _apply_worker(config: ApplyBenchConfig, start_at: float, results) -> None:
+    """One client process: send batches for ``duration`` seconds, report calls and operations."""
+    from acker_protocol import grpc_options
+    from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+
+    rng = np.random.default_rng(secrets.randbits(64))
+    n = len(config.addresses)
+    trees = max(1, config.batch_ops // 2)
+    from acker_protocol.credentials import open_channel
+
+    channels = [open_channel(a, config.security, grpc_options.client_options()) for a in config.addresses]
+    try:
+        applies = [
+            ch.unary_unary("/acker_service.v1.Acker/Apply", response_deserializer=acker_pb2.ApplyResponse.FromString)
+            for ch in channels
+        ]
+        streamed = [0]
+        streams = [acker_pb2_grpc.AckerStub(ch).Subscribe(acker_pb2.SubscribeRequest(spout=_SPOUT)) for ch in channels]
+        drainers = [threading.Thread(target=_drain, args=(s, streamed), daemon=True) for s in streams]
+        for t in drainers:
+            t.start()
+        pool = [
+            [_trees_request(rng, trees, shard, n, ack=True).SerializeToString() for _ in range(_POOL)]
+            for shard in range(n)
+        ]
+        latencies = np.zeros(1 << 16, dtype=np.float64)
+        while time.time() < start_at:
+            time.sleep(0.001)
+        ops = calls = 0
+        began = time.perf_counter()
+        while (sent := time.perf_counter()) - began < config.duration:
+            shard = calls % n
+            applies[shard](pool[shard][(calls // n) % _POOL], timeout=30)
+            if calls < len(latencies):
+                latencies[calls] = time.perf_counter() - sent
+            ops += 2 * trees
+            calls += 1
+        elapsed = time.perf_counter() - began
+        time.sleep(0.5)  # let the last outcomes arrive before counting them
+        for s in streams:
+            s.cancel()
+        for t in drainers:
+            t.join(5)
+        results.put(
+            {
+                "ops": ops,
+                "calls": calls,
+                "elapsed": elapsed,
+                "streamed": streamed[0],
+                "latencies": latencies[: min(calls, len(latencies))],
+            }
+        )
+    finally:
+        for ch in channels:
+            ch.close()
+
+
+def run_apply_bench(config: ApplyBenchConfig) -> dict:
+    """Run the raw Apply load and return ops/s, trees/s and how many outcomes were streamed back."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    start_at = time.time() + 2.0 + 0.5 * config.processes
+    procs = [ctx.Process(target=_apply_worker, args=(config, start_at, results)) for _ in range(config.processes)]
+    for p in procs:
+        p.start()
+    parts = [results.get(timeout=config.duration + 120) for _ in procs]
+    for p in procs:
+        p.join()
+    elapsed = max(p["elapsed"] for p in parts)
+    ops = sum(p["ops"] for p in parts)
+    lat = np.concatenate([p["latencies"] for p in parts])
+    return {
+        "mode": "apply",
+        "ackers": len(config.addresses),
+        "processes": config.processes,
+        "batch_ops": config.batch_ops,
+        "duration_s": round(elapsed, 3),
+        "apply_ops_per_s": round(ops / elapsed, 1),
+        "trees_per_s": round(ops / 2 / elapsed, 1),
+        "calls": sum(p["calls"] for p in parts),
+        "outcomes_streamed": sum(p["streamed"] for p in parts),
+        "trees_sent": ops // 2,
+        "apply_p50_ms": round(float(np.percentile(lat, 50)) * 1e3, 3) if lat.size else None,
+        "apply_p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 3) if lat.size else None,
+    }
+
+
+def measure_pending_bytes(
+    address: str, rss_of, trees: int = 1_000_000, batch: int = 10_000, keyed_acks: int = 0
+) -> dict:
+    """Init ``trees`` trees on one acker without completing them; RSS growth per pending tree.
+
+    ``rss_of()`` returns the acker's resident set size in bytes. The trees stay
+    pending until the acker's timeout, so run it against a fresh acker. With
+    ``keyed_acks`` each tree also gets that many non-completing ACKs, each in
+    its own request with its own dedup key, as a ClusterClient's batch keys
+    would (the cost of the acker's dedup side table).
+    """
+    import grpc
+    from acker_protocol import grpc_options
+    from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+
+    rng = np.random.default_rng(secrets.randbits(64))
+    with grpc.insecure_channel(address, options=grpc_options.client_options()) as channel:
+        stub = acker_pb2_grpc.AckerStub(channel)
+        info = stub.Describe(acker_pb2.DescribeRequest(), timeout=10)
+        before_pending, before_rss = info.pending_trees, rss_of()
+        for start in range(0, trees, batch):
+            count = min(batch, trees - start)
+            request = _trees_request(rng, count, info.shard_index, info.shard_count, ack=False)
+            stub.Apply(request, timeout=30)
+            for _ in range(keyed_acks):
+                values = rng.integers(1, 2**63, size=count, dtype=np.uint64).tolist()
+                key = secrets.randbits(63) + 1
+                ack = acker_pb2.ApplyRequest(
+                    kinds=[acker_pb2.OP_KIND_ACK] * count,
+                    root_ids=request.root_ids,
+                    values=values,
+                    dedup_keys=[key] * count,
+                )
+                stub.Apply(ack, timeout=30)
+        after_pending = stub.Describe(acker_pb2.DescribeRequest(), timeout=10).pending_trees
+        after_rss = rss_of()
+    added = after_pending - before_pending
+    return {
+        "keyed_acks_per_tree": keyed_acks,
+        "pending_trees_added": added,
+        "rss_growth_bytes": after_rss - before_rss,
+        "bytes_per_pending_tree": round((after_rss - before_rss) / added, 1) if added else None,
+    }

@@ -1,0 +1,252 @@
+"""How a batch reaches its shard through a network blip: wait for a connection, retry only what is safe, watch each channel.
+
+The rules (the API docs in ``docs/client.md`` repeat them):
+
+- Every attempt is sent with ``wait_for_ready``: an RPC that cannot leave the
+  client because the channel is reconnecting is queued until the channel is
+  READY, instead of failing at once with UNAVAILABLE.
+- A batch may keep trying for ``wait_for_shard`` seconds in total (each attempt
+  bounded by the per-call deadline). After that its operations are dropped
+  (reason ``timeout``) and the caller gets :class:`ShardUnavailable`.
+- A failed attempt is retried only when repeating the whole batch cannot change
+  a ledger twice: INIT is set-once, FAIL and RESET_TIMEOUT are idempotent, and
+  an ACK carrying a dedup key is applied once per tree. The client gives every
+  unkeyed ACK of a flushed batch the batch's own random dedup key
+  (``batch_keys=True``, the default), so every batch is retry-safe. With
+  ``batch_keys=False`` a batch holding an unkeyed ACK is never retried after a
+  failure that may have reached the acker (DEADLINE_EXCEEDED, or UNAVAILABLE /
+  INTERNAL once the request may have left); it is dropped (reason
+  ``ambiguous``) and left to the spout's backstop.
+- Refusals (INVALID_ARGUMENT, FAILED_PRECONDITION, ...) are never retried
+  (reason ``refused``): waiting does not cure a bad request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from acker_protocol.v1 import acker_pb2
+
+from .batching import OpBuffer
+from .errors import REFUSAL_CODES, ShardFailure
+from .ids import new_id
+
+__all__ = [
+    "RETRYABLE_CODES",
+    "DeliveryPolicy",
+    "ConnectionMonitor",
+    "retry_safe",
+    "deliver",
+    "DROP_REFUSED",
+    "DROP_TIMEOUT",
+    "DROP_AMBIGUOUS",
+]
+
+# Transient failures: the shard was unreachable, the connection broke, or the
+# attempt ran out of time. A retry-safe batch is tried again for these.
+RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL})
+
+DROP_REFUSED = "refused"  # the acker said no; nothing of the batch was applied
+DROP_TIMEOUT = "timeout"  # retry-safe, but the shard stayed unreachable for wait_for_shard seconds
+DROP_AMBIGUOUS = "ambiguous"  # may have been applied, and holds an unkeyed ACK: never repeated
+
+_ACK = acker_pb2.OP_KIND_ACK
+
+log = logging.getLogger(__name__)
+
+
+def retry_safe(request: acker_pb2.ApplyRequest) -> bool:
+    """True if applying ``request`` twice leaves every ledger as applying it once (every ACK carries a dedup key)."""
+    kinds = request.kinds
+    if _ACK not in kinds:
+        return True
+    keys = request.dedup_keys
+    if not keys:
+        return False
+    return all(key for kind, key in zip(kinds, keys) if kind == _ACK)
+
+
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    """Per-attempt deadline, total time a batch may wait for its shard, and the pause between attempts."""
+
+    attempt_deadline: float
+    wait_for_shard: float
+    retry_initial_backoff: float = 0.05
+    retry_max_backoff: float = 1.0
+
+    def next_backoff(self, previous: float) -> float:
+        """The pause after an attempt that failed at once (doubling, capped, with jitter)."""
+        base = min(self.retry_max_backoff, max(self.retry_initial_backoff, previous * 2))
+        return base * random.uniform(0.5, 1.0)
+
+    def attempt_timeout(self, give_up_at: float, now: float | None = None) -> float:
+        """The deadline of the next attempt: the per-call deadline, but never past ``give_up_at``."""
+        now = time.monotonic() if now is None else now
+        return max(0.0, min(self.attempt_deadline, give_up_at - now))
+
+    @staticmethod
+    def should_retry(code: grpc.StatusCode | None, safe: bool) -> str | None:
+        """None to retry the batch after a failure with ``code``; otherwise the reason it is dropped."""
+        if code in REFUSAL_CODES:
+            return DROP_REFUSED
+        if code in RETRYABLE_CODES and safe:
+            return None
+        # Not retry-safe, or an unexpected status: the batch may have been
+        # applied, and repeating an unkeyed XOR ack would undo it.
+        return DROP_AMBIGUOUS
+
+
+class ConnectionMonitor:
+    """Each shard's connection as this client last saw it: UNKNOWN, READY, WAITING (retrying) or UNREACHABLE.
+
+    Kept from the outcomes of the client's own calls rather than from gRPC's
+    connectivity watch, whose polling thread per channel would be inside gRPC
+    core whenever PySpark's daemon forks a worker.
+    """
+
+    UNKNOWN = "UNKNOWN"
+    READY = "READY"
+    WAITING = "WAITING"  # a batch failed a transient way and is being retried
+    UNREACHABLE = "UNREACHABLE"  # a batch was given up on after waiting for the shard
+
+    def __init__(self, shards: int) -> None:
+        self._states = [self.UNKNOWN] * shards
+        self._lock = threading.Lock()
+
+    def set(self, shard: int, state: str) -> None:
+        """Record what the last call to ``shard`` showed."""
+        with self._lock:
+            self._states[shard] = state
+
+    def state(self, shard: int) -> str:
+        """The shard's last seen state."""
+        with self._lock:
+            return self._states[shard]
+
+    def states(self) -> tuple[str, ...]:
+        """Every shard's last seen state, in shard order."""
+        with self._lock:
+            return tuple(self._states)
+
+
+# failure_of(shard, exc, operations, init_roots) and on_sent(state, buffer, operations, response):
+# the client's own ways to describe a failed batch and to count a delivered one.
+FailureOf = Callable[[int, grpc.RpcError, int, tuple[int, ...]], ShardFailure]
+OnSent = Callable[[Any, OpBuffer, int, acker_pb2.ApplyResponse], None]
+
+
+class _Delivery:
+    """One shard's batch on its way: the request (sent again unchanged on a retry) and its current attempt."""
+
+    __slots__ = ("shard", "buf", "request", "safe", "count", "future", "sent_at", "waiting")
+
+    def __init__(self, shard: int, buf: OpBuffer, request: acker_pb2.ApplyRequest) -> None:
+        self.shard = shard
+        self.buf = buf
+        self.request = request
+        self.safe = retry_safe(request)
+        self.count = len(request.kinds)
+        self.future: Any = None
+        self.sent_at = 0.0
+        self.waiting = False  # counted in the client's operations_waiting
+
+
+def deliver(
+    st: Any,
+    batches: dict[int, OpBuffer],
+    *,
+    policy: DeliveryPolicy,
+    batch_keys: bool,
+    failure_of: FailureOf,
+    on_sent: OnSent,
+) -> list[ShardFailure]:
+    """Send one batch per shard and see each through (waiting, retrying); return the batches given up on.
+
+    ``st`` is the client's per-process state: ``stubs``, ``lock``, ``stats``
+    and ``connections`` (a :class:`ConnectionMonitor`). First attempts go to
+    every shard at once; then each shard's batch is retried on its own until
+    it lands or the common budget (``policy.wait_for_shard``) runs out.
+    """
+    give_up_at = time.monotonic() + policy.wait_for_shard
+    deliveries = []
+    for shard, buf in batches.items():
+        request = buf.to_request(new_id() if batch_keys else 0)
+        if not request.kinds:
+            continue  # everything folded away to no-op acks
+        delivery = _Delivery(shard, buf, request)
+        _attempt(st, delivery, policy, give_up_at)
+        deliveries.append(delivery)
+    results = (_settle(st, d, policy, give_up_at, failure_of, on_sent) for d in deliveries)
+    return [f for f in results if f is not None]
+
+
+def _attempt(st: Any, delivery: _Delivery, policy: DeliveryPolicy, give_up_at: float) -> None:
+    """Send one attempt; it waits (wait_for_ready) while the channel reconnects, up to its deadline."""
+    if st.connections.state(delivery.shard) in (ConnectionMonitor.WAITING, ConnectionMonitor.UNREACHABLE):
+        _set_waiting(st, delivery, True)
+    delivery.sent_at = time.monotonic()
+    delivery.future = st.stubs[delivery.shard].Apply.future(
+        delivery.request, timeout=policy.attempt_timeout(give_up_at), wait_for_ready=True
+    )
+
+
+def _settle(
+    st: Any,
+    delivery: _Delivery,
+    policy: DeliveryPolicy,
+    give_up_at: float,
+    failure_of: FailureOf,
+    on_sent: OnSent,
+) -> ShardFailure | None:
+    """Wait for the batch's response, retrying while that is safe and time is left; the failure, or None."""
+    backoff = 0.0
+    try:
+        while True:
+            try:
+                response = delivery.future.result()
+            except grpc.RpcError as exc:
+                failure = failure_of(delivery.shard, exc, delivery.count, delivery.buf.init_roots())
+                reason = policy.should_retry(failure.code, delivery.safe)
+                now = time.monotonic()
+                if reason is None and give_up_at - now <= 0:
+                    reason = DROP_TIMEOUT
+                if reason is not None:
+                    if reason != DROP_REFUSED:
+                        st.connections.set(delivery.shard, ConnectionMonitor.UNREACHABLE)
+                    return dataclasses.replace(failure, reason=reason)
+                st.connections.set(delivery.shard, ConnectionMonitor.WAITING)
+                log.debug("retrying %d operations for shard %d: %s", delivery.count, delivery.shard, failure.describe())
+                _set_waiting(st, delivery, True)
+                with st.lock:
+                    st.stats.batches_retried += 1
+                    st.stats.operations_retried += delivery.count
+                # An attempt that failed at once (a reset connection) pauses
+                # before the next; one that waited out its deadline does not.
+                backoff = policy.next_backoff(backoff)
+                pause = min(backoff - (now - delivery.sent_at), give_up_at - now)
+                if pause > 0:
+                    time.sleep(pause)
+                _attempt(st, delivery, policy, give_up_at)
+                continue
+            st.connections.set(delivery.shard, ConnectionMonitor.READY)
+            on_sent(st, delivery.buf, delivery.count, response)
+            return None
+    finally:
+        _set_waiting(st, delivery, False)
+
+
+def _set_waiting(st: Any, delivery: _Delivery, waiting: bool) -> None:
+    if delivery.waiting == waiting:
+        return
+    delivery.waiting = waiting
+    with st.lock:
+        st.stats.operations_waiting += delivery.count if waiting else -delivery.count

@@ -1,0 +1,113 @@
+"""Per-process client state: channels, buffers and counters that never cross a fork, and the shared clients.
+
+PySpark forks its Python workers from a daemon and reuses them across tasks. A
+gRPC channel made before a fork fails in the child, so everything that talks
+to the network lives in a :class:`ProcessState` tagged with the pid that made
+it; a client in a forked child notices the new pid and builds its own.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from acker_protocol import grpc_options
+from acker_protocol.credentials import ChannelSecurity, open_channel
+from acker_protocol.v1 import acker_pb2_grpc
+
+from .batching import OpBuffer
+from .delivery import ConnectionMonitor
+
+__all__ = ["ClientStats", "ProcessState", "Sending", "current_pid"]
+
+# os.getpid() is a real system call (about 250 ns on our machines), too dear
+# for every ack. Python runs this hook in the child of every os.fork(), which
+# is how PySpark's daemon and multiprocessing's "fork" context create workers.
+_pid = os.getpid()
+# Guards the creation of a process's state. Replaced in a forked child: another
+# thread of the parent may have held it at the moment of the fork.
+state_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _pid, state_lock
+    _pid = os.getpid()
+    state_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def current_pid() -> int:
+    """This process's id, without a system call."""
+    return _pid
+
+
+@dataclass
+class ClientStats:
+    """Counters of what this process's client did (a forked child starts from zero)."""
+
+    calls: int = 0  # ack/init/fail/reset_timeout calls buffered
+    batches_sent: int = 0
+    operations_sent: int = 0
+    operations_folded: int = 0  # calls merged into another operation of the same batch
+    batches_failed: int = 0
+    operations_dropped: int = 0  # operations of batches given up on (all reasons)
+    background_errors: int = 0  # failures of age-based flushes (reported to on_error)
+    applied: int = 0  # from ApplyResponse
+    deduplicated: int = 0
+    ignored: int = 0
+    batches_retried: int = 0  # attempts repeated after a transient failure
+    operations_retried: int = 0
+    operations_waiting: int = 0  # now: in batches waiting for their shard's connection (a gauge)
+    # Operations dropped, by reason: "refused", "timeout", "ambiguous" (acker_client.delivery).
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
+    # Each shard's connection as last seen: UNKNOWN, READY, WAITING (retrying) or UNREACHABLE.
+    shard_states: tuple[str, ...] = ()
+
+    def copy(self) -> ClientStats:
+        """A snapshot."""
+        snapshot = ClientStats(**{f.name: getattr(self, f.name) for f in fields(self)})
+        snapshot.dropped_by_reason = dict(self.dropped_by_reason)
+        return snapshot
+
+
+class Sending:
+    """Batches taken out of the buffers and being sent; :meth:`ClusterClient.flush` waits for these."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: Any = None  # the _BatchError of a failed send
+
+
+class ProcessState:
+    """Channels, stubs, buffers and the flusher thread of one process (never shared across a fork)."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        options: list[tuple[str, int]] | None = None,
+        security: ChannelSecurity | None = None,
+    ) -> None:
+        self.pid = _pid
+        options = options if options is not None else grpc_options.client_options()
+        self.channels = [open_channel(a, security, options) for a in addresses]
+        self.stubs = [acker_pb2_grpc.AckerStub(c) for c in self.channels]
+        self.connections = ConnectionMonitor(len(addresses))
+        self.buffers = [OpBuffer() for _ in addresses]
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.flusher: threading.Thread | None = None
+        # The flusher hands each shard's aged batch to one of these threads, so
+        # that a shard waiting for its connection holds up no other shard.
+        self.senders: ThreadPoolExecutor | None = None
+        self.busy: set[int] = set()  # shards with a background send in progress
+        self.closed = False
+        self.sending: set[Sending] = set()
+        self.stats = ClientStats()

@@ -1,0 +1,213 @@
+"""A TCP proxy that breaks the network on demand, for the blip tests: cut, delay, half-open, slow reader, lost responses.
+
+One :class:`BlipProxy` listens on a free 127.0.0.1 port and forwards every
+connection to one upstream address, with two threads per connection (one per
+direction). What it can do to the traffic, each for a bounded time:
+
+- :meth:`cut`: reset every open connection and refuse new ones (connections are
+  accepted and reset at once), like a cable pulled out and put back;
+- :meth:`half_open`: keep the open connections but silently swallow every byte
+  both ways, and refuse new ones, like a peer host that vanished without a FIN
+  (only keepalive can tell);
+- :meth:`set_delay`: hold each chunk for some seconds before forwarding it;
+- :meth:`slow_reader`: forward downstream (acker to client) at a few bytes per
+  second, like a client that reads slowly;
+- :meth:`swallow_responses`: forward requests but drop every response, then
+  reset the connections: the acker applied what it received and the client
+  never hears so (the ambiguous failure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+import time
+
+__all__ = ["BlipProxy"]
+
+_CHUNK = 65536
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with an RST (SO_LINGER 0), as a broken network would, instead of a polite FIN."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+class _Link:
+    """One proxied connection: the client-side and upstream sockets."""
+
+    def __init__(self, downstream: socket.socket, upstream: socket.socket) -> None:
+        self.downstream = downstream
+        self.upstream = upstream
+        self.swallow = False  # half-open: bytes are read and discarded both ways
+        self.drop_responses = False
+
+    def close(self) -> None:
+        _reset(self.downstream)
+        _reset(self.upstream)
+
+
+class BlipProxy:
+    """Forwards 127.0.0.1:``port`` to ``upstream`` ("host:port"); break it with the methods below."""
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.rpartition(":")
+        self._upstream = (host or "127.0.0.1", int(port))
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._links: set[_Link] = set()
+        self._refuse_until = 0.0
+        self._delay = 0.0
+        self._slow_bytes_per_s: float | None = None
+        self._slow_until = 0.0
+        self._closed = False
+        self.connections = 0  # accepted and forwarded
+        self.refused = 0
+        self._acceptor = threading.Thread(target=self._accept_loop, name=f"blip-proxy-{self.port}", daemon=True)
+
+    @property
+    def address(self) -> str:
+        """Where clients connect."""
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> BlipProxy:
+        """Start accepting."""
+        self._acceptor.start()
+        return self
+
+    # -- faults ----------------------------------------------------------------
+
+    def cut(self, seconds: float) -> None:
+        """Reset every open connection and refuse new ones for ``seconds`` (returns at once)."""
+        with self._lock:
+            self._refuse_until = time.monotonic() + seconds
+            links, self._links = self._links, set()
+        for link in links:
+            link.close()
+
+    def half_open(self, seconds: float) -> None:
+        """Swallow all bytes of the open connections (forever) and refuse new connections for ``seconds``."""
+        with self._lock:
+            self._refuse_until = time.monotonic() + seconds
+            for link in self._links:
+                link.swallow = True
+
+    def swallow_responses(self, then_reset_after: float = 0.3) -> None:
+        """Drop every response byte of the open connections, and reset them ``then_reset_after`` s later."""
+        with self._lock:
+            links = list(self._links)
+            for link in links:
+                link.drop_responses = True
+
+        def reset_later() -> None:
+            time.sleep(then_reset_after)
+            with self._lock:
+                for link in links:
+                    self._links.discard(link)
+            for link in links:
+                link.close()
+
+        threading.Thread(target=reset_later, daemon=True).start()
+
+    def set_delay(self, seconds: float) -> None:
+        """Hold every chunk ``seconds`` before forwarding it (0: no delay)."""
+        self._delay = seconds
+
+    def slow_reader(self, bytes_per_second: float, seconds: float) -> None:
+        """Forward acker-to-client bytes at ``bytes_per_second`` for ``seconds``."""
+        with self._lock:
+            self._slow_bytes_per_s = bytes_per_second
+            self._slow_until = time.monotonic() + seconds
+
+    @property
+    def open_connections(self) -> int:
+        """Connections currently forwarded."""
+        with self._lock:
+            return len(self._links)
+
+    def close(self) -> None:
+        """Stop accepting and reset every connection."""
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            links, self._links = self._links, set()
+        for link in links:
+            link.close()
+        self._acceptor.join(2.0)
+
+    def __enter__(self) -> BlipProxy:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- forwarding ------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                downstream, _ = self._listener.accept()
+            except OSError:
+                return
+            if time.monotonic() < self._refuse_until:
+                self.refused += 1
+                _reset(downstream)
+                continue
+            try:
+                upstream = socket.create_connection(self._upstream, timeout=2.0)
+                upstream.settimeout(None)
+            except OSError:
+                # The acker itself is down: the client sees its connection fail.
+                _reset(downstream)
+                continue
+            for sock in (downstream, upstream):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            link = _Link(downstream, upstream)
+            with self._lock:
+                if self._closed:
+                    link.close()
+                    return
+                self._links.add(link)
+                self.connections += 1
+            for src, dst, is_response in ((downstream, upstream, False), (upstream, downstream, True)):
+                threading.Thread(target=self._pump, args=(link, src, dst, is_response), daemon=True).start()
+
+    def _pump(self, link: _Link, src: socket.socket, dst: socket.socket, is_response: bool) -> None:
+        try:
+            while True:
+                data = src.recv(_CHUNK)
+                if not data:
+                    break
+                if link.swallow or (is_response and link.drop_responses):
+                    continue
+                if self._delay:
+                    time.sleep(self._delay)
+                if is_response and self._slow_bytes_per_s and time.monotonic() < self._slow_until:
+                    self._send_slowly(dst, data)
+                else:
+                    dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            # One side ended: end the other too (a swallowed link ends when the
+            # client's keepalive gives up on it).
+            with self._lock:
+                self._links.discard(link)
+            link.close()
+
+    def _send_slowly(self, dst: socket.socket, data: bytes) -> None:
+        rate = self._slow_bytes_per_s or 1.0
+        step = max(1, int(rate / 10))
+        for i in range(0, len(data), step):
+            dst.sendall(data[i : i + step])
+            time.sleep(step / rate)

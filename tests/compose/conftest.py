@@ -1,0 +1,193 @@
+"""The compose suite's cluster: deploy/docker-compose.yml brought up once per test run under its own project name.
+
+Everything runs in real containers: the acker image and a Prometheus image built by
+deploy/images/build.sh (`make images`). Ports are published on 127.0.0.1 only, on
+free ports chosen here; the project (containers, network, volumes) is removed at
+the end of the run, whether the tests passed or not. Without a Docker engine or
+without the images, every test here is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
+ACKER_IMAGE = os.environ.get("ACKER_IMAGE", "pyspark-acker:latest")
+PROMETHEUS_IMAGE = os.environ.get("ACKER_PROMETHEUS_IMAGE", "pyspark-acker-prometheus:latest")
+SHARDS = 3
+# Short enough that a lost tree is failed within seconds, long enough for a busy
+# 2-core machine running three containers (the spout's backstop is about 7 s).
+MESSAGE_TIMEOUT = 4.0
+STARTUP_TIMEOUT = 120.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test in this folder carries the `compose` marker."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.compose)
+
+
+def _run(*cmd: str, check: bool = True, timeout: float = 180.0, env: dict[str, str] | None = None) -> str:
+    """Run a command; return stdout; raise with its stderr when it fails and `check` is set."""
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def _skip_reason() -> str | None:
+    """Why the compose suite cannot run here, or None when it can."""
+    if shutil.which("docker") is None or shutil.which("docker-compose") is None:
+        return "the compose suite needs `docker` and `docker-compose` (make system-deps installs docker-compose)"
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=60, check=False).returncode != 0:
+        return "no Docker engine answers `docker info`: the compose suite needs one"
+    for image in (ACKER_IMAGE, PROMETHEUS_IMAGE):
+        found = subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=60, check=False)
+        if found.returncode != 0:
+            return f"image {image} is missing: build it with `make images` (deploy/images/build.sh)"
+    return None
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ComposeCluster:
+    """The compose project: its published addresses and the operations the tests do to its containers."""
+
+    def __init__(self) -> None:
+        self.project = f"ackertest{os.getpid()}{secrets.token_hex(3)}"
+        self.ports = [_free_port() for _ in range(SHARDS)]
+        self.prometheus_port = _free_port()
+        self.env = {
+            **os.environ,
+            "ACKER_IMAGE": ACKER_IMAGE,
+            "PROMETHEUS_IMAGE": PROMETHEUS_IMAGE,
+            "ACKER_PUBLISH_HOST": "127.0.0.1",
+            "ACKER_MESSAGE_TIMEOUT": str(MESSAGE_TIMEOUT),
+            "PROMETHEUS_PORT": str(self.prometheus_port),
+            **{f"ACKER_{i}_PORT": str(port) for i, port in enumerate(self.ports)},
+        }
+        self.network = f"{self.project}_default"
+
+    @property
+    def addresses(self) -> list[str]:
+        """The ackers' published gRPC addresses, in shard order."""
+        return [f"127.0.0.1:{port}" for port in self.ports]
+
+    @property
+    def prometheus_url(self) -> str:
+        """The published Prometheus HTTP address."""
+        return f"http://127.0.0.1:{self.prometheus_port}"
+
+    def compose(self, *args: str, timeout: float = 180.0) -> str:
+        """Run docker-compose on this project."""
+        cmd = ("docker-compose", "-p", self.project, "-f", str(COMPOSE_FILE), *args)
+        return _run(*cmd, timeout=timeout, env=self.env)
+
+    def up(self) -> None:
+        """Start the ackers and Prometheus (Grafana has no image here) and wait until every acker is healthy."""
+        self.compose("up", "-d", "--no-build", *(f"acker-{i}" for i in range(SHARDS)), "prometheus")
+        for shard in range(SHARDS):
+            self.wait_healthy(shard)
+
+    def down(self) -> None:
+        """Remove the project's containers, network and volumes."""
+        self.compose("down", "--volumes", "--remove-orphans", "--timeout", "5", timeout=300)
+
+    def container(self, shard: int) -> str:
+        """The container id of acker shard `shard`."""
+        return self.compose("ps", "-q", f"acker-{shard}").strip()
+
+    def state(self, shard: int) -> dict:
+        """`docker inspect`'s State of the shard's container."""
+        return json.loads(_run("docker", "inspect", "-f", "{{json .State}}", self.container(shard)))
+
+    def restart_count(self, shard: int) -> int:
+        """How many times Docker's restart policy restarted the shard's container."""
+        return int(_run("docker", "inspect", "-f", "{{.RestartCount}}", self.container(shard)).strip())
+
+    def wait_healthy(self, shard: int, timeout: float = STARTUP_TIMEOUT) -> None:
+        """Wait until the image's HEALTHCHECK reports the shard healthy."""
+        deadline = time.monotonic() + timeout
+        status = None
+        while time.monotonic() < deadline:
+            state = self.state(shard)
+            status = (state.get("Health") or {}).get("Status")
+            if state.get("Running") and status == "healthy":
+                return
+            time.sleep(0.5)
+        logs = _run("docker", "logs", "--tail", "30", self.container(shard), check=False)
+        raise AssertionError(f"acker-{shard} not healthy after {timeout} s (health: {status}); logs:\n{logs}")
+
+    def crash(self, shard: int) -> None:
+        """SIGKILL the shard's server process from the host: a crash, which `restart: unless-stopped` answers.
+
+        (`docker kill` would not do: the engine treats it as a deliberate stop and
+        does not apply the restart policy.)
+        """
+        pid = int(self.state(shard)["Pid"])
+        try:
+            os.kill(pid, 9)
+        except PermissionError:
+            # Not root on the host: a throw-away container in the host's process
+            # namespace sends the signal (the Docker access the suite needs anyway).
+            _run("docker", "run", "--rm", "--pid=host", "--user", "0", "--entrypoint", "sh", ACKER_IMAGE,
+                 "-c", f"kill -9 {pid}")  # fmt: skip
+
+    def disconnect(self, shard: int) -> None:
+        """Cut the shard's container off the compose network (its published port goes with it)."""
+        _run("docker", "network", "disconnect", self.network, self.container(shard))
+
+    def connect(self, shard: int) -> None:
+        """Reconnect the shard's container to the compose network under its service name."""
+        _run("docker", "network", "connect", "--alias", f"acker-{shard}", self.network, self.container(shard))
+
+    def restart(self, shard: int) -> None:
+        """`docker-compose restart` of one acker (SIGTERM, drain, start)."""
+        self.compose("restart", "--timeout", "15", f"acker-{shard}")
+
+
+@pytest.fixture(scope="session")
+def compose_cluster() -> Iterator[ComposeCluster]:
+    """The running compose project for the whole test run, removed at the end even when tests fail."""
+    reason = _skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = ComposeCluster()
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    """The test run's shared local SparkSession.
+
+    Built with the same settings as tests/spark/conftest.py: local_session() returns
+    the session that already exists in this process, or creates the one the Spark
+    suite then reuses (and stops at the end of the run).
+    """
+    pytest.importorskip("pyspark")
+    from acker_spark import LOCAL_MASTER, local_session
+
+    return local_session(LOCAL_MASTER, app_name="acker-spark-tests", shuffle_partitions=4)

@@ -1,0 +1,110 @@
+"""Each package imports only third-party packages its install extra provides, so an executor installs little.
+
+The core install (client and protocol) is grpcio and protobuf; the Spark
+integration adds pyspark (pyarrow with ``[streaming]``); the server and the
+tools have extras of their own. Import names are mapped to distributions here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+DISTRIBUTION_OF = {
+    "grpc": "grpcio",
+    "google": "protobuf",
+    "grpc_health": "grpcio-health-checking",
+    "grpc_reflection": "grpcio-reflection",
+    "prometheus_client": "prometheus-client",
+    "numpy": "numpy",
+    "pyspark": "pyspark",
+    "pyarrow": "pyarrow",
+    "rich": "rich",
+}
+PROJECT = {
+    "acker_protocol",
+    "acker_service",
+    "acker_client",
+    "acker_spark",
+    "acker_cluster",
+    "acker_bench",
+    "acker_demo",
+}
+# Package -> (folder, the extras a user installs for it).
+PACKAGES = {
+    "acker_protocol": ("proto/acker_protocol", ()),
+    "acker_client": ("client/acker_client", ()),
+    "acker_spark": ("spark_integration/acker_spark", ("spark", "streaming")),
+    "acker_service": ("acker_service", ("server",)),
+    "acker_cluster": ("client/acker_cluster", ("tools",)),
+    "acker_bench": ("client/acker_bench", ("tools",)),
+    "acker_demo": ("spark_integration/acker_demo", ("tools",)),
+}
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0]
+
+
+def _distributions(extras: tuple[str, ...]) -> set[str]:
+    """Distributions installed by the core plus ``extras`` (self-references expanded)."""
+    found = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
+    todo = list(extras)
+    while todo:
+        for requirement in PYPROJECT["project"]["optional-dependencies"][todo.pop()]:
+            name = _name(requirement)
+            if name == PYPROJECT["project"]["name"]:
+                todo += re.findall(r"\w+", requirement.split("[", 1)[1])
+            else:
+                found.add(name)
+    return found
+
+
+def _third_party(folder: Path) -> dict[str, str]:
+    """Top-level import name -> first place it is imported, for imports outside the stdlib and the project."""
+    seen: dict[str, str] = {}
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in PROJECT:
+                    seen.setdefault(top, f"{path.relative_to(REPO)}:{node.lineno}")
+    return seen
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_imports_are_covered_by_the_package_extras(package):
+    """Every third-party import of the package is installed by the core dependencies plus its extras."""
+    folder, extras = PACKAGES[package]
+    installed = _distributions(extras)
+    missing = [
+        f"{where} imports {top} ({DISTRIBUTION_OF.get(top, 'unknown distribution')})"
+        for top, where in _third_party(REPO / folder).items()
+        if DISTRIBUTION_OF.get(top) not in installed
+    ]
+    assert not missing, f"{package} (extras {extras or 'none'}): " + "; ".join(missing)
+
+
+def test_the_core_install_is_the_client():
+    """The core dependencies are exactly grpcio and protobuf: no numpy, rich, metrics or health on executors."""
+    assert _distributions(()) == {"grpcio", "protobuf"}
+
+
+def test_dev_installs_every_extra():
+    """make test installs .[dev], which must pull in every other extra's distributions."""
+    every = set().union(*(_distributions((extra,)) for extra in PYPROJECT["project"]["optional-dependencies"]))
+    assert every <= _distributions(("dev",))
