@@ -1,7 +1,7 @@
 """acker-bench --mode apply --compare-tls: the same Apply load into plaintext and TLS ackers, in one run.
 
 Two embedded clusters of the same size are started, one plaintext and one
-serving TLS with a throwaway CA (``acker_protocol.testcerts``, which needs the
+serving TLS with a throwaway CA (``acker_bench.testcerts``, which needs the
 ``cryptography`` package), and the apply benchmark alternates between them
 for ``rounds`` rounds so that drift in the machine's load hits both alike.
 """
@@ -24,7 +24,8 @@ def compare_tls(
 ) -> dict:
     """Apply ops/s without and with TLS (each round: plaintext, then TLS) and the median overhead."""
     from acker_cluster import ProcessCluster
-    from acker_protocol.testcerts import CertificateAuthority
+
+    from .testcerts import CertificateAuthority
 
     with tempfile.TemporaryDirectory(prefix="acker-bench-tls-") as folder:
         ca = CertificateAuthority(Path(folder), "bench-ca")

@@ -28,6 +28,7 @@ DISTRIBUTION_OF = {
     "pyspark": "pyspark",
     "pyarrow": "pyarrow",
     "rich": "rich",
+    "cryptography": "cryptography",
 }
 PROJECT = {
     "acker_protocol",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from acker_protocol.testcerts import CertificateAuthority
+from acker_bench.testcerts import CertificateAuthority
 
 
 @pytest.fixture(scope="session")

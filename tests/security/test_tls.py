@@ -51,7 +51,7 @@ def test_tls_server_serves_a_client_that_trusts_its_ca(start, pki):
 
 def test_client_refuses_a_server_certificate_it_cannot_verify(start, pki, tmp_path):
     """A client trusting another CA does not talk to the server (UNAVAILABLE: handshake failed)."""
-    from acker_protocol.testcerts import CertificateAuthority
+    from acker_bench.testcerts import CertificateAuthority
 
     other = CertificateAuthority(tmp_path, "other-ca")
     server = start(tls_cert=pki.server.cert, tls_key=pki.server.key)

@@ -1,6 +1,6 @@
 """Throwaway certificate authorities and certificates for real TLS handshakes in tests and benchmarks.
 
-Needs the ``cryptography`` package (in the ``dev`` extra). For tests and
+Needs the ``cryptography`` package (in the ``tools`` and ``dev`` extras). For tests and
 ``acker-bench --compare-tls`` only: production certificates come from your
 own CA (see docs/security.md).
 """
