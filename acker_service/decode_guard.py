@@ -79,6 +79,10 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, log_limiter: RateLimitedLog | None = None) -> None:
         self.log_limiter = log_limiter or RateLimitedLog()
+        # Method -> (registered handler, its guarded copy). The registered handlers
+        # never change, so the copy is built once per method, not on every call
+        # (Apply is the hot path).
+        self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -89,6 +93,15 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method = handler_call_details.method
+        cached = self._guarded.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        guarded = self._guard(handler, method)
+        self._guarded[method] = (handler, guarded)
+        return guarded
+
+    def _guard(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """A copy of ``handler`` whose deserializer failures abort with INVALID_ARGUMENT."""
         deserializer = _guarded_deserializer(handler.request_deserializer)
         if handler.unary_unary:
             behavior = self._unary_request(handler.unary_unary, method)
