@@ -1,12 +1,17 @@
 """One shard's buffer of pending operations, with ack folding, encoded as packed parallel arrays.
 
-Pure: no I/O, no clock, no lock (the cluster client holds the lock).
+Operations arrive one call at a time (``init``, ``ack``, ...) or as numpy
+columns (``add_columns``, from the client's ``*_columns`` methods); a buffer
+holding columns is folded and encoded with numpy, never one Python object per
+operation. Pure: no I/O, no clock, no lock (the cluster client holds the lock).
 """
 
 from __future__ import annotations
 
 from typing import cast
 
+import numpy as np
+from acker_protocol.packed import encode_apply_request
 from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import OpKind
 
@@ -44,6 +49,7 @@ class OpBuffer:
         "_acks",
         "_keyed_acks",
         "_resets",
+        "_chunks",
         "size",
         "added",
         "started",
@@ -58,6 +64,8 @@ class OpBuffer:
         self._acks: dict[int, int] = {}  # root -> folded value
         self._keyed_acks: dict[tuple[int, int], int] = {}  # (root, key) -> folded value
         self._resets: dict[int, None] = {}
+        # Columns added in bulk: (kind, roots, values or None, dedup key, or spout index for INIT).
+        self._chunks: list[tuple[int, np.ndarray, np.ndarray | None, int]] = []
         self.size = 0  # distinct operations buffered (what will be sent, zero acks aside)
         self.added = 0  # calls buffered, folded or not
         self.started: float | None = None  # clock time of the first op, set by the owner
@@ -103,6 +111,24 @@ class OpBuffer:
             table[root] = None
             self.size += 1
 
+    def add_columns(
+        self, kind: int, roots: np.ndarray, values: np.ndarray | None = None, *, dedup_key: int = 0, spout: str = ""
+    ) -> None:
+        """Buffer one operation of ``kind`` per root (uint64 arrays the caller checked); folded when encoded.
+
+        ``values`` is required for INIT and ACK; ``dedup_key`` applies to ACKs,
+        ``spout`` to INITs. ``size`` counts every operation added: folding
+        happens in :meth:`to_request`, so the batch sent may be smaller.
+        """
+        if roots.size == 0:
+            return
+        tag = dedup_key
+        if kind == INIT:
+            tag = self._spouts.setdefault(spout, len(self._spouts))
+        self._chunks.append((kind, roots, values, tag))
+        self.size += int(roots.size)
+        self.added += int(roots.size)
+
     @property
     def folded(self) -> int:
         """Calls that did not become an operation of their own (merged into another)."""
@@ -110,7 +136,10 @@ class OpBuffer:
 
     def init_roots(self) -> tuple[int, ...]:
         """Roots of the buffered INIT operations."""
-        return tuple(self._init_roots)
+        columns = [c[1] for c in self._chunks if c[0] == INIT]
+        if not columns:
+            return tuple(self._init_roots)
+        return tuple(self._init_roots) + tuple(np.concatenate(columns).tolist())
 
     def to_request(self, batch_key: int = 0) -> acker_pb2.ApplyRequest:
         """Encode as one ApplyRequest of packed parallel arrays (no per-operation sub-messages).
@@ -119,6 +148,8 @@ class OpBuffer:
         that the acker applies them once even if the whole request is sent
         again after a lost response (see :mod:`acker_client.delivery`).
         """
+        if self._chunks:
+            return acker_pb2.ApplyRequest.FromString(self._encode_columns(batch_key))
         acks = [(r, v) for r, v in self._acks.items() if v]
         keyed = [(r, k, v) for (r, k), v in self._keyed_acks.items() if v]
         n_init, n_fail, n_reset = len(self._init_roots), len(self._fails), len(self._resets)
@@ -147,3 +178,66 @@ class OpBuffer:
             request.spout_index.extend(self._init_spouts)
             request.spout_index.extend([0] * (len(kinds) - n_init))
         return request
+
+    # -- the columnar encoding ------------------------------------------------
+
+    def _column(self, kind: int, scalar: list[int] | None = None) -> np.ndarray:
+        parts = [np.asarray(scalar, dtype=np.uint64)] if scalar else []
+        parts.extend(c[1] for c in self._chunks if c[0] == kind)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+    def _encode_columns(self, batch_key: int) -> bytes:
+        """The request bytes, folded and ordered as :meth:`to_request` promises, built with numpy."""
+        init_chunks = [c for c in self._chunks if c[0] == INIT]
+        init_roots = self._column(INIT, self._init_roots)
+        init_values = np.concatenate(
+            [np.asarray(self._init_values, dtype=np.uint64)] + [cast("np.ndarray", c[2]) for c in init_chunks]
+        )
+        init_spouts = np.concatenate(
+            [np.asarray(self._init_spouts, dtype=np.uint32)]
+            + [np.full(c[1].size, c[3], dtype=np.uint32) for c in init_chunks]
+        )
+        fails = np.unique(self._column(FAIL, list(self._fails)))
+        resets = np.unique(self._column(RESET_TIMEOUT, list(self._resets)))
+        ack_roots, ack_values, ack_keys = self._folded_acks(batch_key)
+        n_init, n_fail, n_ack, n_reset = init_roots.size, fails.size, ack_roots.size, resets.size
+        kinds = np.repeat(np.array([INIT, FAIL, ACK, RESET_TIMEOUT], dtype=np.uint8), [n_init, n_fail, n_ack, n_reset])
+        zeros = np.zeros
+        roots = np.concatenate((init_roots, fails, ack_roots, resets))
+        values = np.concatenate((init_values, zeros(n_fail, np.uint64), ack_values, zeros(n_reset, np.uint64)))
+        dedup_keys = None
+        if ack_keys.any():
+            dedup_keys = np.concatenate((zeros(n_init + n_fail, np.uint64), ack_keys, zeros(n_reset, np.uint64)))
+        spout_index = None
+        if len(self._spouts) > 1:
+            spout_index = np.concatenate((init_spouts, zeros(n_fail + n_ack + n_reset, np.uint32)))
+        return encode_apply_request(kinds, roots, values, dedup_keys, list(self._spouts), spout_index)
+
+    def _folded_acks(self, batch_key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every buffered ACK folded per (root, dedup key), zero folds dropped; unkeyed ones get ``batch_key``."""
+        roots = [np.fromiter(self._acks.keys(), np.uint64, len(self._acks))]
+        values = [np.fromiter(self._acks.values(), np.uint64, len(self._acks))]
+        keys = [np.zeros(len(self._acks), np.uint64)]
+        if self._keyed_acks:
+            roots.append(np.fromiter((r for r, _ in self._keyed_acks), np.uint64, len(self._keyed_acks)))
+            keys.append(np.fromiter((k for _, k in self._keyed_acks), np.uint64, len(self._keyed_acks)))
+            values.append(np.fromiter(self._keyed_acks.values(), np.uint64, len(self._keyed_acks)))
+        for kind, chunk_roots, chunk_values, key in self._chunks:
+            if kind == ACK:
+                roots.append(chunk_roots)
+                values.append(cast("np.ndarray", chunk_values))
+                keys.append(np.full(chunk_roots.size, key, np.uint64))
+        all_roots, all_values, all_keys = np.concatenate(roots), np.concatenate(values), np.concatenate(keys)
+        if all_roots.size == 0:
+            return all_roots, all_values, all_keys
+        # The ledger applies one ACK per (tree, key): acks sharing both must be one operation.
+        order = np.lexsort((all_keys, all_roots))
+        all_roots, all_values, all_keys = all_roots[order], all_values[order], all_keys[order]
+        new_group = np.concatenate(([True], (all_roots[1:] != all_roots[:-1]) | (all_keys[1:] != all_keys[:-1])))
+        starts = np.flatnonzero(new_group)
+        folded = np.bitwise_xor.reduceat(all_values, starts)
+        keep = folded != 0
+        out_keys = all_keys[starts][keep]
+        if batch_key:
+            out_keys[out_keys == 0] = batch_key
+        return all_roots[starts][keep], folded[keep], out_keys

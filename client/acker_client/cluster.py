@@ -12,13 +12,15 @@ import time
 from collections.abc import Callable, Sequence
 
 import grpc
+import numpy as np
 from acker_protocol import grpc_options
 from acker_protocol.credentials import ChannelSecurity
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 from acker_protocol.wire import MAX_ID, check_id, check_root, check_spout_name, shard_of
 
 from . import process
-from .batching import OpBuffer
+from .batching import ACK, FAIL, INIT, RESET_TIMEOUT, OpBuffer
+from .columns import as_ids, as_roots, fold_xor, shard_slices
 from .errors import AckerError, ClusterMisconfigured, batch_error, shard_failure
 from .process import ClientStats, ProcessState
 from .sender import Sender
@@ -73,13 +75,14 @@ class ClusterClient:
         ),
         batch_keys: bool = True,
         security: ChannelSecurity | None = None,
+        column_batch_size: int = 16_384,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a for a in addresses.split(",") if a]
         if not addresses:
             raise ValueError("a cluster needs at least one acker address")
-        if batch_size < 1 or flush_interval <= 0 or deadline <= 0:
-            raise ValueError("batch_size, flush_interval and deadline must be positive")
+        if batch_size < 1 or flush_interval <= 0 or deadline <= 0 or column_batch_size < 1:
+            raise ValueError("batch_size, column_batch_size, flush_interval and deadline must be positive")
         if wait_for_shard < 0:
             raise ValueError(f"wait_for_shard must be 0 or more seconds, got {wait_for_shard}")
         initial_backoff, max_backoff = reconnect_backoff
@@ -91,6 +94,9 @@ class ClusterClient:
         self.security = security
         self._n = len(self._addresses)
         self.batch_size = batch_size
+        # Columns are sent in requests of up to this many operations: one Apply
+        # per 512 operations would cost a column of 100,000 acks 200 round trips.
+        self.column_batch_size = max(batch_size, column_batch_size)
         self.on_error = on_error
         self._sender = Sender(
             self._addresses,
@@ -220,6 +226,8 @@ class ClusterClient:
                     f"batch_size {self.batch_size} exceeds shard {shard}'s ({address}) maximum batch of "
                     f"{info.max_batch} operations; lower batch_size"
                 )
+            if info.max_batch:
+                self.column_batch_size = min(self.column_batch_size, info.max_batch)
 
     # -- operations ----------------------------------------------------------
 
@@ -283,6 +291,67 @@ class ClusterClient:
         if buf.size >= self.batch_size:
             return self._sender.take(st, lambda b: b is buf)
         return None
+
+    # -- operations in columns ---------------------------------------------------
+
+    def init_columns(self, roots: object, values: object, spout: str) -> None:
+        """Buffer one INIT per root (``values[i]``: root i's first edges XORed), all owned by ``spout``.
+
+        ``roots`` and ``values`` are equal-length uint64 arrays (anything
+        ``numpy.asarray`` turns into unsigned integers). Buffered, batched,
+        retried and back-pressured like :meth:`init`, without a Python object
+        per operation.
+        """
+        roots_array, values_array = as_roots(roots), as_ids(values)
+        _same_length(roots_array, values_array)
+        if spout not in self._known_spouts:
+            check_spout_name(spout)
+            self._known_spouts.add(spout)
+        self._add_columns(INIT, roots_array, values_array, spout=spout)
+
+    def ack_columns(self, roots: object, values: object, dedup_key: int = 0) -> None:
+        """Buffer ACK(roots[i], values[i]) for every i, folded per root (one operation per root and key)."""
+        roots_array, values_array = as_roots(roots), as_ids(values)
+        _same_length(roots_array, values_array)
+        if not 0 <= dedup_key <= MAX_ID:
+            raise ValueError(f"dedup key {dedup_key!r} is not a 64-bit unsigned integer")
+        folded_roots, folded_values = fold_xor(roots_array, values_array)
+        self._add_columns(ACK, folded_roots, folded_values, dedup_key=dedup_key)
+
+    def fail_columns(self, roots: object) -> None:
+        """Buffer FAIL for every root (repeats are sent once)."""
+        self._add_columns(FAIL, np.unique(as_roots(roots)))
+
+    def reset_timeout_columns(self, roots: object) -> None:
+        """Buffer RESET_TIMEOUT for every root (repeats are sent once)."""
+        self._add_columns(RESET_TIMEOUT, np.unique(as_roots(roots)))
+
+    def _add_columns(
+        self, kind: int, roots: np.ndarray, values: np.ndarray | None = None, *, dedup_key: int = 0, spout: str = ""
+    ) -> None:
+        """Split the columns by shard and feed each shard's buffer; full buffers go out together, in parallel."""
+        st = self._state()
+        remaining = shard_slices(roots, self._n)
+        while remaining:
+            left = []
+            with st.lock:
+                for shard, positions in remaining:
+                    buf = st.buffers[shard]
+                    room = max(1, self.column_batch_size - buf.size)
+                    here, rest = positions[:room], positions[room:]
+                    buf.add_columns(
+                        kind, roots[here], None if values is None else values[here], dedup_key=dedup_key, spout=spout
+                    )
+                    if buf.started is None:
+                        buf.started = time.monotonic()
+                        self._sender.ensure_flusher(st)
+                        st.wake.notify()
+                    if rest.size:
+                        left.append((shard, rest))
+                full = self._sender.take(st, lambda b: b.size >= self.batch_size)
+            remaining = left
+            if full[0]:
+                self._sender.send_now(st, *full)
 
     # -- sending -------------------------------------------------------------
 
@@ -373,3 +442,8 @@ class ClusterClient:
 
     def __repr__(self) -> str:
         return f"ClusterClient({list(self._addresses)!r})"
+
+
+def _same_length(roots: np.ndarray, values: np.ndarray) -> None:
+    if roots.size != values.size:
+        raise ValueError(f"{roots.size} root ids but {values.size} values: give one value per root")

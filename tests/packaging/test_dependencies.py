@@ -101,8 +101,8 @@ def test_imports_are_covered_by_the_package_extras(package):
 
 
 def test_the_core_install_is_the_client():
-    """The core dependencies are exactly grpcio and protobuf: no numpy, rich, metrics or health on executors."""
-    assert _distributions(()) == {"grpcio", "protobuf"}
+    """The core dependencies are exactly grpcio, protobuf and numpy (columnar ops): no rich, metrics or health on executors."""
+    assert _distributions(()) == {"grpcio", "protobuf", "numpy"}
 
 
 def test_dev_installs_every_extra():

@@ -1,0 +1,82 @@
+"""Column-wise tracking arithmetic: id checks, XOR folding, deterministic ids and shard splitting."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from acker_client.columns import as_ids, as_roots, derive_ids, fold_xor, mix64, row_digests, shard_slices
+from hypothesis import given
+from hypothesis import strategies as st
+
+u64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
+root = st.integers(min_value=1, max_value=(1 << 64) - 1)
+
+
+class TestChecks:
+    def test_python_ints_beyond_int64_are_kept_exactly(self):
+        """A list of Python ints up to 2^64-1 converts without loss."""
+        assert as_ids([1, (1 << 64) - 1]).tolist() == [1, (1 << 64) - 1]
+
+    @pytest.mark.parametrize("bad", [[-1], [1 << 64], [1.5], [[1, 2]]])
+    def test_values_that_are_not_u64_are_refused(self, bad):
+        """Negative, too large, fractional or 2-d input is a ValueError naming the problem."""
+        with pytest.raises(ValueError, match="64-bit|1-d"):
+            as_ids(bad)
+
+    def test_a_zero_root_is_refused_with_its_position(self):
+        """Root 0 means no tree: refused, and the message says where it is."""
+        with pytest.raises(ValueError, match="position 2"):
+            as_roots(np.array([4, 5, 0], dtype=np.uint64))
+
+
+@given(st.lists(st.tuples(st.integers(1, 6), u64), max_size=60))
+def test_fold_xor_equals_a_dict_fold(pairs):
+    """Folding matches XOR per root in a dict, zeros dropped, sorted by root."""
+    expected: dict[int, int] = defaultdict(int)
+    for r, v in pairs:
+        expected[r] ^= v
+    roots = np.array([r for r, _ in pairs], dtype=np.uint64)
+    values = np.array([v for _, v in pairs], dtype=np.uint64)
+    got_roots, got_values = fold_xor(roots, values)
+    assert list(zip(got_roots.tolist(), got_values.tolist())) == sorted((r, v) for r, v in expected.items() if v)
+
+
+def test_mix64_is_a_bijection_on_a_sample():
+    """Distinct inputs give distinct outputs (no collisions in 2^16 consecutive values)."""
+    x = np.arange(1 << 16, dtype=np.uint64)
+    assert np.unique(mix64(x)).size == x.size
+
+
+@given(root, u64, root, u64)
+def test_row_digest_is_independent_of_pair_order(r1, i1, r2, i2):
+    """A row's digest does not depend on the order of its (root, id) pairs."""
+    rows = np.array([0, 0], dtype=np.int64)
+    a = row_digests(rows, np.array([r1, r2], np.uint64), np.array([i1, i2], np.uint64), 1)
+    b = row_digests(rows, np.array([r2, r1], np.uint64), np.array([i2, i1], np.uint64), 1)
+    assert a.tolist() == b.tolist()
+
+
+def test_derived_ids_are_deterministic_nonzero_and_salted():
+    """Same (salt, digest, ordinal) gives the same id; another salt or ordinal another id; never 0."""
+    digests = np.arange(1000, dtype=np.uint64)
+    ordinals = np.zeros(1000, dtype=np.uint64)
+    first = derive_ids(7, digests, ordinals)
+    assert (first == derive_ids(7, digests, ordinals)).all()
+    assert first.all()
+    assert np.unique(first).size == 1000
+    assert not (first == derive_ids(8, digests, ordinals)).any()
+    assert not (first == derive_ids(7, digests, ordinals + np.uint64(1))).any()
+    with pytest.raises(ValueError, match="salt"):
+        derive_ids(0, digests, ordinals)
+
+
+def test_shard_slices_cover_every_root_once_on_its_shard():
+    """Every position lands in exactly one slice, the one of its root's shard."""
+    roots = np.array([3, 4, 5, 6, 7, 9, 12], dtype=np.uint64)
+    slices = shard_slices(roots, 3)
+    seen = np.concatenate([positions for _, positions in slices])
+    assert sorted(seen.tolist()) == list(range(roots.size))
+    for shard, positions in slices:
+        assert (roots[positions] % 3 == shard).all()
