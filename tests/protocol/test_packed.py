@@ -54,7 +54,5 @@ def test_encoding_equals_protobufs_serialization(ops, spouts, with_keys, with_in
 def test_big_endian_input_is_written_little_endian():
     """Columns of any byte order go on the wire as little-endian fixed64."""
     roots = np.array([1, 2**40 + 5], dtype=">u8")
-    request = acker_pb2.ApplyRequest.FromString(
-        encode_apply_request(np.array([2, 2], dtype=np.uint8), roots, roots)
-    )
+    request = acker_pb2.ApplyRequest.FromString(encode_apply_request(np.array([2, 2], dtype=np.uint8), roots, roots))
     assert list(request.root_ids) == [1, 2**40 + 5]
