@@ -23,6 +23,7 @@ __all__ = [
     "pack_ids",
     "unpack_ids",
     "tracked_schema",
+    "require_tracking_column",
     "delivery_frame",
 ]
 
@@ -79,16 +80,21 @@ def tracked_schema(schema: Any) -> Any:
     return StructType([*schema.fields, StructField(TRACKING_COLUMN, BinaryType(), nullable=False)])
 
 
+def require_tracking_column(columns: Sequence[str]) -> None:
+    """Raise a ValueError a person can act on when a bolt's input DataFrame lacks ``_acker_ids``."""
+    if TRACKING_COLUMN not in columns:
+        raise ValueError(
+            f"the DataFrame has no {TRACKING_COLUMN!r} column (columns: {list(columns)}):"
+            f" use one from GuaranteedPipeline.run(..., as_dataframe=True) or a bolt's apply_df,"
+            f" and keep the column through selects and joins"
+        )
+
+
 class _RowCodec:
     """Turns input Rows into TrackedTuples and emitted TrackedTuples into output rows (shipped to executors)."""
 
     def __init__(self, input_columns: Sequence[str], output_columns: Sequence[str]) -> None:
-        if TRACKING_COLUMN not in input_columns:
-            raise ValueError(
-                f"the DataFrame has no {TRACKING_COLUMN!r} column (columns: {list(input_columns)}):"
-                f" use one from GuaranteedPipeline.run(..., as_dataframe=True) or Bolt.apply_df,"
-                f" and keep the column through selects and joins"
-            )
+        require_tracking_column(input_columns)
         self.tracking_index = list(input_columns).index(TRACKING_COLUMN)
         self.value_columns = [c for c in input_columns if c != TRACKING_COLUMN]
         self.output_columns = list(output_columns)
