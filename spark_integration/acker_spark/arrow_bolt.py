@@ -69,7 +69,8 @@ class ArrowBolt:
         self.security = security
         self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
         self.uid = uid if uid is not None else new_id()  # drawn once, on the driver
-        self.schema = tracked_schema(schema)  # the output columns plus _acker_ids
+        self._schema_spec = schema
+        self._schema: Any = None
         self.pandas = pandas
         self.commits: Any = None  # Spark accumulators (classic Spark only; Spark Connect has none)
         self.commit_errors: Any = None
@@ -79,6 +80,14 @@ class ArrowBolt:
     def tracking(self) -> bool:
         """True when acks and fails go to an acker cluster."""
         return self.addresses is not None
+
+    @property
+    def schema(self) -> Any:
+        """The result's StructType: the output columns plus ``_acker_ids`` (a DDL string is parsed on first use)."""
+        if self._schema is None:
+            # Parsing DDL needs a live session, which an ArrowBolt made before it may not have.
+            self._schema = tracked_schema(self._schema_spec)
+        return self._schema
 
     @property
     def output_schema(self) -> pa.Schema | None:
@@ -101,7 +110,7 @@ class ArrowBolt:
         sc = spark_context_of(df.sparkSession)
         if sc is not None:
             Bolt.track_commits(self, sc)  # type: ignore[arg-type]  # the same accumulators as Bolt's
-        self.output_schema  # noqa: B018 - computed on the driver, shipped with the bolt
+        self.output_schema  # noqa: B018 - resolved on the driver, shipped with the bolt
         bolt = self
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

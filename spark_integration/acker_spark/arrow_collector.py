@@ -69,9 +69,9 @@ class ArrowCollector:
         anchors = np.asarray(anchors)
         if anchors.dtype.kind not in "iu":
             raise TypeError(f"anchors must be integers (input row indexes, -1 for none), not {anchors.dtype}")
+        if anchors.ndim > 1 or (anchors.ndim == 1 and len(anchors) != table.num_rows):
+            raise ValueError(f"anchors has shape {anchors.shape}; the emitted batch has {table.num_rows} rows")
         anchors = np.broadcast_to(anchors.astype(np.int64), (table.num_rows,))
-        if anchors.ndim != 1 or len(anchors) != table.num_rows:
-            raise ValueError(f"anchors has shape {np.shape(anchors)}, the batch has {table.num_rows} rows")
         if len(anchors) and (anchors.max() >= rows or anchors.min() < -1):
             raise ValueError(f"anchors must be input row indexes in [0, {rows}) or -1 (unanchored)")
         anchored = anchors[anchors >= 0]

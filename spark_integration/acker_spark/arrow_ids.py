@@ -75,11 +75,15 @@ class PairColumn:
         index, starts = self.gather(rows)
         return PairColumn(starts, self.roots[index], self.ids[index])
 
-    def message_ids(self) -> list[MessageId]:
-        """One MessageId per row (per-row Python objects: for the row-function Bolt, not the columnar path)."""
+    def row_dicts(self) -> list[dict[int, int]]:
+        """Each row's pairs as a dict ``root -> id`` (per-row Python objects: tests and the row-function Bolt)."""
         roots, ids = self.roots.tolist(), self.ids.tolist()
         starts = self.starts.tolist()
-        return [MessageId(zip(roots[s:e], ids[s:e])) if e > s else MessageId.EMPTY for s, e in zip(starts, starts[1:])]
+        return [dict(zip(roots[s:e], ids[s:e])) for s, e in zip(starts, starts[1:])]
+
+    def message_ids(self) -> list[MessageId]:
+        """One MessageId per row (ValueError for a merged id of 0, which a MessageId cannot hold)."""
+        return [MessageId(d) if d else MessageId.EMPTY for d in self.row_dicts()]
 
 
 def _starts(counts: np.ndarray) -> np.ndarray:

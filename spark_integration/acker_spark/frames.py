@@ -135,7 +135,10 @@ class _RowCodec:
 
 
 def delivery_frame(spark: Any, batch: Sequence[TrackedTuple], partitions: int, value_type: Any = None) -> Any:
-    """A DataFrame of spout tuples: ``key`` string, ``value`` (``value_type``, default string), ``attempt``, tracking."""
+    """A DataFrame of spout tuples: ``key`` string, ``value`` (``value_type``, default string), ``attempt``, tracking.
+
+    Works with a classic SparkSession and a Spark Connect one alike.
+    """
     from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
     schema = tracked_schema(
@@ -148,7 +151,7 @@ def delivery_frame(spark: Any, batch: Sequence[TrackedTuple], partitions: int, v
         )
     )
     rows = [(t.value.key, t.value.value, t.value.attempt, pack_ids(t.message_id)) for t in batch]
-    # Through an RDD, not a local list: parallelize's slicing fixes which rows each
-    # partition holds, and a re-run partition must hold the same rows (dedup keys).
-    rdd = spark.sparkContext.parallelize(rows, max(1, min(partitions, len(rows))))
-    return spark.createDataFrame(rdd, schema)
+    # A local relation (no RDD: Spark Connect has none), hash-partitioned by key: a
+    # re-run partition must hold the same rows as the first run (dedup keys are per
+    # partition), which hash partitioning guarantees and round robin would not.
+    return spark.createDataFrame(rows, schema).repartition(max(1, min(partitions, len(rows))), "key")
