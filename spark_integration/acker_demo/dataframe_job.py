@@ -22,10 +22,13 @@ from acker_spark.sqlite import open_db, upsert
 
 from .wordcount import FailureInjection, InjectedCrash, Word
 
-__all__ = ["WORD_SCHEMA", "split_sentences", "CountWordRows", "build_job"]
+__all__ = ["NO_FAULTS", "WORD_SCHEMA", "split_sentences", "CountWordRows", "build_job"]
 
 WORD_SCHEMA = "key string, position int, word string, attempt int"
 """The split bolt's output columns."""
+
+NO_FAULTS = FailureInjection()
+"""The default: nothing injected."""
 
 # RE2's \w is ASCII only: letters and digits of any script, as Python's str \w matches.
 _SEPARATORS = r"[^\p{L}\p{N}_']+"
@@ -54,7 +57,7 @@ def split_sentences(batch: pa.RecordBatch, collector: Any) -> None:
 class CountWordRows:
     """ArrowBolt sink: write the batch's word rows to SQLite, fail the injected ones; the rest are acked on return."""
 
-    def __init__(self, db_path: str | Path, injection: FailureInjection = FailureInjection()) -> None:
+    def __init__(self, db_path: str | Path, injection: FailureInjection = NO_FAULTS) -> None:
         self.db_path = str(db_path)
         self.injection = injection
 
@@ -91,7 +94,7 @@ def build_job(
     db_path: str | Path,
     *,
     partitions: int = 4,
-    injection: FailureInjection = FailureInjection(),
+    injection: FailureInjection = NO_FAULTS,
 ) -> tuple[Job, tuple[ArrowBolt, ArrowBolt]]:
     """The DataFrame word-count job for ``GuaranteedPipeline.run(..., as_dataframe=True)`` (None: untracked)."""
     split = ArrowBolt(split_sentences, addresses, schema=WORD_SCHEMA, name="split")
