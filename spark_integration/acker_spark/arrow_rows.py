@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from acker_client import TrackedTuple
@@ -20,17 +20,18 @@ from .arrow_ids import decode_ids, encode_ids, pairs_of
 from .frames import TRACKING_COLUMN, _RowCodec, tracked_schema
 from .session import spark_context_of
 
-if TYPE_CHECKING:
-    from .executor import Bolt
-
 __all__ = ["map_rows"]
 
 _CHUNK = 4096
 """Emitted tuples per output batch."""
 
 
-def map_rows(bolt: Bolt, df: Any, schema: Any) -> Any:
-    """Run ``bolt`` (a row-function Bolt) over ``df`` with ``mapInArrow``; the emitted tuples as a DataFrame."""
+def map_rows(bolt: Any, df: Any, schema: Any) -> Any:
+    """Run ``bolt`` (a row-function :class:`~acker_spark.executor.Bolt`) over ``df`` with ``mapInArrow``.
+
+    Returns the emitted tuples as a DataFrame. (``bolt`` is not annotated as a
+    Bolt: the executor module imports this one, and no import cycle is allowed.)
+    """
     from pyspark.sql.types import StructType
 
     out_schema = tracked_schema(schema)

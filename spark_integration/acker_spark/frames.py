@@ -2,10 +2,11 @@
 
 A tracked DataFrame has its user columns plus ``_acker_ids``: the row's
 MessageId packed as little-endian uint64 ``(root, id)`` pairs (16 bytes per
-root; empty for an unanchored row). ``Bolt.apply_df`` (in :mod:`acker_spark.executor`)
-runs a bolt over such a DataFrame through ``df.rdd.mapPartitions`` and ``createDataFrame`` with
-an explicit schema, so it needs no pyarrow and reuses the RDD path's held,
-deduplicated, deterministic-id machinery unchanged. After an aggregation,
+root; empty for an unanchored row). Bolts run over such a DataFrame on
+``mapInArrow``: :class:`~acker_spark.arrow_bolt.ArrowBolt` column-wise (the
+column decoded with numpy, :mod:`acker_spark.arrow_ids`), and
+``Bolt.apply_df`` row by row (:mod:`acker_spark.arrow_rows`); neither needs
+``df.rdd``, so both run on Spark Connect. After an aggregation,
 ``_acker_ids`` may be an ``array<binary>`` (``F.collect_list("_acker_ids")``):
 the row then stands for all the rows it collected, and acking it acks them all.
 """
