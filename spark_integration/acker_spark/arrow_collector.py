@@ -67,6 +67,8 @@ class ArrowCollector:
         table = self._output_table(batch)
         rows = self._current.rows
         anchors = np.asarray(anchors)
+        if anchors.size == 0:
+            anchors = anchors.astype(np.int64)  # [] is float64 to numpy
         if anchors.dtype.kind not in "iu":
             raise TypeError(f"anchors must be integers (input row indexes, -1 for none), not {anchors.dtype}")
         if anchors.ndim > 1 or (anchors.ndim == 1 and len(anchors) != table.num_rows):
@@ -160,6 +162,8 @@ class ArrowCollector:
             mask[rows] = True
             return mask
         array = np.asarray(rows)
+        if array.size == 0 and array.dtype != bool:
+            array = array.astype(np.int64)  # [] is float64 to numpy
         if array.dtype == bool:
             if array.shape != (count,):
                 raise ValueError(

@@ -227,3 +227,14 @@ def test_a_failing_partition_sends_nothing() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         run_bolt(bolt, batches, client)
     assert client.acks == {} and client.keys == []
+
+
+def test_empty_emits_and_row_lists_are_fine() -> None:
+    """An empty emit and an empty list of rows are no-ops, not type errors."""
+    collector = ArrowCollector(9, pa.schema([("x", pa.int64())]), None)
+    collector._start_batch(pairs_of([MessageId.single(1, 2)]))
+    collector.emit({"x": pa.array([], pa.int64())}, anchors=[])
+    collector.fail([])
+    collector.ack([])
+    (out,) = collector._finish_batch()
+    assert out.num_rows == 0
