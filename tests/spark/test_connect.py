@@ -11,14 +11,14 @@ import pytest
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
 from acker_demo import dataframe_job
-from acker_spark import Bolt, GuaranteedPipeline, close_clients, generated_sentences, run_untracked
+from acker_spark import ArrowBolt, Bolt, GuaranteedPipeline, close_clients, generated_sentences, run_untracked
 from acker_spark.session import spark_context_of
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
-from .test_arrow_bolt import run_frames
+from .test_arrow_bolt import CrashingSink, run_frames
 from .test_dataframe import WORDS, StoreGroups, split_rows
-from .test_pipeline import assert_every_record_acked_once
+from .test_pipeline import assert_every_record_acked_once, task_attempts
 
 # The Connect server's Python workers cannot import this test module: ship its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -67,6 +67,20 @@ def test_row_bolts_with_groupby_over_connect(connect_spark: Any, ackers: Any, cl
         store.apply_df(groups).count()
 
     stats, audit = run_frames(connect_spark, client, db, records, job)
+    assert_every_record_acked_once(stats, audit, records, db)
+
+
+def test_task_retry_over_connect(connect_spark: Any, ackers: Any, client: ClusterClient, db: Path) -> None:
+    """On the Connect server's local[2,4], a sink task's attempt 0 dies after writing; the retry acks each tree once."""
+    records = list(generated_sentences(80, seed=44))
+    split = ArrowBolt(dataframe_job.split_sentences, ackers.addresses, schema=dataframe_job.WORD_SCHEMA)
+    store = ArrowBolt(CrashingSink(db, crash_partition=0), ackers.addresses, schema=None, name="store")
+
+    def job(df: Any) -> None:
+        store.apply_df(split.apply_df(df).repartition(2, "word")).count()
+
+    stats, audit = run_frames(connect_spark, client, db, records, job)
+    assert task_attempts(db)[1] >= 1  # Spark retried the crashed task
     assert_every_record_acked_once(stats, audit, records, db)
 
 
