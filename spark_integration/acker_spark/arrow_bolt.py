@@ -33,7 +33,6 @@ from .arrow_collector import ArrowCollector
 from .arrow_ids import PairColumn, decode_ids
 from .executor import Bolt, client_for
 from .frames import TRACKING_COLUMN, require_tracking_column, tracked_schema
-from .ids import dedup_key
 from .session import spark_context_of
 
 __all__ = ["ArrowBolt", "ArrowFunction"]
@@ -161,10 +160,6 @@ class ArrowBolt:
         # Bolt's own commit handling (an unreachable shard is counted, not raised),
         # shared rather than copied: ArrowCollector.commit has BoltCollector.commit's contract.
         Bolt._commit(self, collector, partition)  # type: ignore[arg-type]
-
-    def dedup_key(self, partition: int) -> int:
-        """The dedup key this bolt's acks carry for ``partition`` (every attempt of that task shares it)."""
-        return dedup_key(self.uid, partition)
 
     def __repr__(self) -> str:
         return f"ArrowBolt({self.name!r}, uid={self.uid:#x}, tracking={self.tracking}, pandas={self.pandas})"

@@ -42,8 +42,7 @@ class ArrowCollector:
         self.salt = salt
         self.out_schema = out_schema
         self.client = client
-        self._parents = PairColumn(np.zeros(1, dtype=np.int64), _EMPTY, _EMPTY)
-        self._start_batch(self._parents)
+        self._start_batch(PairColumn(np.zeros(1, dtype=np.int64), _EMPTY, _EMPTY))  # no batch yet: no rows
         self._held_roots: list[np.ndarray] = []
         self._held_values: list[np.ndarray] = []
         self._held_fails: list[np.ndarray] = []
