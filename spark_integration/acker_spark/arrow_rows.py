@@ -78,6 +78,6 @@ def _encode(chunk: list[TrackedTuple], codec: _RowCodec, values: Any) -> pa.Reco
     ids = encode_ids(pairs_of(t.message_id for t in chunk))
     if not values.fields:
         return pa.RecordBatch.from_arrays([ids], names=[TRACKING_COLUMN])
-    table = LocalDataToArrowConversion.convert([codec._columns(t.value) for t in chunk], values, False)
+    table = LocalDataToArrowConversion.convert([codec.columns(t.value) for t in chunk], values, False)
     columns = [table.column(i).combine_chunks() for i in range(table.num_columns)]
     return pa.RecordBatch.from_arrays([*columns, ids], names=[*values.names, TRACKING_COLUMN])

@@ -14,7 +14,7 @@ the row then stands for all the rows it collected, and acking it acks them all.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from acker_client import MessageId, TrackedTuple
@@ -92,7 +92,7 @@ def require_tracking_column(columns: Sequence[str]) -> None:
 
 
 class _RowCodec:
-    """Turns input Rows into TrackedTuples and emitted TrackedTuples into output rows (shipped to executors)."""
+    """Checks a row bolt's input columns and fits emitted values to the output columns (shipped to executors)."""
 
     def __init__(self, input_columns: Sequence[str], output_columns: Sequence[str]) -> None:
         require_tracking_column(input_columns)
@@ -100,23 +100,8 @@ class _RowCodec:
         self.value_columns = [c for c in input_columns if c != TRACKING_COLUMN]
         self.output_columns = list(output_columns)
 
-    def decode(self, rows: Iterable[Any]) -> Iterator[TrackedTuple]:
-        """Each Row as a TrackedTuple whose value is the Row without the tracking column."""
-        from pyspark.sql import Row
-
-        # Row(*names) is a factory of Rows with those fields; with no names it would be an empty Row.
-        make = Row(*self.value_columns) if self.value_columns else lambda: Row()
-        index = self.tracking_index
-        for row in rows:
-            values = [v for i, v in enumerate(row) if i != index]
-            yield TrackedTuple(make(*values), unpack_ids(row[index]))
-
-    def encode(self, tuples: Iterable[TrackedTuple]) -> Iterator[tuple[Any, ...]]:
-        """Each emitted tuple as an output row: its value's columns, then its packed MessageId."""
-        for t in tuples:
-            yield (*self._columns(t.value), pack_ids(t.message_id))
-
-    def _columns(self, value: Any) -> tuple[Any, ...]:
+    def columns(self, value: Any) -> tuple[Any, ...]:
+        """An emitted value as the output schema's columns, in order (ValueError/TypeError if it does not fit)."""
         names = self.output_columns
         # A Row with names (it has __fields__) matches by name, like a dict, not by position.
         if isinstance(value, Mapping) or hasattr(value, "__fields__"):
