@@ -11,6 +11,7 @@ about twice as fast as an ``OrderedDict`` to fill and empty; "move to the end"
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from itertools import repeat
 from typing import Any
@@ -85,7 +86,11 @@ class PendingTrees:
         return sum(map(len, self.tables))
 
     def __contains__(self, root: object) -> bool:
-        return isinstance(root, int) and root in self.tables[root % self.shard_count]
+        try:
+            key = operator.index(root)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+        return key in self.tables[key % self.shard_count]
 
     def __iter__(self) -> Iterator[int]:
         for table in self.tables:

@@ -282,7 +282,7 @@ def test_callbacks_are_one_style_or_the_other():
 
 def test_bulk_emit_input_is_checked(clock):
     """Records and message ids of different lengths are refused before anything is emitted."""
-    cluster = RecordingCluster()
+    cluster = RecordingCluster(shard_count=3)
     spout = new_spout(cluster, clock, on_outcomes=BulkRecorder())
     try:
         with pytest.raises(ValueError, match="one message id per record"):
