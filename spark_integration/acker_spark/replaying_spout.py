@@ -97,7 +97,7 @@ class ReplayingSpout:
 
     @property
     def unsettled(self) -> int:
-        """Deliveries emitted whose ``on_outcome`` has not returned yet."""
+        """Deliveries emitted whose outcome callback (``on_outcome`` / ``on_outcomes``) has not returned yet."""
         with self.cond:
             return self._unsettled
 

@@ -209,6 +209,29 @@ def test_a_timeout_reset_in_a_batch_restarts_that_backstop_only(clock):
     assert bulk.flat() == [("other", Outcome.LOST), ("kept", Outcome.LOST)]
 
 
+def test_a_down_stream_pauses_only_its_shards_bulk_emitted_backstops(clock):
+    """A stream outage delays only its shard's LOST verdicts, for records emitted in bulk before and after it."""
+    cluster, bulk = RecordingCluster(shard_count=2), BulkRecorder()
+    spout = new_spout(cluster, clock, on_outcomes=bulk)
+    try:
+        before, _ = spout.emit_columns(list(range(40)))
+        before_on_1 = int(np.sum(before % np.uint64(2) == 1))
+        assert 0 < before_on_1 < 40  # both shards hold some (odds of not: 2^-39)
+        spout._on_stream_state(0, False)
+        clock.advance(6.0)
+        spout._on_stream_state(0, True)  # shard 0's backstop clock is now 6 s behind
+        after, _ = spout.emit_columns(list(range(40, 80)))  # due 10 s from now on either shard
+        clock.advance(4.1)
+        assert spout.check_timeouts() == before_on_1  # the earlier batch's shard-1 records only
+        assert all(int(r) in spout._pending for r in before if int(r) % 2 == 0)
+        clock.advance(6.0)
+        assert spout.check_timeouts() == 80 - before_on_1
+        assert spout.wait_idle(10)
+    finally:
+        spout.close()
+    assert sorted(mid for mid, _ in bulk.flat()) == list(range(80)) and spout.stats.lost == 80
+
+
 def test_a_dropped_init_columns_batch_fails_its_roots_lost_at_once(clock):
     """When the client reports a dropped batch of column inits, those records end LOST without waiting."""
     cluster, bulk = RecordingCluster(), BulkRecorder()
