@@ -17,6 +17,7 @@ chains.
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ __all__ = [
     "U64",
     "as_ids",
     "as_roots",
+    "random_ids",
     "fold_xor",
     "mix64",
     "pair_digest",
@@ -83,6 +85,22 @@ def as_roots(roots: Any) -> np.ndarray:
         at = int(np.flatnonzero(array == 0)[0])
         raise ValueError(f"root id at position {at} is 0; root ids must be non-zero 64-bit unsigned integers")
     return array
+
+
+def random_ids(count: int) -> np.ndarray:
+    """``count`` random non-zero uint64 ids from one read of the OS CSPRNG (``os.urandom``), safe across forks.
+
+    The column form of :func:`acker_client.ids.new_id`: 0 means "no tree" or
+    "complete" on the wire, so zeros (odds 2^-64 each) are drawn again.
+    """
+    if count < 0:
+        raise ValueError(f"cannot draw {count} ids")
+    ids = np.frombuffer(os.urandom(8 * count), dtype=U64).copy()
+    zero = np.flatnonzero(ids == 0)
+    while zero.size:
+        ids[zero] = np.frombuffer(os.urandom(8 * zero.size), dtype=U64)
+        zero = zero[ids[zero] == 0]
+    return ids
 
 
 def fold_xor(roots: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,118 +1,64 @@
-"""Spout: starts tuple trees, keeps the pending map and backstop, and calls on_ack / on_fail exactly once per emit."""
+"""Spout: starts tuple trees, one or many at a time, keeps the backstop, and reports each emit's outcome exactly once.
+
+Outcomes reach the user per record (``on_ack`` / ``on_fail``, Storm's API) or
+per batch (``on_outcomes(acked, failed)``); either way they are settled a
+batch at a time: one lock round per batch of outcomes the acker streams, one
+queue item per batch for the callback thread. The pending map itself is in
+:mod:`acker_client.pending`.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
+import numpy as np
 from acker_protocol.wire import Outcome
 
+from .columns import random_ids
 from .errors import AckerError, ShardUnavailable, SpoutFull
 from .ids import new_id
+from .pending import PendingTrees, default_backstop
+from .settling import Settlement, SpoutStats
 from .subscription import OutcomeSubscription
 from .tuples import MessageId, TrackedTuple
 
-__all__ = ["Spout", "SpoutStats", "default_backstop"]
+__all__ = ["Spout", "SpoutStats", "OnOutcomes", "default_backstop"]
+
+OnOutcomes = Callable[[list[Any], list[tuple[Any, Outcome]]], None]
+"""``on_outcomes(acked, failed)``: ``acked`` lists the message ids of records whose tree completed,
+``failed`` holds ``(message_id, reason)`` pairs, ``reason`` being FAILED, TIMED_OUT or LOST."""
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SpoutStats:
-    """Counts of one spout; ``emitted == acked + failed + timed_out + lost + pending`` at every moment."""
-
-    emitted: int
-    acked: int
-    failed: int
-    timed_out: int
-    lost: int
-    late_outcomes: int  # outcomes for roots no longer pending (ignored)
-    pending: int
-    outcomes_dropped: int = 0  # reported by ackers: evicted from retention before delivery
-    reconnects: int = 0  # outcome streams re-opened
-    timeout_resets: int = 0  # backstops restarted because a tree's acker timeout was reset
-    streams_down: int = 0  # shards whose outcome stream is broken now (their backstop is paused)
-    backstop_paused_seconds: float = 0.0  # total time backstops stood still while streams were down
-    # The ClusterClient's delivery figures (ClientStats), here so one place shows the spout's health:
-    operations_waiting: int = 0  # in batches waiting for a shard's connection now
-    operations_retried: int = 0
-    operations_dropped: int = 0
-    dropped_by_reason: dict[str, int] = field(default_factory=dict)
-    shard_states: tuple[str, ...] = ()  # each shard's connection as the client last saw it
-
-
-def default_backstop(message_timeout: float, buckets: int) -> float:
-    """The spout's timeout: the latest an acker can expire a tree, plus a margin for delivery."""
-    # An acker expires a tree between T and T + T/(b-1) after its init.
-    latest = message_timeout + message_timeout / max(buckets - 1, 1)
-    return latest + max(1.0, 0.2 * message_timeout)
-
-
-class _Pending:
-    __slots__ = ("message_id", "deadline", "shard")
-
-    def __init__(self, message_id: Any, deadline: float, shard: int) -> None:
-        self.message_id = message_id
-        self.deadline = deadline  # on the shard's backstop clock (see _ShardClock)
-        self.shard = shard
-
-
-class _ShardClock:
-    """A shard's backstop clock: the spout's clock minus the time the shard's outcome stream was down.
-
-    While the stream is broken, outcomes the acker produces (ACKED, or the
-    TIMED_OUT it decides during the outage) wait in its retention for the
-    resume, so the backstop must not count that time against the trees. A
-    single outage pauses the clock for at most ``max_pause`` seconds, so a
-    stream that never comes back still ends in LOST callbacks.
-    """
-
-    __slots__ = ("paused", "down_since", "max_pause")
-
-    def __init__(self, max_pause: float) -> None:
-        self.paused = 0.0  # finished outages, each capped
-        self.down_since: float | None = None
-        self.max_pause = max_pause
-
-    def now(self, clock_now: float) -> float:
-        return clock_now - self.paused - self.current_pause(clock_now)
-
-    def current_pause(self, clock_now: float) -> float:
-        if self.down_since is None:
-            return 0.0
-        return min(clock_now - self.down_since, self.max_pause)
-
-    def set_down(self, down: bool, clock_now: float) -> None:
-        if down and self.down_since is None:
-            self.down_since = clock_now
-        elif not down and self.down_since is not None:
-            self.paused += self.current_pause(clock_now)
-            self.down_since = None
-
-
-_STOP = object()
-# Outcomes an acker sends that end a tree.
-_ENDS = frozenset({Outcome.ACKED, Outcome.FAILED, Outcome.TIMED_OUT})
+_TIMEOUT_RESET = int(Outcome.TIMEOUT_RESET)
+# Outcomes an acker sends that end a tree (LOST is the spout's own verdict, never an acker's): a range of
+# codes, so telling them apart costs two comparisons per batch (np.isin costs microseconds on small batches).
+_FIRST_END, _LAST_END = int(Outcome.ACKED), int(Outcome.TIMED_OUT)
+assert {Outcome.ACKED, Outcome.FAILED, Outcome.TIMED_OUT} == {Outcome(c) for c in range(_FIRST_END, _LAST_END + 1)}
 
 
 class Spout:
     """Starts one tuple tree per emitted record and reports each record's fate exactly once.
 
-    ``on_ack(message_id)`` and ``on_fail(message_id, reason)`` are called from
-    one background thread, one call at a time. The spout subscribes to every
-    acker's outcome stream; if an outcome never arrives (an acker died with its
-    ledger, a shard was unreachable), its own backstop timeout fails the record
-    with :attr:`Outcome.LOST <acker_protocol.wire.Outcome.LOST>`.
-    ``reason`` is the :class:`~acker_protocol.wire.Outcome`: FAILED (a tuple
-    was failed), TIMED_OUT (the acker's timeout) or LOST.
+    Give either ``on_ack(message_id)`` and ``on_fail(message_id, reason)``
+    (one call per record, Storm's API) or ``on_outcomes(acked, failed)`` (one
+    call per batch of outcomes: ``acked`` is a list of message ids, ``failed``
+    a list of ``(message_id, reason)`` pairs). Callbacks run on one background
+    thread, one call at a time; within one batch of outcomes the acks come
+    first. The spout subscribes to every acker's outcome stream; if an outcome
+    never arrives (an acker died with its ledger, a shard was unreachable),
+    its own backstop timeout fails the record with
+    :attr:`Outcome.LOST <acker_protocol.wire.Outcome.LOST>`. ``reason`` is the
+    :class:`~acker_protocol.wire.Outcome`: FAILED (a tuple was failed),
+    TIMED_OUT (the acker's timeout) or LOST.
 
     The backstop restarts when an acker reports that a tree's timeout was
     reset. It counts time per shard, and stands still while that shard's
@@ -120,40 +66,45 @@ class Spout:
     acker keeps the outcomes it produced during a network blip and delivers
     them on resume, so the record gets the acker's outcome (ACKED, FAILED,
     TIMED_OUT), not LOST.
+
+    Records are emitted one at a time (:meth:`emit`, :meth:`try_emit`,
+    :meth:`emit_to`) or a batch at a time (:meth:`emit_many`,
+    :meth:`try_emit_many`, :meth:`emit_columns`): one draw of random ids, one
+    admission under ``max_pending`` and one ``init_columns`` call per batch.
     """
 
     def __init__(
         self,
         cluster,
         *,
-        on_ack: Callable[[Any], None],
-        on_fail: Callable[[Any, Outcome], None],
+        on_ack: Callable[[Any], None] | None = None,
+        on_fail: Callable[[Any, Outcome], None] | None = None,
+        on_outcomes: OnOutcomes | None = None,
         name: str | None = None,
         max_pending: int = 10_000,
         timeout: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         check_interval: float | None = None,
     ) -> None:
+        if on_outcomes is None and (on_ack is None or on_fail is None):
+            raise ValueError("give on_ack and on_fail (a call per record), or on_outcomes (a call per batch)")
+        if on_outcomes is not None and (on_ack is not None or on_fail is not None):
+            raise ValueError("give on_ack and on_fail, or on_outcomes, not both: each record gets exactly one callback")
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
         self.cluster = cluster
         self.on_ack = on_ack
         self.on_fail = on_fail
+        self.on_outcomes = on_outcomes
         self.name = name or f"spout-{socket.gethostname()}-{os.getpid()}-{new_id():016x}"
         self.max_pending = max_pending
         self.timeout = timeout if timeout is not None else self._default_timeout()
         self._clock = clock
         self._check_interval = check_interval or min(1.0, max(self.timeout / 10, 0.05))
-        self._pending: dict[int, _Pending] = {}
-        # Per shard, roots in deadline order (every entry gets the same timeout).
-        self._order: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(cluster.shard_count)]
-        self._shard_clocks = [_ShardClock(self.timeout) for _ in range(cluster.shard_count)]
-        self._cond = threading.Condition()
-        self._undelivered = 0
-        self._counts = dict.fromkeys(
-            ("emitted", "acked", "failed", "timed_out", "lost", "late", "dropped", "timeout_resets"), 0
-        )
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending = PendingTrees(cluster.shard_count, self.timeout)
+        self._settlement = Settlement(self.name, self._pending, clock, self._call_back)
+        self._cond = self._settlement.cond  # guards the pending map and the counts
+        self._counts = self._settlement.counts
         self._subscriptions: list[OutcomeSubscription] = []
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -189,15 +140,15 @@ class Spout:
                 self.cluster,
                 shard,
                 self.name,
-                self._on_outcome,
+                deliver_batch=partial(self._on_outcomes, shard),
                 on_dropped=self._on_dropped,
                 on_state=self._on_stream_state,
             )
             self._subscriptions.append(sub.start())
-        for target, label in ((self._dispatch_loop, "callbacks"), (self._backstop_loop, "backstop")):
-            thread = threading.Thread(target=target, name=f"acker-spout-{label}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._threads.append(self._settlement.start())
+        backstop = threading.Thread(target=self._backstop_loop, name="acker-spout-backstop", daemon=True)
+        backstop.start()
+        self._threads.append(backstop)
         return self
 
     def close(self, timeout: float = 5.0) -> None:
@@ -207,17 +158,15 @@ class Spout:
                 return
             self._closed = True
             started = self._started
+            self._cond.notify_all()  # an emit waiting for room gives up
         if not started:
             return
         self._stopping.set()
         for sub in self._subscriptions:
             sub.close(timeout)
         self.cluster.remove_error_listener(self._on_batch_error)
-        with self._cond:
-            leftover = list(self._pending)
-        for root in leftover:
-            self._resolve(root, Outcome.LOST)
-        self._calls.put(_STOP)
+        self._settlement.lose_all()
+        self._settlement.stop()
         for thread in self._threads:
             thread.join(timeout)
 
@@ -232,7 +181,7 @@ class Spout:
         """The per-shard outcome streams (for monitoring and tests)."""
         return tuple(self._subscriptions)
 
-    # -- emitting ------------------------------------------------------------
+    # -- emitting one --------------------------------------------------------
 
     def emit(self, record: Any, message_id: Any, *, block: bool = True, timeout: float | None = None) -> TrackedTuple:
         """Start a tree for ``record`` and return the tracked tuple to send on; SpoutFull if still full after ``timeout``."""
@@ -263,7 +212,10 @@ class Spout:
         value = 0
         for edge in edges:
             value ^= edge
-        self._admit(root, message_id, block, timeout)
+        with self._cond:
+            self._wait_for_room(1, block, timeout)
+            self._pending.add(root, message_id, self._clock())
+            self._counts["emitted"] += 1
         try:
             self.cluster.init(root, value, self.name)
         except AckerError as exc:
@@ -272,49 +224,117 @@ class Spout:
             log.debug("init of root %d not delivered: %s", root, exc)
         return [TrackedTuple(record, MessageId.single(root, edge)) for edge in edges]
 
-    def _admit(self, root: int, message_id: Any, block: bool, timeout: float | None) -> None:
+    def _wait_for_room(self, count: int, block: bool, timeout: float | None) -> None:
+        """With the lock held: return once ``count`` more trees fit under ``max_pending``, else SpoutFull."""
+        if self._closed:
+            raise AckerError("this spout is closed")
+        if len(self._pending) + count <= self.max_pending:
+            return
+        if not block:
+            raise SpoutFull(f"{self.max_pending} records pending in spout {self.name!r}")
+        room = self.max_pending - count
+        if not self._cond.wait_for(lambda: self._closed or len(self._pending) <= room, timeout):
+            raise SpoutFull(f"{self.max_pending} records still pending in spout {self.name!r} after {timeout} s")
+        if self._closed:
+            raise AckerError("this spout is closed")
+
+    # -- emitting in bulk ------------------------------------------------------
+
+    def emit_many(
+        self,
+        records: Sequence[Any],
+        message_ids: Sequence[Any],
+        *,
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> list[TrackedTuple]:
+        """Start one tree per record, all or none; the tracked tuples in order (``message_ids[i]`` is record i's).
+
+        Waits (``block``) up to ``timeout`` seconds until every record fits
+        under ``max_pending``, then raises SpoutFull having emitted nothing.
+        ValueError if the lengths differ or the batch is larger than
+        ``max_pending`` (it could never fit).
+        """
+        records, ids = _as_list(records), _as_list(message_ids)
+        if len(records) != len(ids):
+            raise ValueError(f"{len(records)} records but {len(ids)} message ids: give one message id per record")
+        roots, edges = self._emit_columns(ids, block, timeout, prefix=False)
+        return _tracked(records, roots, edges)
+
+    def try_emit_many(self, records: Sequence[Any], message_ids: Sequence[Any]) -> list[TrackedTuple]:
+        """Emit as many of ``records`` as fit under ``max_pending`` now, never waiting: the tuples of that prefix.
+
+        ``records[len(result):]`` were not emitted (an empty list: the spout is full).
+        """
+        records, ids = _as_list(records), _as_list(message_ids)
+        if len(records) != len(ids):
+            raise ValueError(f"{len(records)} records but {len(ids)} message ids: give one message id per record")
+        roots, edges = self._emit_columns(ids, False, None, prefix=True)
+        return _tracked(records, roots, edges)
+
+    def emit_columns(
+        self, message_ids: Sequence[Any], *, block: bool = True, timeout: float | None = None, prefix: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Start one tree per message id and return ``(roots, edges)``: uint64 arrays, no tuple objects.
+
+        Record i's spout tuple has MessageId ``{roots[i]: edges[i]}`` (what a
+        columnar bolt or a load generator acks). All or none as in
+        :meth:`emit_many`; with ``prefix=True`` it never waits and emits the
+        longest prefix that fits now (the arrays' length says how many).
+        """
+        return self._emit_columns(_as_list(message_ids), block and not prefix, timeout, prefix=prefix)
+
+    def _emit_columns(
+        self, message_ids: list[Any], block: bool, timeout: float | None, *, prefix: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if not self._started:
+            self.start()
+        count = len(message_ids)
+        if count > self.max_pending and not prefix:
+            raise ValueError(f"cannot emit {count} records at once with max_pending={self.max_pending}")
+        ids = random_ids(2 * count)  # drawn before taking the lock: one urandom read for roots and edges
+        roots, edges = ids[:count], ids[count:]
         with self._cond:
-            if self._closed:
-                raise AckerError("this spout is closed")
-            if len(self._pending) >= self.max_pending:
-                if not block:
-                    raise SpoutFull(f"{self.max_pending} records pending in spout {self.name!r}")
-                if not self._cond.wait_for(lambda: len(self._pending) < self.max_pending, timeout):
-                    raise SpoutFull(
-                        f"{self.max_pending} records still pending in spout {self.name!r} after {timeout} s"
-                    )
-            shard = root % len(self._order)
-            deadline = self._shard_clocks[shard].now(self._clock()) + self.timeout
-            self._pending[root] = _Pending(message_id, deadline, shard)
-            self._order[shard][root] = None
-            self._counts["emitted"] += 1
+            if prefix:
+                if self._closed:
+                    raise AckerError("this spout is closed")
+                count = max(0, min(count, self.max_pending - len(self._pending)))
+                roots, edges, message_ids = roots[:count], edges[:count], message_ids[:count]
+            else:
+                self._wait_for_room(count, block, timeout)
+            if count:
+                self._pending.add_many(roots, message_ids, self._clock())
+                self._counts["emitted"] += count
+        if count:
+            try:
+                self.cluster.init_columns(roots, edges, self.name)
+            except AckerError as exc:
+                # As in _emit: the error listener has failed the dropped inits as LOST.
+                log.debug("inits of %d roots not delivered: %s", count, exc)
+        return roots, edges
 
     # -- outcomes ------------------------------------------------------------
 
-    def _on_outcome(self, root: int, outcome: int, latency_micros: int) -> None:
-        if outcome in _ENDS:
-            self._resolve(root, Outcome(outcome))
-        elif outcome == Outcome.TIMEOUT_RESET:
-            self._restart_backstop(root)
-        else:
-            # LOST is the spout's own verdict, never an acker's; anything else is from a newer acker.
-            log.warning("ignoring unknown outcome %d for root %d", outcome, root)
-
-    def _restart_backstop(self, root: int) -> None:
-        """A reset_timeout gave the tree a fresh acker timeout: give it a fresh backstop too."""
-        with self._cond:
-            entry = self._pending.get(root)
-            if entry is None:
-                return  # already settled: a reset after the end changes nothing
-            entry.deadline = self._shard_clocks[entry.shard].now(self._clock()) + self.timeout
-            # Moved last, so the shard's order stays deadline order (check_timeouts relies on it).
-            self._order[entry.shard].move_to_end(root)
-            self._counts["timeout_resets"] += 1
+    def _on_outcomes(self, shard: int, roots: np.ndarray, outcomes: np.ndarray, latency_micros: np.ndarray) -> None:
+        """One batch streamed by ``shard``'s acker: restart the backstops it asks for, settle the trees it ended."""
+        ends = (outcomes >= _FIRST_END) & (outcomes <= _LAST_END)
+        if not ends.all():
+            resets = outcomes == _TIMEOUT_RESET
+            # Before the ends: an acker never reports a reset after the end of the same tree.
+            if resets.any():
+                self._settlement.restart(shard, roots[resets].tolist())
+            unknown = ~(ends | resets)
+            if unknown.any():
+                # From a newer acker, or LOST (the spout's own verdict, never an acker's).
+                log.warning("ignoring %d outcomes of unknown kinds %s", unknown.sum(), np.unique(outcomes[unknown]))
+            roots, outcomes = roots[ends], outcomes[ends]
+        if roots.size:
+            self._settlement.ends(shard, roots.tolist(), outcomes)
 
     def _on_stream_state(self, shard: int, connected: bool) -> None:
         """A shard's outcome stream broke (pause its backstop clock) or is open again (resume it)."""
         with self._cond:
-            self._shard_clocks[shard].set_down(not connected, self._clock())
+            self._pending.clocks[shard].set_down(not connected, self._clock())
 
     def _on_dropped(self, count: int) -> None:
         with self._cond:
@@ -323,56 +343,38 @@ class Spout:
 
     def _on_batch_error(self, error: AckerError) -> None:
         # Inits that never reached an acker would wait for the backstop; fail them now.
-        for root in getattr(error, "init_roots", ()):
-            self._resolve(root, Outcome.LOST)
+        self._settlement.lose(getattr(error, "init_roots", ()))
 
     def _resolve(self, root: int, outcome: Outcome) -> bool:
-        """Settle ``root`` once: the first outcome wins, later ones are counted as late."""
-        with self._cond:
-            entry = self._pending.pop(root, None)
-            if entry is None:
-                self._counts["late"] += 1
-                return False
-            del self._order[entry.shard][root]
-            self._counts[outcome.name.lower()] += 1
-            self._undelivered += 1
-            self._cond.notify_all()
-        self._calls.put((outcome, entry.message_id))
-        return True
+        """Settle one ``root``: the first outcome wins, later ones are counted as late."""
+        return self._settlement.resolve(root, outcome)
 
-    def _dispatch_loop(self) -> None:
-        while True:
-            item = self._calls.get()
-            if item is _STOP:
-                return
-            outcome, message_id = item
+    def _call_back(self, acked: list[Any], failed: list[tuple[Any, Outcome]]) -> None:
+        """Run the user's callbacks for one batch; their errors are logged, never stop the other records'."""
+        if self.on_outcomes is not None:
             try:
-                if outcome is Outcome.ACKED:
-                    self.on_ack(message_id)
-                else:
-                    self.on_fail(message_id, outcome)
+                self.on_outcomes(acked, failed)
+            except Exception:
+                log.exception("spout %r: on_outcomes for %d records raised", self.name, len(acked) + len(failed))
+            return
+        on_ack, on_fail = self.on_ack, self.on_fail
+        assert on_ack is not None and on_fail is not None
+        for message_id in acked:
+            try:
+                on_ack(message_id)
             except Exception:  # the user's bug must not stop the other records' callbacks
                 log.exception("spout %r: callback for %r raised", self.name, message_id)
-            finally:
-                with self._cond:
-                    self._undelivered -= 1
-                    self._cond.notify_all()
+        for message_id, reason in failed:
+            try:
+                on_fail(message_id, reason)
+            except Exception:
+                log.exception("spout %r: callback for %r raised", self.name, message_id)
 
     # -- backstop ------------------------------------------------------------
 
     def check_timeouts(self) -> int:
         """Fail as LOST every record pending longer than the backstop timeout; return how many."""
-        expired = []
-        with self._cond:
-            clock_now = self._clock()
-            for order, shard_clock in zip(self._order, self._shard_clocks):
-                now = shard_clock.now(clock_now)
-                # A shard's order is deadline order: every entry gets the same timeout.
-                for root in order:
-                    if self._pending[root].deadline > now:
-                        break
-                    expired.append(root)
-        return sum(self._resolve(root, Outcome.LOST) for root in expired)
+        return self._settlement.expire()
 
     def _backstop_loop(self) -> None:
         while not self._stopping.wait(self._check_interval):
@@ -392,33 +394,25 @@ class Spout:
     @property
     def stats(self) -> SpoutStats:
         """A consistent snapshot of the counts."""
-        client = getattr(self.cluster, "stats", None)
-        with self._cond:
-            c = self._counts
-            clock_now = self._clock()
-            return SpoutStats(
-                emitted=c["emitted"],
-                acked=c["acked"],
-                failed=c["failed"],
-                timed_out=c["timed_out"],
-                lost=c["lost"],
-                late_outcomes=c["late"],
-                pending=len(self._pending),
-                outcomes_dropped=c["dropped"],
-                reconnects=sum(s.reconnects for s in self._subscriptions),
-                timeout_resets=c["timeout_resets"],
-                streams_down=sum(1 for sc in self._shard_clocks if sc.down_since is not None),
-                backstop_paused_seconds=round(
-                    sum(sc.paused + sc.current_pause(clock_now) for sc in self._shard_clocks), 3
-                ),
-                operations_waiting=getattr(client, "operations_waiting", 0),
-                operations_retried=getattr(client, "operations_retried", 0),
-                operations_dropped=getattr(client, "operations_dropped", 0),
-                dropped_by_reason=dict(getattr(client, "dropped_by_reason", {})),
-                shard_states=tuple(getattr(client, "shard_states", ())),
-            )
+        return self._settlement.stats(self._subscriptions, getattr(self.cluster, "stats", None))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until nothing is pending and every callback has returned; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._pending and not self._undelivered, timeout)
+            return self._cond.wait_for(self._settlement.idle, timeout)
+
+
+def _as_list(values: Sequence[Any] | np.ndarray) -> list[Any]:
+    """``values`` as a list (a numpy array's items as Python objects)."""
+    if isinstance(values, list):
+        return values
+    if isinstance(values, np.ndarray):
+        return values.tolist()
+    return list(values)
+
+
+def _tracked(records: list[Any], roots: np.ndarray, edges: np.ndarray) -> list[TrackedTuple]:
+    """The spout tuples of emitted records (``roots`` may be shorter than ``records``: a prefix was emitted)."""
+    # The ids were drawn here, non-zero and 64-bit: no need to check each one again.
+    trusted = MessageId._trusted
+    return [TrackedTuple(r, trusted({root: edge})) for r, root, edge in zip(records, roots.tolist(), edges.tolist())]

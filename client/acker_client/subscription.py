@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import grpc
+import numpy as np
 
 if TYPE_CHECKING:
     from .cluster import ClusterClient
@@ -20,6 +21,8 @@ log = logging.getLogger(__name__)
 
 # (root, wire outcome, latency in microseconds)
 Deliver = Callable[[int, int, int], None]
+# (root ids as uint64, wire outcomes as int32, latencies in microseconds as uint64): one call per batch.
+DeliverBatch = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
 class OutcomeSubscription:
@@ -30,6 +33,11 @@ class OutcomeSubscription:
     a broken stream loses nothing and repeats nothing. A sequence already seen
     is skipped anyway (and counted), so a server that re-sends cannot cause a
     second callback.
+
+    Outcomes go to ``deliver(root, outcome, latency_micros)`` one at a time,
+    or, given ``deliver_batch`` instead, to ``deliver_batch(roots, outcomes,
+    latency_micros)`` once per batch the acker streams, as numpy arrays (the
+    packed protobuf fields are converted without a Python object per entry).
     """
 
     def __init__(
@@ -37,17 +45,21 @@ class OutcomeSubscription:
         cluster: ClusterClient,
         shard: int,
         spout: str,
-        deliver: Deliver,
+        deliver: Deliver | None = None,
         *,
+        deliver_batch: DeliverBatch | None = None,
         on_dropped: Callable[[int], None] | None = None,
         on_state: Callable[[int, bool], None] | None = None,
         initial_backoff: float = 0.05,
         max_backoff: float = 1.0,
     ) -> None:
+        if (deliver is None) == (deliver_batch is None):
+            raise ValueError("give exactly one of deliver (per outcome) and deliver_batch (per batch)")
         self.cluster = cluster
         self.shard = shard
         self.spout = spout
         self._deliver = deliver
+        self._deliver_batch = deliver_batch
         self._on_dropped = on_dropped
         self._on_state = on_state
         self.connected = False
@@ -154,12 +166,25 @@ class OutcomeSubscription:
             # First batch, or the acker restarted: its sequence numbers start over.
             self.incarnation = batch.incarnation
             self.last_sequence = 0
-        first = batch.first_sequence
-        for i, (root, outcome, micros) in enumerate(zip(batch.root_ids, batch.outcomes, batch.latency_micros)):
-            if first + i <= self.last_sequence:
-                self.duplicates_skipped += 1
-                continue
-            self._deliver(root, outcome, micros)
-        self.last_sequence = max(self.last_sequence, first + len(batch.root_ids) - 1)
+        first, count = batch.first_sequence, len(batch.root_ids)
+        # A batch's sequences are consecutive, so those already processed are a prefix of it.
+        skip = min(count, max(0, self.last_sequence - first + 1))
+        self.duplicates_skipped += skip
+        # The three arrays are parallel; a malformed batch is cut to the shortest (as zip would).
+        end = min(count, len(batch.outcomes), len(batch.latency_micros))
+        if skip < end:
+            if self._deliver_batch is not None:
+                roots = np.array(batch.root_ids, dtype=np.uint64)[skip:end]
+                outcomes = np.array(batch.outcomes, dtype=np.int32)[skip:end]
+                micros = np.array(batch.latency_micros, dtype=np.uint64)[skip:end]
+                self._deliver_batch(roots, outcomes, micros)
+            else:
+                deliver = self._deliver
+                assert deliver is not None
+                for root, outcome, micros in zip(
+                    batch.root_ids[skip:end], batch.outcomes[skip:end], batch.latency_micros[skip:end]
+                ):
+                    deliver(root, outcome, micros)
+        self.last_sequence = max(self.last_sequence, first + count - 1)
         if batch.dropped and self._on_dropped is not None:
             self._on_dropped(batch.dropped)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,18 @@ class DeadLetterStore:
                 "INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?)",
                 (key, payload, reason.name, attempts, time.time()),
             )
+
+    def add_many(self, letters: Iterable[tuple[str, Any, Outcome, int]]) -> int:
+        """Store ``(key, record, reason, attempts)`` rows as :meth:`add` does, in one transaction; how many."""
+        at = time.time()
+        rows = [
+            (key, json.dumps(record, default=repr, ensure_ascii=False), reason.name, attempts, at)
+            for key, record, reason, attempts in letters
+        ]
+        if rows:
+            with open_db(self.path) as conn:
+                conn.executemany("INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?)", rows)
+        return len(rows)
 
     def all(self) -> list[DeadLetter]:
         """Every dead letter, ordered by key."""

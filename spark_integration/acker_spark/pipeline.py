@@ -78,7 +78,11 @@ class GuaranteedPipeline:
     the bolts inside it ack the trees. ``on_outcome(delivery, outcome)`` is called
     once per delivery from the spout's callback thread (``outcome`` is an
     :class:`~acker_protocol.wire.Outcome`: ACKED, FAILED, TIMED_OUT or LOST);
-    ``on_progress(stats)`` from the driver thread.
+    ``on_outcomes(acked, failed)`` once per batch of outcomes, with the acked
+    deliveries and ``(delivery, outcome)`` pairs for the others (either hook,
+    or both, may be given); ``on_progress(stats)`` from the driver thread.
+    Outcomes are counted, scheduled for replay and queued for the dead-letter
+    table a batch at a time.
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class GuaranteedPipeline:
         spout_timeout: float | None = None,
         on_progress: Callable[[PipelineStats], None] | None = None,
         on_outcome: Callable[[Delivery, Outcome], None] | None = None,
+        on_outcomes: Callable[[list[Delivery], list[tuple[Delivery, Outcome]]], None] | None = None,
         progress_interval: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -115,6 +120,7 @@ class GuaranteedPipeline:
         self.spout_timeout = spout_timeout
         self.on_progress = on_progress
         self.on_outcome = on_outcome
+        self.on_outcomes = on_outcomes
         self.progress_interval = progress_interval
         self.clock = clock
         self.stats = PipelineStats()
@@ -148,7 +154,7 @@ class GuaranteedPipeline:
         self._as_dataframe, self._value_type = as_dataframe, value_type
         spout = self._spout = ReplayingSpout(
             self.cluster,
-            on_outcome=self._on_outcome,
+            on_outcomes=self._on_outcomes,
             name=self.name,
             max_pending=self.max_pending,
             policy=self.policy,
@@ -266,37 +272,49 @@ class GuaranteedPipeline:
 
     # -- outcomes (the spout's callback thread) ----------------------------------
 
-    def _on_outcome(self, delivery: Delivery, outcome: Outcome, final: bool) -> None:
+    def _on_outcomes(self, acked: list[Delivery], failed: list[tuple[Delivery, Outcome, bool]]) -> None:
+        """Count a batch of outcomes, queue its final failures for the dead-letter table, call the user's hooks."""
         with self._cond:
-            if outcome is Outcome.ACKED:
-                self.stats.acked += 1
-            elif outcome is Outcome.FAILED:
-                self.stats.failed += 1
-            elif outcome is Outcome.TIMED_OUT:
-                self.stats.timed_out += 1
-            else:
-                self.stats.lost += 1
-            if final and outcome is not Outcome.ACKED:
-                self._dead.append((delivery, outcome))
+            stats = self.stats
+            stats.acked += len(acked)
+            for delivery, outcome, final in failed:
+                if outcome is Outcome.FAILED:
+                    stats.failed += 1
+                elif outcome is Outcome.TIMED_OUT:
+                    stats.timed_out += 1
+                else:
+                    stats.lost += 1
+                if final:
+                    self._dead.append((delivery, outcome))
             self._cond.notify_all()
         if self.on_outcome is not None:
-            self.on_outcome(delivery, outcome)
+            calls = [(d, Outcome.ACKED) for d in acked] + [(d, o) for d, o, _ in failed]
+            for delivery, outcome in calls:
+                try:
+                    self.on_outcome(delivery, outcome)
+                except Exception:  # one delivery's hook error must not skip the others'
+                    log.exception("on_outcome for %r (%s) raised", delivery.key, outcome.name)
+        if self.on_outcomes is not None:
+            self.on_outcomes(acked, [(d, o) for d, o, _ in failed])
 
     def _write_dead_letters(self) -> None:
         with self._cond:
             dead, self._dead = self._dead, []
-        for delivery, reason in dead:
-            if self.dead_letters is not None:
-                self.dead_letters.add(delivery.key, delivery.value, reason, delivery.attempt)
-            else:
+        if not dead:
+            return
+        if self.dead_letters is not None:
+            # One transaction for the batch.
+            self.dead_letters.add_many((d.key, d.value, reason, d.attempt) for d, reason in dead)
+        else:
+            for delivery, reason in dead:
                 log.error(
                     "record %s failed %d times (last: %s); no dead-letter store",
                     delivery.key,
                     delivery.attempt,
                     reason.name,
                 )
-            with self._cond:
-                self.stats.dead_lettered += 1
+        with self._cond:
+            self.stats.dead_lettered += len(dead)
 
 
 def run_untracked(

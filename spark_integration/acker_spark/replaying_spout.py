@@ -1,18 +1,23 @@
 """The replaying spout behind both drivers: the batch pipeline and the Structured Streaming source.
 
 :class:`ReplayingSpout` emits :class:`~acker_spark.sources.Delivery` values as
-tuple trees through :class:`acker_client.Spout`. The delivery itself is the
-message id, so the client spout's pending map is the only one. When a tree
-fails, times out or is lost, the next delivery of its record is queued after
-the policy's backoff, until ``max_attempts`` deliveries were made; the driver
-learns every outcome through ``on_outcome(delivery, outcome, final)``.
+tuple trees through :class:`acker_client.Spout`, a batch at a time
+(``Spout.try_emit_many``). The delivery itself is the message id, so the
+client spout's pending map is the only one. When a tree fails, times out or
+is lost, the next delivery of its record is queued after the policy's backoff,
+until ``max_attempts`` deliveries were made. Outcomes arrive from the client
+spout a batch at a time (``on_outcomes``) and are scheduled for replay in one
+step; the driver learns them per delivery through ``on_outcome(delivery,
+outcome, final)`` or per batch through ``on_outcomes(acked, failed)``.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from acker_client import ClusterClient, Spout, TrackedTuple
 from acker_protocol.wire import Outcome
@@ -20,27 +25,35 @@ from acker_protocol.wire import Outcome
 from .replays import ReplayPolicy, ReplaySchedule
 from .sources import Delivery
 
-__all__ = ["ReplayingSpout", "OnOutcome"]
+__all__ = ["ReplayingSpout", "OnOutcome", "OnOutcomes"]
+
+log = logging.getLogger(__name__)
 
 OnOutcome = Callable[[Delivery, Outcome, bool], None]
 """``on_outcome(delivery, outcome, final)``: ``final`` is False when another delivery of the record was queued
 (or the spout was closing); a final failure is the driver's to dead-letter."""
+
+OnOutcomes = Callable[[list[Delivery], list[tuple[Delivery, Outcome, bool]]], None]
+"""``on_outcomes(acked, failed)``: the deliveries whose tree completed (final), and ``(delivery, reason,
+final)`` for the rest, ``final`` as in :data:`OnOutcome`. One call per batch of outcomes."""
 
 
 class ReplayingSpout:
     """Emits deliveries (due replays first, then fresh records) and schedules failed records for replay.
 
     ``cond`` guards the schedule and the count of unsettled deliveries; a driver
-    may pass its own condition to wait on it for outcomes. ``on_outcome`` runs
-    on the client spout's callback thread; a delivery counts as unsettled until
-    it returns, so whoever sees :meth:`busy` turn False finds its effects done.
+    may pass its own condition to wait on it for outcomes. Give ``on_outcome``
+    (per delivery) or ``on_outcomes`` (per batch); it runs on the client
+    spout's callback thread, and a delivery counts as unsettled until it
+    returns, so whoever sees :meth:`busy` turn False finds its effects done.
     """
 
     def __init__(
         self,
         cluster: ClusterClient,
         *,
-        on_outcome: OnOutcome,
+        on_outcome: OnOutcome | None = None,
+        on_outcomes: OnOutcomes | None = None,
         name: str | None = None,
         max_pending: int = 1_000,
         policy: ReplayPolicy | None = None,
@@ -49,15 +62,17 @@ class ReplayingSpout:
         backstop_clock: Callable[[], float] = time.monotonic,
         cond: threading.Condition | None = None,
     ) -> None:
+        if (on_outcome is None) == (on_outcomes is None):
+            raise ValueError("give exactly one of on_outcome (per delivery) and on_outcomes (per batch)")
         self.cond = cond or threading.Condition()
         self.schedule = ReplaySchedule(policy or ReplayPolicy(), clock)
         self._on_outcome = on_outcome
+        self._on_outcomes = on_outcomes
         self._unsettled = 0
         self._closing = False
         self.spout = Spout(
             cluster,
-            on_ack=self._acked,
-            on_fail=self._failed,
+            on_outcomes=self._settle,
             name=name,
             max_pending=max_pending,
             timeout=timeout,
@@ -82,7 +97,7 @@ class ReplayingSpout:
 
     @property
     def unsettled(self) -> int:
-        """Deliveries emitted whose ``on_outcome`` has not returned yet."""
+        """Deliveries emitted whose outcome callback (``on_outcome`` / ``on_outcomes``) has not returned yet."""
         with self.cond:
             return self._unsettled
 
@@ -94,42 +109,68 @@ class ReplayingSpout:
     def take(self, limit: int | None, fresh: Callable[[], Delivery | None]) -> list[TrackedTuple]:
         """Emit up to ``limit`` deliveries (None: no limit): due replays first, then ``fresh()`` ones.
 
-        Stops early when ``fresh()`` has nothing or ``max_pending`` trees are in
-        flight; a delivery that could not be emitted goes out first next time.
+        Takes no more than fit under ``max_pending`` now, and emits them in one
+        batch. A delivery that could not be emitted goes out first next time.
         """
-        emitted: list[TrackedTuple] = []
-        while limit is None or len(emitted) < limit:
-            with self.cond:
-                delivery = self.schedule.pop_due()
+        room = self.spout.max_pending - self.spout.pending  # only outcomes change it meanwhile: it only grows
+        if limit is not None:
+            room = min(room, limit)
+        if room <= 0:
+            return []
+        with self.cond:
+            deliveries = self.schedule.pop_due_many(room)
+        while len(deliveries) < room:
+            delivery = fresh()  # the driver's code: called without the lock
             if delivery is None:
-                delivery = fresh()
-                if delivery is None:
-                    break
-            with self.cond:
-                self._unsettled += 1  # before emit: the outcome may come at once
-            tracked = self.spout.try_emit(delivery, delivery)
-            if tracked is None:
-                with self.cond:
-                    self._unsettled -= 1
-                    self.schedule.push_back(delivery)
                 break
-            emitted.append(tracked)
+            deliveries.append(delivery)
+        if not deliveries:
+            return []
+        with self.cond:
+            self._unsettled += len(deliveries)  # before emit: the outcomes may come at once
+        try:
+            emitted = self.spout.try_emit_many(deliveries, deliveries)
+        except BaseException:
+            self._put_back(deliveries)
+            raise
+        if len(emitted) < len(deliveries):
+            self._put_back(deliveries[len(emitted) :])
         return emitted
 
-    def _acked(self, delivery: Delivery) -> None:
-        self._settle(delivery, Outcome.ACKED, True)
+    def _put_back(self, deliveries: list[Delivery]) -> None:
+        """Deliveries taken but not emitted: no longer unsettled, first in line next time."""
+        with self.cond:
+            self._unsettled -= len(deliveries)
+            self.schedule.push_back_many(deliveries)
+            self.cond.notify_all()
 
-    def _failed(self, delivery: Delivery, outcome: Outcome) -> None:
+    def _settle(self, acked: list[Any], failed: list[tuple[Any, Outcome]]) -> None:
+        """A batch of outcomes from the client spout: queue the replays, then tell the driver."""
         with self.cond:
             # A tree cut short by close() is no failure of the record: neither replayed nor final.
-            # Queued before on_outcome runs: a driver's error there must not lose the replay.
-            final = not self._closing and not self.schedule.retry(delivery)
-        self._settle(delivery, outcome, final)
-
-    def _settle(self, delivery: Delivery, outcome: Outcome, final: bool) -> None:
+            # Queued before the driver's callback runs: an error there must not lose the replay.
+            if self._closing:
+                finals = [False] * len(failed)
+            else:
+                finals = [not queued for queued in self.schedule.retry_many([d for d, _ in failed])]
+        failures = [(delivery, reason, final) for (delivery, reason), final in zip(failed, finals)]
         try:
-            self._on_outcome(delivery, outcome, final)
+            if self._on_outcomes is not None:
+                self._on_outcomes(acked, failures)
+            else:
+                self._each(acked, failures)
         finally:
             with self.cond:
-                self._unsettled -= 1
+                self._unsettled -= len(acked) + len(failed)
                 self.cond.notify_all()
+
+    def _each(self, acked: list[Delivery], failures: list[tuple[Delivery, Outcome, bool]]) -> None:
+        """The per-delivery callback for every delivery of the batch; one's error does not skip the others."""
+        on_outcome = self._on_outcome
+        assert on_outcome is not None
+        calls = [(d, Outcome.ACKED, True) for d in acked] + failures
+        for delivery, outcome, final in calls:
+            try:
+                on_outcome(delivery, outcome, final)
+            except Exception:
+                log.exception("on_outcome for %r (%s) raised", delivery.key, outcome.name)

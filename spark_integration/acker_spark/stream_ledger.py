@@ -8,6 +8,7 @@ records are settled.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,14 @@ class StreamLedger:
                 "INSERT INTO stream_deliveries VALUES (?, ?, ?, ?, ?, ?)",
                 (run, key, attempt, outcome.name, int(final), at),
             )
+
+    def record_many(self, run: str, outcomes: Iterable[tuple[str, int, Outcome, bool]], *, at: float) -> int:
+        """Store ``(key, attempt, outcome, final)`` rows of one run as :meth:`record` does, in one transaction."""
+        rows = [(run, key, attempt, outcome.name, int(final), at) for key, attempt, outcome, final in outcomes]
+        if rows:
+            with open_db(self.path) as conn:
+                conn.executemany("INSERT INTO stream_deliveries VALUES (?, ?, ?, ?, ?, ?)", rows)
+        return len(rows)
 
     def deliveries(self) -> list[StreamDelivery]:
         """Every recorded delivery, ordered by time of outcome."""

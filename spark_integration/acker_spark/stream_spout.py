@@ -6,8 +6,9 @@ replay and new records (at most ``max_pending`` in flight) and appends their
 rows to an in-memory log; :meth:`rows` slices the log by offset; :meth:`commit`
 drops what Spark has processed. Emitting and replaying is the
 :class:`~acker_spark.replaying_spout.ReplayingSpout` the batch pipeline uses
-too; outcomes arrive on its callback thread and are written to SQLite (every
-delivery's outcome, and the dead letters).
+too; outcomes arrive on its callback thread a batch at a time and are written
+to SQLite per batch (every delivery's outcome in one transaction, the batch's
+dead letters in another).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class StreamSpout:
         self._cond = threading.Condition()
         self.replaying = ReplayingSpout(
             cluster,
-            on_outcome=self._record,
+            on_outcomes=self._record,
             name=name,
             max_pending=max_pending,
             policy=self.policy,
@@ -151,10 +152,10 @@ class StreamSpout:
 
     def advance(self, max_rows: int | None = None) -> int:
         """Emit due replays, then new records, while trees may be started; return the new end offset."""
-        for tracked in self.replaying.take(max_rows, self._fresh):
-            delivery = tracked.value
-            with self._cond:
-                self._log.append((delivery.key, delivery.value, delivery.attempt, pack_ids(tracked.message_id)))
+        emitted = self.replaying.take(max_rows, self._fresh)
+        rows = [(t.value.key, t.value.value, t.value.attempt, pack_ids(t.message_id)) for t in emitted]
+        with self._cond:
+            self._log.extend(rows)
         return self.end
 
     def rows(self, start: int, end: int) -> list[Row]:
@@ -203,13 +204,14 @@ class StreamSpout:
             record = next(self._pending_records, None)
         return None if record is None else Delivery(str(record[0]), record[1], 1)
 
-    def _record(self, delivery: Delivery, outcome: Outcome, final: bool) -> None:
-        """Write the delivery's outcome, and a dead letter for a final failure (the callback thread)."""
+    def _record(self, acked: list[Delivery], failed: list[tuple[Delivery, Outcome, bool]]) -> None:
+        """Write a batch of outcomes, and a dead letter for each final failure (the callback thread)."""
         # A tree cut short by close() comes here not final: recorded, neither replayed
         # nor dead-lettered, so it stays unsettled in the table. The ReplayingSpout
-        # counts the delivery as settled only after this returns: busy() turning False
+        # counts the deliveries as settled only after this returns: busy() turning False
         # may end an AvailableNow query, and whoever then reads the tables must find
         # every outcome there.
-        if final and outcome is not Outcome.ACKED:
-            self.dead_letters.add(delivery.key, delivery.value, outcome, delivery.attempt)
-        self.ledger.record(self.run, delivery.key, delivery.attempt, outcome, final=final, at=time.time())
+        self.dead_letters.add_many((d.key, d.value, o, d.attempt) for d, o, final in failed if final)
+        rows = [(d.key, d.attempt, Outcome.ACKED, True) for d in acked]
+        rows += [(d.key, d.attempt, o, final) for d, o, final in failed]
+        self.ledger.record_many(self.run, rows, at=time.time())

@@ -32,6 +32,13 @@ class RecordingCluster:
         if self.init_error is not None:
             raise self.init_error
 
+    def init_columns(self, roots, values, spout):
+        self.calls.append(("init_columns", [int(r) for r in roots], [int(v) for v in values], spout))
+        for root, value in zip(roots.tolist(), values.tolist()):
+            self.vals[root] ^= value
+        if self.init_error is not None:
+            raise self.init_error
+
     def ack(self, root, value, dedup_key=0):
         self.calls.append(("ack", root, value, dedup_key))
         self.vals[root] ^= value

@@ -1,0 +1,166 @@
+"""The spout's pending map: every tree in flight, per shard in backstop-deadline order, added and settled in bulk.
+
+Not thread-safe: the :class:`~acker_client.spout.Spout` holds its lock around
+every call. One table per shard maps ``root -> (deadline, message_id)``;
+because every entry of a shard gets the same timeout on that shard's
+monotonic clock, insertion order is deadline order, and the backstop only
+looks at the front of each table. A plain dict keeps insertion order and is
+about twice as fast as an ``OrderedDict`` to fill and empty; "move to the end"
+(a timeout reset) is a pop and a re-insert.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Sequence
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from .columns import shard_slices
+
+__all__ = ["PendingTrees", "ShardClock", "default_backstop"]
+
+
+def default_backstop(message_timeout: float, buckets: int) -> float:
+    """The spout's timeout: the latest an acker can expire a tree, plus a margin for delivery."""
+    # An acker expires a tree between T and T + T/(b-1) after its init.
+    latest = message_timeout + message_timeout / max(buckets - 1, 1)
+    return latest + max(1.0, 0.2 * message_timeout)
+
+
+class ShardClock:
+    """A shard's backstop clock: the spout's clock minus the time the shard's outcome stream was down.
+
+    While the stream is broken, outcomes the acker produces (ACKED, or the
+    TIMED_OUT it decides during the outage) wait in its retention for the
+    resume, so the backstop must not count that time against the trees. A
+    single outage pauses the clock for at most ``max_pause`` seconds, so a
+    stream that never comes back still ends in LOST callbacks.
+    """
+
+    __slots__ = ("paused", "down_since", "max_pause")
+
+    def __init__(self, max_pause: float) -> None:
+        self.paused = 0.0  # finished outages, each capped
+        self.down_since: float | None = None
+        self.max_pause = max_pause
+
+    def now(self, clock_now: float) -> float:
+        """This shard's backstop time at the spout's clock time ``clock_now``."""
+        return clock_now - self.paused - self.current_pause(clock_now)
+
+    def current_pause(self, clock_now: float) -> float:
+        """Seconds the clock has stood still in the current outage (0 when the stream is up)."""
+        if self.down_since is None:
+            return 0.0
+        return min(clock_now - self.down_since, self.max_pause)
+
+    def set_down(self, down: bool, clock_now: float) -> None:
+        """Start or end an outage."""
+        if down and self.down_since is None:
+            self.down_since = clock_now
+        elif not down and self.down_since is not None:
+            self.paused += self.current_pause(clock_now)
+            self.down_since = None
+
+
+class PendingTrees:
+    """Roots in flight with their message ids and backstop deadlines, one table per shard.
+
+    Supports ``len()``, ``in`` and iteration over the roots. Settling returns
+    the entries found; a root that is not pending (settled already, never
+    emitted here) is simply not found, which the spout counts as a late outcome.
+    """
+
+    def __init__(self, shard_count: int, timeout: float) -> None:
+        if shard_count < 1:
+            raise ValueError("a spout needs at least one shard")
+        self.timeout = timeout
+        self.shard_count = shard_count
+        self.tables: list[dict[int, tuple[float, Any]]] = [{} for _ in range(shard_count)]
+        self.clocks = [ShardClock(timeout) for _ in range(shard_count)]
+
+    def __len__(self) -> int:
+        return sum(map(len, self.tables))
+
+    def __contains__(self, root: object) -> bool:
+        try:
+            key = operator.index(root)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+        return key in self.tables[key % self.shard_count]
+
+    def __iter__(self) -> Iterator[int]:
+        for table in self.tables:
+            yield from table
+
+    def deadline(self, shard: int, clock_now: float) -> float:
+        """The deadline of an entry added to (or restarted on) ``shard`` at ``clock_now``."""
+        return self.clocks[shard].now(clock_now) + self.timeout
+
+    # -- adding ------------------------------------------------------------------
+
+    def add(self, root: int, message_id: Any, clock_now: float) -> None:
+        """Track one root."""
+        shard = root % self.shard_count
+        self.tables[shard][root] = (self.deadline(shard, clock_now), message_id)
+
+    def add_many(self, roots: np.ndarray, message_ids: Sequence[Any], clock_now: float) -> None:
+        """Track ``roots[i]`` with ``message_ids[i]`` for every i (one table update per shard)."""
+        if self.shard_count == 1:
+            entries = zip(repeat(self.deadline(0, clock_now)), message_ids)
+            self.tables[0].update(zip(roots.tolist(), entries))
+            return
+        for shard, positions in shard_slices(roots, self.shard_count):
+            at = positions.tolist()
+            entries = zip(repeat(self.deadline(shard, clock_now)), [message_ids[i] for i in at])
+            self.tables[shard].update(zip(roots[positions].tolist(), entries))
+
+    # -- settling ----------------------------------------------------------------
+
+    def pop(self, root: int) -> tuple[float, Any] | None:
+        """Stop tracking ``root``: its ``(deadline, message_id)``, or None if it is not pending."""
+        return self.tables[root % self.shard_count].pop(root, None)
+
+    def pop_many(self, shard: int, roots: list[int]) -> list[tuple[float, Any] | None]:
+        """:meth:`pop` for every root of one shard, in order (a repeated root is found once)."""
+        pop = self.tables[shard].pop
+        return [pop(root, None) for root in roots]
+
+    def pop_all(self) -> list[Any]:
+        """Stop tracking everything; the message ids, shard by shard in deadline order."""
+        message_ids = [entry[1] for table in self.tables for entry in table.values()]
+        for table in self.tables:
+            table.clear()
+        return message_ids
+
+    def pop_expired(self, clock_now: float) -> list[Any]:
+        """Stop tracking every root whose deadline has passed; their message ids."""
+        message_ids: list[Any] = []
+        for table, clock in zip(self.tables, self.clocks):
+            now = clock.now(clock_now)
+            expired = []
+            for root, (deadline, message_id) in table.items():
+                if deadline > now:
+                    break  # deadline order: the rest are later
+                expired.append(root)
+                message_ids.append(message_id)
+            for root in expired:
+                del table[root]
+        return message_ids
+
+    # -- restarting ------------------------------------------------------------
+
+    def restart_many(self, shard: int, roots: list[int], clock_now: float) -> int:
+        """Give each pending root of ``shard`` a fresh deadline (moved last: deadline order holds); how many."""
+        table = self.tables[shard]
+        deadline = self.deadline(shard, clock_now)
+        restarted = 0
+        for root in roots:
+            entry = table.pop(root, None)
+            if entry is not None:
+                table[root] = (deadline, entry[1])
+                restarted += 1
+        return restarted
