@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from acker_protocol.wire import MAX_ID
+
 from .ids import EdgeIdSource, RandomEdgeIds
-from .tuples import MessageId, TrackedTuple
+from .tuples import _NO_IDS, TrackedTuple, tracked
 
 __all__ = ["BoltCollector"]
 
@@ -32,35 +34,67 @@ class BoltCollector:
         """Return a child tuple anchored to ``anchors`` (none: unanchored, untracked)."""
         if isinstance(anchors, TrackedTuple):
             anchors = (anchors,)
+        if len(anchors) != 1:
+            return self._emit_many(value, anchors)
+        # One anchor, the common case: the child carries the new edge for each of
+        # the anchor's roots, with no per-root loop in Python.
+        (anchor,) = anchors
+        if anchor.settled:
+            raise ValueError(f"cannot anchor to {anchor!r}: it was already acked or failed")
+        ids = anchor._ids
+        if not ids:
+            return tracked(value, ids)  # an unanchored input adds no edge
+        # self._edge(anchor), inlined: this runs once per emitted tuple.
+        ordinal = anchor.emit_ordinal
+        edge = self.edge_ids.edge_id(anchor, ordinal)
+        if not 0 < edge <= MAX_ID:
+            raise ValueError(f"edge id source returned {edge!r}; edge ids must be non-zero 64-bit integers")
+        anchor.emit_ordinal = ordinal + 1
+        anchor.out_ack_val ^= edge
+        return tracked(value, dict.fromkeys(ids, edge))
+
+    def _emit_many(self, value: Any, anchors: Sequence[TrackedTuple]) -> TrackedTuple:
+        """emit() for zero or several anchors: the child's id per root is the XOR of the new edges."""
         child: dict[int, int] = {}
         for anchor in anchors:
             if anchor.settled:
                 raise ValueError(f"cannot anchor to {anchor!r}: it was already acked or failed")
-            if not anchor.message_id:
+            if not anchor._ids:
                 continue  # an unanchored input adds no edge
-            edge = self.edge_ids.edge_id(anchor, anchor.emit_ordinal)
-            if not 0 < edge < 1 << 64:
-                raise ValueError(f"edge id source returned {edge!r}; edge ids must be non-zero 64-bit integers")
-            anchor.emit_ordinal += 1
-            anchor.out_ack_val ^= edge
-            for root in anchor.message_id:
+            edge = self._edge(anchor)
+            for root in anchor._ids:
                 child[root] = child.get(root, 0) ^ edge
-        return TrackedTuple(value, MessageId._trusted(child) if child else MessageId.EMPTY)
+        return tracked(value, child) if child else tracked(value, _NO_IDS)
+
+    def _edge(self, anchor: TrackedTuple) -> int:
+        """Draw the id of the edge from ``anchor`` to its next child and fold it into the anchor."""
+        ordinal = anchor.emit_ordinal
+        edge = self.edge_ids.edge_id(anchor, ordinal)
+        if not 0 < edge <= MAX_ID:
+            raise ValueError(f"edge id source returned {edge!r}; edge ids must be non-zero 64-bit integers")
+        anchor.emit_ordinal = ordinal + 1
+        anchor.out_ack_val ^= edge
+        return edge
 
     def ack(self, t: TrackedTuple) -> None:
         """Ack ``t``: for each root, report its id xor the edges of the children it got here."""
-        self._settle(t)
+        if t.settled:
+            raise ValueError(f"{t!r} was already acked or failed")
+        t.settled = True
         out = t.out_ack_val
-        for root, ident in t.message_id.items():
-            if self.hold:
-                self._held_acks[root] = self._held_acks.get(root, 0) ^ ident ^ out
-            else:
-                self.cluster.ack(root, ident ^ out)
+        if self.hold:
+            held = self._held_acks
+            for root, ident in t._ids.items():
+                held[root] = held.get(root, 0) ^ ident ^ out
+        else:
+            ack = self.cluster.ack
+            for root, ident in t._ids.items():
+                ack(root, ident ^ out)
 
     def fail(self, t: TrackedTuple) -> None:
         """Fail ``t``: every tree it belongs to fails (and its spout replays the record)."""
         self._settle(t)
-        for root in t.message_id.roots:
+        for root in t._ids:
             if self.hold:
                 self._held_fails[root] = None
             else:
@@ -68,7 +102,7 @@ class BoltCollector:
 
     def reset_timeout(self, t: TrackedTuple) -> None:
         """Give every tree of ``t`` a fresh acker timeout (sent at once, even in hold mode: it changes no checksum)."""
-        for root in t.message_id.roots:
+        for root in t._ids:
             self.cluster.reset_timeout(root)
 
     def _settle(self, t: TrackedTuple) -> None:
