@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from acker_protocol.wire import MAX_ID
 
 from .ids import EdgeIdSource, RandomEdgeIds
-from .tuples import _NO_IDS, TrackedTuple, tracked
+from .tuples import TrackedTuple, single, tracked
 
-__all__ = ["BoltCollector"]
+__all__ = ["BoltCollector", "COLUMNS_FROM"]
+
+COLUMNS_FROM = 64
+"""A commit holding acks for this many roots or more sends them as columns (``ClusterClient.ack_columns``)."""
 
 
 class BoltCollector:
@@ -36,65 +40,63 @@ class BoltCollector:
             anchors = (anchors,)
         if len(anchors) != 1:
             return self._emit_many(value, anchors)
-        # One anchor, the common case: the child carries the new edge for each of
-        # the anchor's roots, with no per-root loop in Python.
+        # One anchor of one tree, the common case, with the edge drawing inlined:
+        # this runs once per emitted tuple.
         (anchor,) = anchors
-        if anchor.settled:
-            raise ValueError(f"cannot anchor to {anchor!r}: it was already acked or failed")
-        ids = anchor._ids
-        if not ids:
-            return tracked(value, ids)  # an unanchored input adds no edge
-        # self._edge(anchor), inlined: this runs once per emitted tuple.
+        root = anchor._root
+        if not root or anchor.settled:
+            return self._emit_many(value, anchors)
         ordinal = anchor.emit_ordinal
         edge = self.edge_ids.edge_id(anchor, ordinal)
         if not 0 < edge <= MAX_ID:
             raise ValueError(f"edge id source returned {edge!r}; edge ids must be non-zero 64-bit integers")
         anchor.emit_ordinal = ordinal + 1
         anchor.out_ack_val ^= edge
-        return tracked(value, dict.fromkeys(ids, edge))
+        return single(value, root, edge)
 
     def _emit_many(self, value: Any, anchors: Sequence[TrackedTuple]) -> TrackedTuple:
-        """emit() for zero or several anchors: the child's id per root is the XOR of the new edges."""
+        """emit() in general: the child's id per root is the XOR of the new edges from the anchors of that tree."""
         child: dict[int, int] = {}
         for anchor in anchors:
             if anchor.settled:
                 raise ValueError(f"cannot anchor to {anchor!r}: it was already acked or failed")
-            if not anchor._ids:
+            roots = anchor.message_id.roots
+            if not roots:
                 continue  # an unanchored input adds no edge
-            edge = self._edge(anchor)
-            for root in anchor._ids:
+            ordinal = anchor.emit_ordinal
+            edge = self.edge_ids.edge_id(anchor, ordinal)
+            if not 0 < edge <= MAX_ID:
+                raise ValueError(f"edge id source returned {edge!r}; edge ids must be non-zero 64-bit integers")
+            anchor.emit_ordinal = ordinal + 1
+            anchor.out_ack_val ^= edge
+            for root in roots:
                 child[root] = child.get(root, 0) ^ edge
-        return tracked(value, child) if child else tracked(value, _NO_IDS)
-
-    def _edge(self, anchor: TrackedTuple) -> int:
-        """Draw the id of the edge from ``anchor`` to its next child and fold it into the anchor."""
-        ordinal = anchor.emit_ordinal
-        edge = self.edge_ids.edge_id(anchor, ordinal)
-        if not 0 < edge <= MAX_ID:
-            raise ValueError(f"edge id source returned {edge!r}; edge ids must be non-zero 64-bit integers")
-        anchor.emit_ordinal = ordinal + 1
-        anchor.out_ack_val ^= edge
-        return edge
+        return tracked(value, child)
 
     def ack(self, t: TrackedTuple) -> None:
         """Ack ``t``: for each root, report its id xor the edges of the children it got here."""
         if t.settled:
             raise ValueError(f"{t!r} was already acked or failed")
         t.settled = True
+        root = t._root
+        if root:  # one tree: no MessageId, no loop
+            if self.hold:
+                held = self._held_acks
+                held[root] = held.get(root, 0) ^ t._ident ^ t.out_ack_val
+            else:
+                self.cluster.ack(root, t._ident ^ t.out_ack_val)
+            return
         out = t.out_ack_val
-        if self.hold:
-            held = self._held_acks
-            for root, ident in t._ids.items():
-                held[root] = held.get(root, 0) ^ ident ^ out
-        else:
-            ack = self.cluster.ack
-            for root, ident in t._ids.items():
-                ack(root, ident ^ out)
+        for root, ident in t.message_id.items():
+            if self.hold:
+                self._held_acks[root] = self._held_acks.get(root, 0) ^ ident ^ out
+            else:
+                self.cluster.ack(root, ident ^ out)
 
     def fail(self, t: TrackedTuple) -> None:
         """Fail ``t``: every tree it belongs to fails (and its spout replays the record)."""
         self._settle(t)
-        for root in t._ids:
+        for root in t.message_id.roots:
             if self.hold:
                 self._held_fails[root] = None
             else:
@@ -102,7 +104,7 @@ class BoltCollector:
 
     def reset_timeout(self, t: TrackedTuple) -> None:
         """Give every tree of ``t`` a fresh acker timeout (sent at once, even in hold mode: it changes no checksum)."""
-        for root in t._ids:
+        for root in t.message_id.roots:
             self.cluster.reset_timeout(root)
 
     def _settle(self, t: TrackedTuple) -> None:
@@ -125,9 +127,15 @@ class BoltCollector:
         self._held_acks, self._held_fails = {}, {}
         for root in fails:
             self.cluster.fail(root)
-        for root, value in acks.items():
-            if value:  # a zero xor changes no checksum
-                self.cluster.ack(root, value, dedup_key)
+        ack_columns = getattr(self.cluster, "ack_columns", None)
+        if ack_columns is not None and len(acks) >= COLUMNS_FROM:
+            # One numpy column instead of a call, a fold and a protobuf field per root.
+            roots = np.fromiter(acks.keys(), np.uint64, len(acks))
+            ack_columns(roots, np.fromiter(acks.values(), np.uint64, len(acks)), dedup_key)
+        else:
+            for root, value in acks.items():
+                if value:  # a zero xor changes no checksum
+                    self.cluster.ack(root, value, dedup_key)
         self.cluster.flush()
 
     def discard(self) -> None:

@@ -1,10 +1,10 @@
 """MessageId (root -> xor of edge ids) and TrackedTuple, the per-tuple tracking shipped between stages.
 
 Both are on the per-tuple path of every bolt, so they are built to be cheap:
-a TrackedTuple keeps its ids as a plain ``{root: id}`` dict (which the garbage
-collector does not track, unlike an object) and makes the MessageId view only
-when asked; both pickle flat, ``(value, root, id, ...)``, through module-level
-restoring functions that skip the constructors' checks.
+a TrackedTuple of one tree keeps its root and id in two int slots (no dict,
+no MessageId object until someone asks for ``message_id``), and both pickle
+flat, ``(value, root, id, ...)``, through module-level restoring functions
+that skip the constructors' checks.
 """
 
 from __future__ import annotations
@@ -101,7 +101,6 @@ class MessageId:
 
 
 MessageId.EMPTY = MessageId()
-_NO_IDS: dict[int, int] = MessageId.EMPTY._ids
 
 
 class TrackedTuple:
@@ -111,15 +110,25 @@ class TrackedTuple:
     starts with no children there, which is exactly Storm's model.
     """
 
-    # _ids: the {root: id} dict the collector reads on its hot paths;
-    # _mid: the MessageId view of it, made on first use of message_id.
-    __slots__ = ("value", "_ids", "_mid", "out_ack_val", "emit_ordinal", "settled")
+    # The ids, as the collector reads them on its hot paths: one root (by far the
+    # commonest) in two int slots, _root and _ident, with _more None; several in
+    # the dict _more, with _root 0; none: _root 0 and _more None. No container per
+    # tuple for one root: each one would count towards the garbage collector's
+    # next pass. _mid: the MessageId view, made on first use of message_id.
+    __slots__ = ("value", "_root", "_ident", "_more", "_mid", "out_ack_val", "emit_ordinal", "settled")
 
     def __init__(self, value: Any, message_id: MessageId = MessageId.EMPTY) -> None:
         if not isinstance(message_id, MessageId):
             raise TypeError(f"message_id must be a MessageId, not {type(message_id).__name__}")
         self.value = value
-        self._ids = message_id._ids
+        ids = message_id._ids
+        if len(ids) == 1:
+            for self._root, self._ident in ids.items():
+                pass
+            self._more = None
+        else:
+            self._root = self._ident = 0
+            self._more = ids or None
         self._mid: MessageId | None = message_id
         # xor of the edge ids of the children anchored to this tuple here.
         self.out_ack_val = 0
@@ -133,39 +142,54 @@ class TrackedTuple:
         """The tuple's ids: root -> xor of the edge ids it carries for that tree."""
         m = self._mid
         if m is None:
-            m = self._mid = MessageId._trusted(self._ids)
+            if self._root:
+                m = MessageId._trusted({self._root: self._ident})
+            else:
+                m = MessageId._trusted(self._more) if self._more else MessageId.EMPTY
+            self._mid = m
         return m
 
     @property
     def anchored(self) -> bool:
         """True if the tuple belongs to at least one tree."""
-        return bool(self._ids)
+        return bool(self._root or self._more)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Flat: the value, then the ids; the commonest case, one root, is two ints.
-        ids = self._ids
-        if len(ids) == 1:
-            for root, ident in ids.items():
-                return (_tracked, (self.value, root, ident))
-        return (_tracked, (self.value, *_flat(ids)))
+        if self._root:
+            return (_tracked, (self.value, self._root, self._ident))
+        if self._more:
+            return (_tracked, (self.value, *_flat(self._more)))
+        return (_tracked, (self.value,))
 
     def __repr__(self) -> str:
         return f"TrackedTuple({self.value!r}, {self.message_id!r}, out_ack_val={self.out_ack_val:#x})"
 
 
-def tracked(value: Any, ids: dict[int, int]) -> TrackedTuple:
-    """A TrackedTuple over ``ids`` (root -> id) that the caller built from checked ids and hands over.
-
-    The collector's constructor: no type or range check, no MessageId object
-    until someone asks for ``message_id``.
-    """
+def single(value: Any, root: int, ident: int) -> TrackedTuple:
+    """A TrackedTuple of one tree (``root``, ``ident``: checked by the caller), for the collector's hot path."""
     t = _new(TrackedTuple)
     t.value = value
-    t._ids = ids
+    t._root = root
+    t._ident = ident
+    t._more = None
     t._mid = None
     t.out_ack_val = 0
     t.emit_ordinal = 0
     t.settled = False
+    return t
+
+
+def tracked(value: Any, ids: dict[int, int]) -> TrackedTuple:
+    """A TrackedTuple over ``ids`` (root -> id), a dict the caller built from checked ids and hands over."""
+    if len(ids) == 1:
+        for root, ident in ids.items():
+            return single(value, root, ident)
+    t = single(value, 0, 0)
+    if ids:
+        t._more = ids
+    else:
+        t._mid = MessageId.EMPTY
     return t
 
 
@@ -176,8 +200,6 @@ def _flat(ids: dict[int, int]) -> tuple[int, ...]:
 
 def _ids_of(flat: tuple[int, ...]) -> dict[int, int]:
     """The ``{root: id}`` dict of flat pickled numbers (refusing a malformed list)."""
-    if len(flat) == 2:
-        return {flat[0]: flat[1]}
     if len(flat) % 2:
         raise ValueError(f"a pickled MessageId needs (root, id) pairs, got {len(flat)} numbers")
     ids = dict(zip(flat[::2], flat[1::2]))
@@ -200,18 +222,6 @@ def _tracked(value: Any, *flat: int) -> TrackedTuple:
     anyway, so its data is trusted as far as the pickle itself is, and they
     were checked where they were made.
     """
-    t = _new(TrackedTuple)
-    t.value = value
     if len(flat) == 2:
-        t._ids = {flat[0]: flat[1]}
-        t._mid = None
-    elif flat:
-        t._ids = _ids_of(flat)
-        t._mid = None
-    else:
-        t._ids = _NO_IDS
-        t._mid = MessageId.EMPTY
-    t.out_ack_val = 0
-    t.emit_ordinal = 0
-    t.settled = False
-    return t
+        return single(value, flat[0], flat[1])
+    return tracked(value, _ids_of(flat))

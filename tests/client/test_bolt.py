@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from acker_client import BoltCollector, MessageId, TrackedTuple
+from acker_client.bolt import COLUMNS_FROM
 
 from .fakes import RecordingCluster
 
@@ -239,3 +240,27 @@ def test_hold_mode_folds_many_roots_like_the_model():
             bolt.ack(k)
     bolt.commit(dedup_key=9)
     assert all(cluster.complete(r) == (r % 2 == 0) for r in roots)
+
+
+class ColumnCluster(RecordingCluster):
+    """A RecordingCluster that also takes acks as columns, as ClusterClient does."""
+
+    def ack_columns(self, roots, values, dedup_key=0):
+        self.calls.append(("ack_columns", len(roots), dedup_key))
+        for root, value in zip(roots.tolist(), values.tolist()):
+            self.vals[root] ^= value
+
+
+@pytest.mark.parametrize("trees", [COLUMNS_FROM - 1, COLUMNS_FROM, 500])
+def test_commit_of_many_roots_sends_columns(trees):
+    """A commit holding acks for COLUMNS_FROM roots or more sends one column call; fewer go one ack each."""
+    cluster = ColumnCluster()
+    bolt = BoltCollector(cluster, hold=True)
+    for root in range(1, trees + 1):
+        (t,) = spout_tuple(cluster, root=root, edges=(root * 3,))
+        bolt.ack(t)
+    bolt.commit(dedup_key=5)
+    columns = [c for c in cluster.calls if c[0] == "ack_columns"]
+    assert columns == ([("ack_columns", trees, 5)] if trees >= COLUMNS_FROM else [])
+    assert len([c for c in cluster.calls if c[0] == "ack"]) == (0 if columns else trees)
+    assert all(cluster.complete(root) for root in range(1, trees + 1))
