@@ -13,7 +13,7 @@ from acker_protocol.credentials import ChannelSecurity
 from .apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
 from .ledger import run_ledger_bench
 from .mass_timeout import run_mass_timeout
-from .trees import BenchConfig, run_bench
+from .trees import APIS, BenchConfig, find_capacity, run_bench
 
 __all__ = ["main", "BenchConfig", "run_bench"]
 
@@ -91,6 +91,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=1, help="client processes (default 1)")
     p.add_argument("--max-pending", type=int, default=5_000, help="spout max pending per process")
     p.add_argument(
+        "--api",
+        choices=APIS,
+        default="tuples",
+        help="trees mode: tuples = Spout.emit and BoltCollector.emit/ack per tuple (Storm-style, default); "
+        "columns = init_columns / ack_columns per batch of trees, outcomes read as arrays",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        help="trees mode: start this many trees per second in all (split over --processes), paced in small "
+        "batches, to read latency at a fixed load (default: flat out)",
+    )
+    p.add_argument(
+        "--find-capacity",
+        action="store_true",
+        help="trees mode: run flat out for --duration, then again at --capacity-fraction of the trees/s "
+        "reached; report the paced run with capacity_trees_per_s",
+    )
+    p.add_argument(
+        "--capacity-fraction", type=float, default=0.5, help="--find-capacity: the paced run's share (default 0.5)"
+    )
+    p.add_argument(
+        "--chunk", type=int, default=1024, help="trees mode, --api columns: most trees per batch (default 1024)"
+    )
+    p.add_argument(
         "--mode",
         choices=("trees", "apply", "memory", "ledger", "mass-timeout"),
         default="trees",
@@ -144,6 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.fan_out < 1 or args.depth < 0 or args.processes < 1 or args.duration <= 0:
         print("acker-bench: --fan-out and --processes must be >= 1, --depth >= 0, --duration > 0", file=sys.stderr)
         return 2
+    if args.rate is not None and args.find_capacity:
+        print("acker-bench: --find-capacity chooses the rate itself; leave out --rate", file=sys.stderr)
+        return 2
+    if (args.rate is not None or args.find_capacity or args.api != "tuples") and args.mode != "trees":
+        print("acker-bench: --api, --rate and --find-capacity belong to --mode trees", file=sys.stderr)
+        return 2
+    if args.rate is not None and not args.rate > 0:
+        print("acker-bench: --rate must be a positive number of trees per second", file=sys.stderr)
+        return 2
     if args.mode == "memory":
         return _memory_mode(args)
     if args.mode == "ledger":
@@ -181,11 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             ))  # fmt: skip
             _add_server_cpu(result, cpu_before, _server_cpu(cluster))
         else:
-            result = run_bench(BenchConfig(
-                addresses=addresses, fan_out=args.fan_out, depth=args.depth, batch_size=args.batch_size,
-                flush_interval=args.flush_interval, duration=args.duration, processes=args.processes,
-                max_pending=args.max_pending, security=security,
-            ))  # fmt: skip
+            result = _trees_mode(args, addresses, security)
         result["server_rss_bytes"] = _server_rss(cluster, metrics_urls)
         if cluster is not None:
             result["engine"] = args.engine
@@ -197,6 +227,18 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _print_table(result)
     return 0
+
+
+def _trees_mode(args: argparse.Namespace, addresses: tuple[str, ...], security: ChannelSecurity | None) -> dict:
+    """--mode trees: flat out, at --rate, or --find-capacity (flat out, then at half the trees/s it reached)."""
+    config = BenchConfig(
+        addresses=addresses, fan_out=args.fan_out, depth=args.depth, batch_size=args.batch_size,
+        flush_interval=args.flush_interval, duration=args.duration, processes=args.processes,
+        max_pending=args.max_pending, security=security, api=args.api, rate=args.rate, chunk=args.chunk,
+    )  # fmt: skip
+    if args.find_capacity:
+        return find_capacity(config, args.capacity_fraction)
+    return run_bench(config)
 
 
 def _compare_tls_mode(args: argparse.Namespace) -> int:
@@ -315,19 +357,31 @@ def _print_table(result: dict) -> None:
         )
         return
     title = (
-        f"acker-bench: {result['ackers']} acker(s), {result['processes']} client process(es), "
-        f"fan-out {result['fan_out']}, depth {result['depth']}, batch {result['batch_size']}"
+        f"acker-bench: {result['ackers']} acker(s), {result['processes']} client process(es), --api "
+        f"{result['api']}, fan-out {result['fan_out']}, depth {result['depth']}, batch {result['batch_size']}"
     )
+    rate = result["rate_requested"]
     rows = [
         ("ack ops/s", f"{result['ack_ops_per_s']:,.0f}"),
         ("trees/s", f"{result['trees_per_s']:,.0f}"),
-        ("outcome latency p50", f"{result['outcome_p50_ms']} ms"),
-        ("outcome latency p99", f"{result['outcome_p99_ms']} ms"),
-        ("trees acked / failed", f"{result['trees_acked']:,} / {result['trees_failed']:,}"),
+        (
+            "trees started/s (requested)",
+            f"{result['trees_started_per_s']:,.0f} ({f'{rate:,.0f}' if rate else 'flat out'})",
+        ),
+        (
+            "outcome latency p50 / p99 / max",
+            f"{result['outcome_p50_ms']} / {result['outcome_p99_ms']} / {result['outcome_max_ms']} ms",
+        ),
+        (
+            "trees acked / failed / unfinished",
+            f"{result['trees_acked']:,} / {result['trees_failed']:,} / {result['trees_unfinished']:,}",
+        ),
         ("server pending trees (max sampled)", f"{result['server_pending_trees_max']:,}"),
         ("server RSS per acker", rss),
         ("duration", f"{result['duration_s']} s"),
     ]
+    if "capacity_trees_per_s" in result:
+        rows.insert(0, ("capacity (flat-out trees/s)", f"{result['capacity_trees_per_s']:,.0f}"))
     _print_rows(title, rows)
 
 
