@@ -105,7 +105,9 @@ class Pacer:
         if self.rate is None:
             count = self.max_batch
         else:
-            scheduled = math.floor((self._clock() - self.started_at) * self.rate) + 1  # the first is due at once
+            # The first tree is due at once; the epsilon (a millionth of a tree) keeps a
+            # float product such as 10.999999 from missing the tree that wait() slept for.
+            scheduled = math.floor((self._clock() - self.started_at) * self.rate + 1e-6) + 1
             count = min(max(scheduled - self.issued, 0), self.max_batch)
         self.issued += count
         return count
