@@ -117,12 +117,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--mode",
-        choices=("trees", "apply", "memory", "ledger", "mass-timeout"),
+        choices=("trees", "apply", "memory", "ledger", "mass-timeout", "dataframe"),
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
         "throughput into the ackers; memory: acker RSS per pending tree (one embedded acker per engine); "
         "ledger: the ledger alone in this process, native against reference; "
-        "mass-timeout: --trees trees expire at once while health checks and Apply are timed",
+        "mass-timeout: --trees trees expire at once while health checks and Apply are timed; "
+        "dataframe: --records through a 2-stage ArrowBolt pipeline on local Spark, tracked and untracked",
     )
     p.add_argument(
         "--engine",
@@ -149,6 +150,7 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="memory mode: non-completing ACKs per tree, each with its own dedup key (a client batch key's cost)",
     )
+    p.add_argument("--records", type=int, default=200_000, help="dataframe mode: source records (default 200k)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--tls-ca", help="--ackers serve TLS: PEM CA that signed their certificates")
     p.add_argument("--tls-cert", help="client certificate for ackers that require mutual TLS")
@@ -184,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         return _ledger_mode(args)
     if args.mode == "mass-timeout":
         return _mass_timeout_mode(args)
+    if args.mode == "dataframe":
+        return _dataframe_mode(args)
     if args.compare_tls:
         return _compare_tls_mode(args)
     security = None
@@ -303,6 +307,25 @@ def _mass_timeout_mode(args: argparse.Namespace) -> int:
             [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
         )
     return 0 if result["outcomes_delivered"] == result["trees"] else 1
+
+
+def _dataframe_mode(args: argparse.Namespace) -> int:
+    """Rows/s through a tracked 2-stage DataFrame pipeline and the same pipeline untracked, in one run."""
+    from .dataframe import DataFrameBenchConfig, run_dataframe_bench
+
+    config = DataFrameBenchConfig(
+        records=args.records, fan_out=args.fan_out, batch=args.max_pending,
+        ackers=args.embedded_ackers, message_timeout=args.message_timeout,
+    )  # fmt: skip
+    result = run_dataframe_bench(config)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_rows(
+            f"acker-bench --mode dataframe: {result['records']:,} records, fan-out {result['fan_out']}",
+            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+        )
+    return 0 if result["records_acked"] == result["records"] else 1
 
 
 def _ledger_mode(args: argparse.Namespace) -> int:

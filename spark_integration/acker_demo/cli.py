@@ -72,6 +72,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     track.add_argument("--max-pending", type=int, default=500, help="records in flight (also the micro-batch size)")
     track.add_argument("--ackers", type=int, default=3, help="acker shards to start")
     track.add_argument("--no-tracking", action="store_true", help="run the same pipeline without the acker (baseline)")
+    track.add_argument(
+        "--dataframe", action="store_true", help="the DataFrame job of ArrowBolts (mapInArrow) instead of RDD bolts"
+    )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     out.add_argument("--db", type=Path, help="SQLite file for the sink and dead letters (default: a temp dir)")
@@ -179,6 +182,15 @@ def _injection(args: argparse.Namespace) -> wordcount.FailureInjection:
     return wordcount.FailureInjection(fail_percent=args.fail_percent, crash_partition=0 if args.crash_task else None)
 
 
+def _build_job(args: argparse.Namespace) -> Any:
+    """The job builder: RDD bolts, or with --dataframe the ArrowBolt job (same signature, same sink)."""
+    if args.dataframe:
+        from . import dataframe_job  # pyarrow: only for the DataFrame job
+
+        return dataframe_job.build_job
+    return wordcount.build_job
+
+
 def _run_tracked(
     args: argparse.Namespace, spark: Any, records: list[Record], db: Path, live: _Live | None
 ) -> dict[str, Any]:
@@ -186,7 +198,7 @@ def _run_tracked(
     from acker_cluster import ProcessCluster
 
     with ProcessCluster(count=args.ackers, message_timeout=args.message_timeout) as cluster:
-        job, bolts = wordcount.build_job(cluster.addresses, db, partitions=args.partitions, injection=_injection(args))
+        job, bolts = _build_job(args)(cluster.addresses, db, partitions=args.partitions, injection=_injection(args))
         policy = ReplayPolicy(max_attempts=args.max_attempts, backoff_base=args.backoff, backoff_cap=8.0)
         chaos = AckerChaos(cluster, 1, args.kill_acker_after, args.restart_after, live.event if live else log.warning)
         with ClusterClient(cluster.addresses) as client, chaos:
@@ -201,7 +213,7 @@ def _run_tracked(
                 on_progress=live.update if live else None,
             )
             started = time.perf_counter()
-            stats = pipeline.run(records, job)
+            stats = pipeline.run(records, job, as_dataframe=args.dataframe)
             seconds = time.perf_counter() - started
     close_clients()
     return {
@@ -216,7 +228,7 @@ def _run_tracked(
 def _run_untracked(
     args: argparse.Namespace, spark: Any, records: list[Record], db: Path, live: _Live | None
 ) -> dict[str, Any]:
-    job, _ = wordcount.build_job(None, db, partitions=args.partitions, injection=_injection(args))
+    job, _ = _build_job(args)(None, db, partitions=args.partitions, injection=_injection(args))
     started = time.perf_counter()
     stats = run_untracked(
         spark,
@@ -225,6 +237,7 @@ def _run_untracked(
         batch_size=args.max_pending,
         partitions=args.partitions,
         on_progress=live.update if live else None,
+        as_dataframe=args.dataframe,
     )
     seconds = time.perf_counter() - started
     return {
@@ -249,6 +262,7 @@ def run_demo(args: argparse.Namespace, spark: Any, db: Path, *, show_progress: b
     actual = wordcount.sink_counts(db)
     summary.update(
         mode="untracked" if args.no_tracking else "tracked",
+        api="dataframe" if args.dataframe else "rdd",
         records=len(records),
         words_expected=sum(expected.values()),
         words_in_sink=sum(actual.values()),

@@ -8,8 +8,9 @@ Typical use::
     pipeline = GuaranteedPipeline(spark, ClusterClient(addresses), dead_letters=DeadLetterStore(db))
     stats = pipeline.run(records, lambda rdd: store.apply(split.apply(rdd)).count())
 
-DataFrames: ``pipeline.run(records, job, as_dataframe=True)`` and ``bolt.apply_df(df, schema)``
-(see :mod:`acker_spark.frames`).
+DataFrames (classic Spark and Spark Connect): ``pipeline.run(records, job, as_dataframe=True)``
+with column-wise ``ArrowBolt(fn, addresses, schema=...).apply_df(df)`` steps (see
+:mod:`acker_spark.arrow_bolt`; needs pyarrow), or row functions with ``bolt.apply_df(df, schema)``.
 Structured Streaming: ``register_acker_spout(spark)``, then ``spark.readStream.format("acker_spout")``
 (see :mod:`acker_spark.streaming`; needs the ``[streaming]`` extra, pyarrow).
 """
@@ -26,8 +27,12 @@ from .session import LOCAL_MASTER, local_session
 from .sources import Delivery, Record, TextDirectorySource, generated_sentences, records_from
 from .stream_ledger import StreamDelivery, StreamLedger
 
-# Imported on first use: the streaming source imports pyspark.sql, which `import acker_spark` does not.
+# Imported on first use: the streaming source imports pyspark.sql, and the Arrow bolts pyarrow,
+# which `import acker_spark` does not.
 _LAZY = {
+    "ArrowBolt": "arrow_bolt",
+    "ArrowCollector": "arrow_collector",
+    "ArrowFunction": "arrow_bolt",
     "AckerSpoutDataSource": "streaming",
     "StreamOptions": "streaming",
     "StreamSpout": "stream_spout",
@@ -46,6 +51,9 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AckerSpoutDataSource",
+    "ArrowBolt",
+    "ArrowCollector",
+    "ArrowFunction",
     "Bolt",
     "BoltFunction",
     "DeadLetter",

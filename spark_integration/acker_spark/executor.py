@@ -17,7 +17,6 @@ from acker_client import BoltCollector, ClusterClient, MessageId, ShardUnavailab
 from acker_client.shared import close_shared_clients, shared_client
 from acker_protocol.credentials import ChannelSecurity
 
-from .frames import _RowCodec, tracked_schema
 from .ids import DeterministicEdgeIds, dedup_key
 
 __all__ = ["Bolt", "BoltFunction", "UntrackedCollector", "client_for", "close_clients"]
@@ -104,24 +103,14 @@ class Bolt:
         ``schema`` (a StructType or DDL string such as ``"word string, n int"``)
         describes the emitted values; the result has those columns plus
         ``_acker_ids``. ``None``: the bolt emits nothing (a sink). Input values
-        are Rows without the tracking column. See :mod:`acker_spark.frames`.
+        are Rows without the tracking column. Runs on ``mapInArrow`` (classic
+        Spark and Spark Connect; needs pyarrow), through this bolt's own
+        ``run_partition``. For column-wise functions see :class:`acker_spark.ArrowBolt`.
         Run an action (such as ``.count()``) on the result to make it do its work.
         """
-        out_schema = tracked_schema(schema)
-        codec = _RowCodec(df.columns, out_schema.names[:-1])
-        self.track_commits(df.sparkSession.sparkContext)
-        bolt = self
+        from .arrow_rows import map_rows  # pyarrow only for DataFrames: the RDD path does without
 
-        def run(rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
-            # The same Bolt.__call__ as the RDD path: held acks, the task's dedup key.
-            tuples = bolt(codec.decode(rows))
-            try:
-                yield from codec.encode(tuples)
-            finally:
-                # Closing the bolt's generator early (the consumer stopped) discards its held acks.
-                tuples.close()
-
-        return df.sparkSession.createDataFrame(df.rdd.mapPartitions(run), out_schema)
+        return map_rows(self, df, schema)
 
     def track_commits(self, sc: Any) -> None:
         """Create the commit and commit-error accumulators on first use (driver side)."""

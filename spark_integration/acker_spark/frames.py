@@ -2,10 +2,11 @@
 
 A tracked DataFrame has its user columns plus ``_acker_ids``: the row's
 MessageId packed as little-endian uint64 ``(root, id)`` pairs (16 bytes per
-root; empty for an unanchored row). ``Bolt.apply_df`` (in :mod:`acker_spark.executor`)
-runs a bolt over such a DataFrame through ``df.rdd.mapPartitions`` and ``createDataFrame`` with
-an explicit schema, so it needs no pyarrow and reuses the RDD path's held,
-deduplicated, deterministic-id machinery unchanged. After an aggregation,
+root; empty for an unanchored row). Bolts run over such a DataFrame on
+``mapInArrow``: :class:`~acker_spark.arrow_bolt.ArrowBolt` column-wise (the
+column decoded with numpy, :mod:`acker_spark.arrow_ids`), and
+``Bolt.apply_df`` row by row (:mod:`acker_spark.arrow_rows`); neither needs
+``df.rdd``, so both run on Spark Connect. After an aggregation,
 ``_acker_ids`` may be an ``array<binary>`` (``F.collect_list("_acker_ids")``):
 the row then stands for all the rows it collected, and acking it acks them all.
 """
@@ -13,7 +14,7 @@ the row then stands for all the rows it collected, and acking it acks them all.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from acker_client import MessageId, TrackedTuple
@@ -23,6 +24,7 @@ __all__ = [
     "pack_ids",
     "unpack_ids",
     "tracked_schema",
+    "require_tracking_column",
     "delivery_frame",
 ]
 
@@ -79,37 +81,27 @@ def tracked_schema(schema: Any) -> Any:
     return StructType([*schema.fields, StructField(TRACKING_COLUMN, BinaryType(), nullable=False)])
 
 
+def require_tracking_column(columns: Sequence[str]) -> None:
+    """Raise a ValueError a person can act on when a bolt's input DataFrame lacks ``_acker_ids``."""
+    if TRACKING_COLUMN not in columns:
+        raise ValueError(
+            f"the DataFrame has no {TRACKING_COLUMN!r} column (columns: {list(columns)}):"
+            f" use one from GuaranteedPipeline.run(..., as_dataframe=True) or a bolt's apply_df,"
+            f" and keep the column through selects and joins"
+        )
+
+
 class _RowCodec:
-    """Turns input Rows into TrackedTuples and emitted TrackedTuples into output rows (shipped to executors)."""
+    """Checks a row bolt's input columns and fits emitted values to the output columns (shipped to executors)."""
 
     def __init__(self, input_columns: Sequence[str], output_columns: Sequence[str]) -> None:
-        if TRACKING_COLUMN not in input_columns:
-            raise ValueError(
-                f"the DataFrame has no {TRACKING_COLUMN!r} column (columns: {list(input_columns)}):"
-                f" use one from GuaranteedPipeline.run(..., as_dataframe=True) or Bolt.apply_df,"
-                f" and keep the column through selects and joins"
-            )
+        require_tracking_column(input_columns)
         self.tracking_index = list(input_columns).index(TRACKING_COLUMN)
         self.value_columns = [c for c in input_columns if c != TRACKING_COLUMN]
         self.output_columns = list(output_columns)
 
-    def decode(self, rows: Iterable[Any]) -> Iterator[TrackedTuple]:
-        """Each Row as a TrackedTuple whose value is the Row without the tracking column."""
-        from pyspark.sql import Row
-
-        # Row(*names) is a factory of Rows with those fields; with no names it would be an empty Row.
-        make = Row(*self.value_columns) if self.value_columns else lambda: Row()
-        index = self.tracking_index
-        for row in rows:
-            values = [v for i, v in enumerate(row) if i != index]
-            yield TrackedTuple(make(*values), unpack_ids(row[index]))
-
-    def encode(self, tuples: Iterable[TrackedTuple]) -> Iterator[tuple[Any, ...]]:
-        """Each emitted tuple as an output row: its value's columns, then its packed MessageId."""
-        for t in tuples:
-            yield (*self._columns(t.value), pack_ids(t.message_id))
-
-    def _columns(self, value: Any) -> tuple[Any, ...]:
+    def columns(self, value: Any) -> tuple[Any, ...]:
+        """An emitted value as the output schema's columns, in order (ValueError/TypeError if it does not fit)."""
         names = self.output_columns
         # A Row with names (it has __fields__) matches by name, like a dict, not by position.
         if isinstance(value, Mapping) or hasattr(value, "__fields__"):
@@ -129,7 +121,10 @@ class _RowCodec:
 
 
 def delivery_frame(spark: Any, batch: Sequence[TrackedTuple], partitions: int, value_type: Any = None) -> Any:
-    """A DataFrame of spout tuples: ``key`` string, ``value`` (``value_type``, default string), ``attempt``, tracking."""
+    """A DataFrame of spout tuples: ``key`` string, ``value`` (``value_type``, default string), ``attempt``, tracking.
+
+    Works with a classic SparkSession and a Spark Connect one alike.
+    """
     from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
     schema = tracked_schema(
@@ -142,7 +137,7 @@ def delivery_frame(spark: Any, batch: Sequence[TrackedTuple], partitions: int, v
         )
     )
     rows = [(t.value.key, t.value.value, t.value.attempt, pack_ids(t.message_id)) for t in batch]
-    # Through an RDD, not a local list: parallelize's slicing fixes which rows each
-    # partition holds, and a re-run partition must hold the same rows (dedup keys).
-    rdd = spark.sparkContext.parallelize(rows, max(1, min(partitions, len(rows))))
-    return spark.createDataFrame(rdd, schema)
+    # A local relation (no RDD: Spark Connect has none), hash-partitioned by key: a
+    # re-run partition must hold the same rows as the first run (dedup keys are per
+    # partition), which hash partitioning guarantees and round robin would not.
+    return spark.createDataFrame(rows, schema).repartition(max(1, min(partitions, len(rows))), "key")

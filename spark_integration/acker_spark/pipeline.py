@@ -26,6 +26,7 @@ from .dead_letter import DeadLetterStore
 from .frames import delivery_frame
 from .replaying_spout import ReplayingSpout
 from .replays import ReplayPolicy
+from .session import default_parallelism, spark_context_of
 from .sources import Delivery, Record
 
 __all__ = ["PipelineStats", "GuaranteedPipeline", "run_untracked", "Job"]
@@ -99,7 +100,8 @@ class GuaranteedPipeline:
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
-        self.sc = getattr(spark, "sparkContext", spark)
+        # None on Spark Connect: no RDDs and no accumulators there, DataFrame jobs only.
+        self.sc = spark_context_of(spark)
         self._spark = spark if spark is not self.sc else None
         self.cluster = cluster
         # A fresh name per pipeline: outcomes retained for an earlier run's spout
@@ -107,7 +109,7 @@ class GuaranteedPipeline:
         self.name = name or f"acker-spark-{new_id():016x}"
         self.max_pending = max_pending
         self.batch_size = batch_size or max_pending
-        self.partitions = partitions or self.sc.defaultParallelism
+        self.partitions = partitions or default_parallelism(spark)
         self.policy = policy
         self.dead_letters = dead_letters
         self.spout_timeout = spout_timeout
@@ -141,6 +143,8 @@ class GuaranteedPipeline:
         """
         if self._exhausted or self.stats.attempts:
             raise RuntimeError("a GuaranteedPipeline runs once; create a new one for another source")
+        if not as_dataframe and self.sc is None:
+            raise TypeError("Spark Connect has no RDDs: run(source, job, as_dataframe=True) with DataFrame bolts")
         self._as_dataframe, self._value_type = as_dataframe, value_type
         spout = self._spout = ReplayingSpout(
             self.cluster,
@@ -311,8 +315,10 @@ def run_untracked(
     A job error propagates: without tracking nothing could replay the batch.
     ``as_dataframe`` and ``value_type`` are as in :meth:`GuaranteedPipeline.run`.
     """
-    sc = getattr(spark, "sparkContext", spark)
-    slices = partitions or sc.defaultParallelism
+    sc = spark_context_of(spark)
+    if not as_dataframe and sc is None:
+        raise TypeError("Spark Connect has no RDDs: run_untracked(..., as_dataframe=True) with DataFrame bolts")
+    slices = partitions or default_parallelism(spark)
     stats = PipelineStats()
     records = iter(source)
     while True:

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["local_session", "LOCAL_MASTER"]
+__all__ = ["local_session", "LOCAL_MASTER", "spark_context_of", "default_parallelism"]
 
 # "local[2,4]": two cores, and up to 4 attempts per task. Plain "local[N]" never
 # retries a failed task, which would hide exactly what the integration must survive.
@@ -73,3 +73,29 @@ def local_session(
     if quiet:
         spark.sparkContext.setLogLevel("FATAL")
     return spark
+
+
+def spark_context_of(spark: Any) -> Any:
+    """``spark``'s SparkContext, or None for a Spark Connect session (which has none).
+
+    A SparkContext passed in is returned as it is.
+    """
+    if hasattr(spark, "parallelize"):
+        return spark
+    try:
+        return spark.sparkContext
+    except Exception:  # noqa: BLE001 - Connect raises PySparkNotImplementedError; older clients AttributeError
+        return None
+
+
+CONNECT_DEFAULT_PARTITIONS = 2
+"""Partitions per micro-batch on Spark Connect when neither ``partitions=`` nor ``spark.default.parallelism`` says."""
+
+
+def default_parallelism(spark: Any) -> int:
+    """The SparkContext's default parallelism; on Spark Connect ``spark.default.parallelism`` if set, else 2."""
+    sc = spark_context_of(spark)
+    if sc is not None:
+        return int(sc.defaultParallelism)
+    configured = spark.conf.get("spark.default.parallelism", None)
+    return int(configured) if configured else CONNECT_DEFAULT_PARTITIONS

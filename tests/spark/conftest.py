@@ -12,6 +12,8 @@ from acker_client.testing import local_cluster
 from acker_demo.wordcount import create_sink
 from acker_spark import LOCAL_MASTER, close_clients, local_session
 
+from .connect_server import ConnectServer
+
 # Short acker timeouts keep lost-tree tests quick, yet leave room for a micro-batch
 # job on a busy 2-core machine (a tree must outlive the job that processes it).
 MESSAGE_TIMEOUT = 4.0
@@ -49,3 +51,29 @@ def db(tmp_path: Path) -> Path:
     path = tmp_path / "sink.sqlite"
     create_sink(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def connect_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Spark Connect session to a real local Connect server ("local[2,4]") started for this run, warmed up."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
+
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect") / "server.log").start()
+    try:
+        # The Connect builder itself, not SparkSession.builder.remote(): that one refuses to
+        # connect while this process also runs the classic session of the other tests.
+        session = RemoteSparkSession.builder.remote(server.url).getOrCreate()
+        session.range(8).count()
+        yield session
+        session.stop()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def connect_spark(connect_session: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The Connect session, with pyspark.sql.functions building Connect columns for the test's duration."""
+    # PySpark picks Connect or classic columns (F.col, F.collect_list, DDL parsing) by
+    # this variable; set only around Connect tests, the classic session is unaffected.
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    return connect_session

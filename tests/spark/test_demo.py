@@ -71,3 +71,40 @@ def test_demo_refuses_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
         parse_args(["--fail-percent", "150"])
     assert exc.value.code == 2
     assert "--fail-percent" in capsys.readouterr().err
+
+
+def test_demo_dataframe_with_faults(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--dataframe (ArrowBolts) with failed words and a crashed task: all acked or dead-lettered, sink exact."""
+    code, summary = run_main(
+        capsys,
+        "--dataframe",
+        "--records",
+        "120",
+        "--fail-percent",
+        "5",
+        "--crash-task",
+        "--kill-acker-after",
+        "0",
+        "--max-pending",
+        "60",
+        "--backoff",
+        "0.05",
+        "--db",
+        str(tmp_path / "df.sqlite"),
+    )
+    assert code == 0
+    assert (summary["mode"], summary["api"]) == ("tracked", "dataframe")
+    assert summary["emitted"] == summary["records"] == 120
+    assert summary["acked"] + summary["dead_lettered"] == 120
+    assert summary["replayed"] > 0 and summary["failed"] > 0  # 5% of ~900 words fail once
+    assert summary["sink_matches_expected"] is True
+
+
+def test_demo_dataframe_untracked(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--dataframe --no-tracking runs the same ArrowBolt job with addresses=None and matches the input."""
+    code, summary = run_main(
+        capsys, "--dataframe", "--no-tracking", "--records", "50", "--db", str(tmp_path / "u.sqlite")
+    )
+    assert code == 0
+    assert (summary["mode"], summary["api"], summary["acked"]) == ("untracked", "dataframe", 50)
+    assert summary["sink_matches_expected"] is True

@@ -244,24 +244,35 @@ class TestFrameTracking:
             unpack_ids(b"\0" * 15)
 
     def test_codec_decodes_rows_without_the_tracking_column(self) -> None:
-        """Input Rows become TrackedTuples whose value keeps the other columns by name."""
-        from pyspark.sql import Row
+        """Input Arrow rows become TrackedTuples whose value is a Row of the other columns, by name."""
+        import pyarrow as pa
+        from acker_spark.arrow_rows import _decode
+        from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-        codec = _RowCodec(["key", "_acker_ids", "n"], ["word"])
-        (t,) = codec.decode([Row(key="k", _acker_ids=pack_ids(MessageId.single(9, 4)), n=3)])
+        batch = pa.RecordBatch.from_pydict(
+            {"key": ["k"], "_acker_ids": pa.array([pack_ids(MessageId.single(9, 4))], pa.binary()), "n": [3]}
+        )
+        values = StructType([StructField("key", StringType()), StructField("n", LongType())])
+        (t,) = _decode([batch], values)
         assert (t.value.key, t.value.n, t.message_id) == ("k", 3, MessageId.single(9, 4))
         assert "_acker_ids" not in t.value.asDict()
 
     def test_codec_encodes_tuples_dicts_rows_and_scalars(self) -> None:
         """Emitted values map to the schema's columns by position (tuples) or by name (dicts, Rows)."""
+        from acker_spark.arrow_rows import _encode
         from pyspark.sql import Row
+        from pyspark.sql.types import LongType, StringType, StructField, StructType
 
         ids = MessageId.single(9, 4)
         codec = _RowCodec(["_acker_ids"], ["word", "n"])
+        schema = StructType([StructField("word", StringType()), StructField("n", LongType())])
         values = [("a", 1), {"n": 1, "word": "a"}, Row(n=1, word="a")]
-        rows = list(codec.encode(TrackedTuple(v, ids) for v in values))
-        assert rows == [("a", 1, pack_ids(ids))] * 3
-        assert list(_RowCodec(["_acker_ids"], ["word"]).encode([TrackedTuple("a", ids)])) == [("a", pack_ids(ids))]
+        batch = _encode([TrackedTuple(v, ids) for v in values], codec, schema)
+        assert batch.to_pylist() == [{"word": "a", "n": 1, "_acker_ids": pack_ids(ids)}] * 3
+        one = StructType([StructField("word", StringType())])
+        assert _encode([TrackedTuple("a", ids)], _RowCodec(["_acker_ids"], ["word"]), one).to_pylist() == [
+            {"word": "a", "_acker_ids": pack_ids(ids)}
+        ]
 
     def test_codec_refuses_values_that_do_not_fit_the_schema(self) -> None:
         """A wrong number of values, a missing name, or a scalar for several columns says what the schema expects."""
@@ -269,12 +280,12 @@ class TestFrameTracking:
 
         codec = _RowCodec(["_acker_ids"], ["word", "n"])
         with pytest.raises(ValueError, match=r"emitted 3 values .* for the 2 columns"):
-            list(codec.encode([TrackedTuple(("a", 1, 2))]))
+            codec.columns(("a", 1, 2))
         for named in ({"word": "a"}, Row(word="a", count=1)):
             with pytest.raises(ValueError, match=r"has no \['n'\] for the columns"):
-                list(codec.encode([TrackedTuple(named)]))
+                codec.columns(named)
         with pytest.raises(TypeError, match=r"columns \['word', 'n'\]"):
-            list(codec.encode([TrackedTuple(7)]))
+            codec.columns(7)
 
     def test_codec_needs_the_tracking_column(self) -> None:
         """Input without _acker_ids is refused up front."""

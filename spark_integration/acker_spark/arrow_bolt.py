@@ -1,0 +1,170 @@
+"""ArrowBolt: a tracked processing step over a DataFrame's Arrow batches (``mapInArrow``), column-wise.
+
+``ArrowBolt(fn, addresses, schema="word string, n long")`` calls
+``fn(batch, collector)`` once per Arrow batch of each partition. ``batch`` holds
+the input's user columns (a ``pyarrow.RecordBatch``, or a pandas DataFrame with
+``pandas=True``); ``fn`` emits output batches with ``collector.emit(out,
+anchors)``, where ``anchors[k]`` is the input row output row ``k`` derives from
+(-1: unanchored), and may fail input rows with ``collector.fail(rows)`` (an index
+array, boolean mask or slice) or ack them early with ``collector.ack(rows)``.
+**Every input row neither acked nor failed is acked when ``fn`` returns for its
+batch** (Storm's BasicBolt), so ``fn`` must have done the row's work by then:
+a sink writes its rows, then returns.
+
+Everything per batch is numpy and pyarrow: ids are decoded from the Arrow
+buffers, child edge ids derived in one expression, acks XOR-folded per root.
+As in :class:`~acker_spark.executor.Bolt`, nothing reaches an acker before the
+partition is fully processed; then one columnar commit sends its fails and its
+folded acks, tagged with the task's dedup key. It runs on classic Spark and on
+Spark Connect alike (no ``df.rdd``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from acker_client import new_id
+from acker_protocol.credentials import ChannelSecurity
+
+from .arrow_collector import ArrowCollector
+from .arrow_ids import PairColumn, decode_ids
+from .executor import Bolt, client_for
+from .frames import TRACKING_COLUMN, require_tracking_column, tracked_schema
+from .session import spark_context_of
+
+__all__ = ["ArrowBolt", "ArrowFunction"]
+
+ArrowFunction = Callable[[Any, ArrowCollector], None]
+"""``fn(batch, collector)``: emits with ``collector.emit(out, anchors)``, may ``fail``/``ack`` rows, returns None."""
+
+
+class ArrowBolt:
+    """One columnar step of a tracked DataFrame pipeline: ``bolt.apply_df(df)`` runs it with ``mapInArrow``.
+
+    ``schema`` (a StructType, a DDL string, or None for a sink that emits
+    nothing) describes the emitted columns; the result has them plus
+    ``_acker_ids``. ``fn`` must be deterministic per input row (the same
+    children, in the same order), so that a re-run derives the same edge ids.
+    ``addresses=None`` runs the same function without tracking. Create one
+    ArrowBolt per pipeline step: its uid salts the step's ids.
+    """
+
+    def __init__(
+        self,
+        fn: ArrowFunction,
+        addresses: Sequence[str] | None,
+        *,
+        schema: Any,
+        name: str | None = None,
+        uid: int | None = None,
+        security: ChannelSecurity | None = None,
+        pandas: bool = False,
+    ) -> None:
+        self.fn = fn
+        self.addresses = tuple(addresses) if addresses is not None else None
+        self.security = security
+        self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
+        self.uid = uid if uid is not None else new_id()  # drawn once, on the driver
+        self._schema_spec = schema
+        self._schema: Any = None
+        self.pandas = pandas
+        self.commits: Any = None  # Spark accumulators (classic Spark only; Spark Connect has none)
+        self.commit_errors: Any = None
+        self._arrow_schema: pa.Schema | None = None
+
+    @property
+    def tracking(self) -> bool:
+        """True when acks and fails go to an acker cluster."""
+        return self.addresses is not None
+
+    @property
+    def schema(self) -> Any:
+        """The result's StructType: the output columns plus ``_acker_ids`` (a DDL string is parsed on first use)."""
+        if self._schema is None:
+            # Parsing DDL needs a live session, which an ArrowBolt made before it may not have.
+            self._schema = tracked_schema(self._schema_spec)
+        return self._schema
+
+    @property
+    def output_schema(self) -> pa.Schema | None:
+        """The Arrow schema ``emit`` casts to (the user columns, without ``_acker_ids``); None for a sink."""
+        if self._arrow_schema is None and len(self.schema.fields) > 1:
+            from pyspark.sql.pandas.types import to_arrow_schema
+            from pyspark.sql.types import StructType
+
+            self._arrow_schema = to_arrow_schema(StructType(self.schema.fields[:-1]), timezone="UTC")
+        return self._arrow_schema
+
+    def apply_df(self, df: Any) -> Any:
+        """``df.mapInArrow`` over this bolt: the emitted rows as a DataFrame of ``schema`` plus ``_acker_ids``.
+
+        ``df`` must carry ``_acker_ids`` (binary, or ``array<binary>`` after a
+        ``groupBy`` with ``F.collect_list("_acker_ids")``). Run an action on the
+        result (``.count()`` for a sink) to make it do its work.
+        """
+        require_tracking_column(df.columns)
+        sc = spark_context_of(df.sparkSession)
+        if sc is not None:
+            Bolt.track_commits(self, sc)  # type: ignore[arg-type]  # the same accumulators as Bolt's
+        self.output_schema  # noqa: B018 - resolved on the driver, shipped with the bolt
+        bolt = self
+
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            from pyspark import TaskContext
+
+            context = TaskContext.get()
+            if context is None:
+                raise RuntimeError(f"bolt {bolt.name!r} called outside a Spark task: use run_batches(index, batches)")
+            return bolt.run_batches(context.partitionId(), batches)
+
+        return df.mapInArrow(run, self.schema)
+
+    def run_batches(self, partition: int, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Run the function over one partition's batches, then commit its held acks and fails (task's dedup key)."""
+        client = client_for(self.addresses, self.security) if self.addresses is not None else None
+        collector = ArrowCollector(self.uid if self.tracking else None, self.output_schema, client)
+        try:
+            for batch in batches:
+                yield from self._process(batch, collector)
+        except BaseException:
+            # Includes GeneratorExit (the consumer stopped early): the work is not
+            # done, so nothing may reach a ledger; Spark's retry redoes it all.
+            collector.discard()
+            raise
+        if self.tracking:
+            self._commit(collector, partition)
+
+    def _process(self, batch: pa.RecordBatch, collector: ArrowCollector) -> list[pa.RecordBatch]:
+        names = batch.schema.names
+        if TRACKING_COLUMN not in names:
+            raise ValueError(f"bolt {self.name!r}: the input batch has no {TRACKING_COLUMN!r} column ({names})")
+        index = names.index(TRACKING_COLUMN)
+        if self.tracking:
+            parents = decode_ids(batch.column(index))
+        else:
+            parents = PairColumn(np.zeros(batch.num_rows + 1, dtype=np.int64), *_no_pairs())
+        user = batch.remove_column(index)
+        collector._start_batch(parents)
+        result = self.fn(user.to_pandas() if self.pandas else user, collector)
+        if result is not None:
+            raise TypeError(
+                f"bolt {self.name!r}: the function returned {type(result).__name__}; it must emit with"
+                f" collector.emit(batch, anchors) and return None"
+            )
+        return collector._finish_batch()
+
+    def _commit(self, collector: ArrowCollector, partition: int) -> None:
+        # Bolt's own commit handling (an unreachable shard is counted, not raised),
+        # shared rather than copied: ArrowCollector.commit has BoltCollector.commit's contract.
+        Bolt._commit(self, collector, partition)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return f"ArrowBolt({self.name!r}, uid={self.uid:#x}, tracking={self.tracking}, pandas={self.pandas})"
+
+
+def _no_pairs() -> tuple[np.ndarray, np.ndarray]:
+    empty = np.zeros(0, dtype=np.uint64)
+    return empty, empty

@@ -1,0 +1,263 @@
+"""The Arrow bolts' column-wise parts without Spark: the _acker_ids codecs, edge-id determinism, held acks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from acker_client import MessageId
+from acker_spark.arrow_bolt import ArrowBolt
+from acker_spark.arrow_collector import ArrowCollector
+from acker_spark.arrow_ids import decode_ids, encode_ids, pairs_of
+from acker_spark.frames import pack_ids, unpack_ids
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyspark.sql.types import LongType, StructField, StructType
+
+X_SCHEMA = StructType([StructField("x", LongType())])  # a StructType: DDL strings need a SparkContext
+ids64 = st.integers(min_value=1, max_value=2**64 - 1)
+message_ids = st.dictionaries(ids64, ids64, max_size=4).map(MessageId)
+
+
+# No deadline: timing on a shared 2-core machine says nothing about correctness.
+@settings(deadline=None)
+@given(st.lists(st.one_of(st.none(), message_ids), max_size=20), st.integers(0, 3))
+def test_binary_column_decodes_like_unpack_ids(values: list[MessageId | None], cut: int) -> None:
+    """decode_ids of a (sliced, null-holding) binary column gives what unpack_ids gives per value."""
+    packed = [None if v is None else pack_ids(v) for v in values]
+    column = pa.array(packed, pa.binary()).slice(min(cut, len(packed)))
+    expected = [unpack_ids(p) for p in packed[min(cut, len(packed)) :]]
+    assert decode_ids(column).message_ids() == expected
+    assert decode_ids(pa.array(packed, pa.large_binary())).message_ids() == [unpack_ids(p) for p in packed]
+
+
+@settings(deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(message_ids, max_size=4)), max_size=12))
+def test_collected_lists_merge_like_unpack_ids(groups: list[list[MessageId] | None]) -> None:
+    """An array<binary> row's pairs are XOR-merged per root, as unpack_ids merges a list of packed ids."""
+    packed = [None if g is None else [pack_ids(m) for m in g] for g in groups]
+    decoded = decode_ids(pa.array(packed, pa.list_(pa.binary())))
+    for got, group in zip(decoded.row_dicts(), packed):
+        merged: dict[int, int] = {}
+        for p in group or []:
+            for root, ident in unpack_ids(p).items():
+                merged[root] = merged.get(root, 0) ^ ident
+        assert got == merged
+
+
+@settings(deadline=None)
+@given(st.lists(message_ids, max_size=20))
+def test_encode_ids_matches_pack_ids(values: list[MessageId]) -> None:
+    """encode_ids builds, from numpy buffers, exactly the bytes pack_ids gives per row."""
+    assert encode_ids(pairs_of(values)).to_pylist() == [pack_ids(v) for v in values]
+
+
+def test_bad_tracking_values_are_refused() -> None:
+    """A value that is not whole 16-byte pairs, or a column of another type, is refused with a clear message."""
+    with pytest.raises(ValueError, match="16-byte"):
+        decode_ids(pa.array([b"\x01" * 17], pa.binary()))
+    with pytest.raises(TypeError, match="collect_list"):
+        decode_ids(pa.array([1, 2]))
+
+
+class RecordingClient:
+    """A stand-in for ClusterClient's columnar methods: what a commit sends."""
+
+    def __init__(self) -> None:
+        self.acks: dict[int, int] = {}
+        self.fails: set[int] = set()
+        self.keys: list[int] = []
+
+    def ack_columns(self, roots: Any, values: Any, dedup_key: int = 0) -> None:
+        self.keys.append(dedup_key)
+        for root, value in zip(np.asarray(roots).tolist(), np.asarray(values).tolist()):
+            self.acks[root] = self.acks.get(root, 0) ^ value
+
+    def fail_columns(self, roots: Any) -> None:
+        self.fails.update(np.asarray(roots).tolist())
+
+    def reset_timeout_columns(self, roots: Any) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def tracked_batch(message_ids: list[MessageId], **columns: Any) -> pa.RecordBatch:
+    """An input batch: user columns plus _acker_ids."""
+    data = {**columns, "_acker_ids": pa.array([pack_ids(m) for m in message_ids], pa.binary())}
+    return pa.RecordBatch.from_pydict(data)
+
+
+def fan_out(counts: list[int]) -> Any:
+    """An ArrowBolt function: input row i gets counts[i] children, emitted in two calls (evens, then odds)."""
+
+    def fn(batch: pa.RecordBatch, collector: ArrowCollector) -> None:
+        n = np.asarray(batch.column("n").to_pylist(), dtype=np.int64)
+        parents = np.repeat(np.arange(batch.num_rows), n)
+        for part in (parents[::2], parents[1::2]):
+            collector.emit({"x": pa.array(part, pa.int64())}, anchors=part)
+
+    return fn
+
+
+def run_bolt(bolt: ArrowBolt, batches: list[pa.RecordBatch], client: RecordingClient) -> list[pa.RecordBatch]:
+    """Run ``bolt`` over one partition's batches with ``client`` standing in for the ackers."""
+    import acker_spark.arrow_bolt as module
+
+    original = module.client_for
+    module.client_for = lambda *_: client  # type: ignore[assignment]
+    try:
+        return list(bolt.run_batches(3, batches))
+    finally:
+        module.client_for = original
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=12), st.randoms(use_true_random=False))
+def test_two_stages_complete_every_tree(counts: list[int], rng: Any) -> None:
+    """Spout ids, a fan-out stage (several emits per batch) and a sink: every root's XOR of init and acks is 0."""
+    roots = list(range(1, len(counts) + 1))
+    inits = {r: rng.getrandbits(64) | 1 for r in roots}
+    stage1 = ArrowBolt(fan_out(counts), ["a:1"], schema=X_SCHEMA, uid=11)
+    sink = ArrowBolt(lambda batch, collector: None, ["a:1"], schema=None, uid=12)
+    client = RecordingClient()
+    batch = tracked_batch([MessageId.single(r, inits[r]) for r in roots], n=counts)
+    children = run_bolt(stage1, [batch], client)
+    table = pa.Table.from_batches(children) if children else None
+    if table is not None:
+        shuffled = table.take(pa.array(rng.sample(range(table.num_rows), table.num_rows), pa.int64()))
+        run_bolt(sink, shuffled.to_batches(max_chunksize=3), client)
+        assert table.num_rows == sum(counts)
+    assert all(client.acks.get(r, 0) ^ inits[r] == 0 for r in roots)
+    assert client.fails == set()
+
+
+def test_edge_ids_are_deterministic_and_order_independent() -> None:
+    """The same parents in another order, batching and emit split get the same child ids; another uid does not."""
+    parents = [MessageId.single(r, r * 7 + 1) for r in range(1, 9)]
+    counts = [2, 0, 3, 1, 1, 4, 0, 2]
+    first = pa.Table.from_batches(
+        run_bolt(
+            ArrowBolt(fan_out(counts), ["a:1"], schema=X_SCHEMA, uid=5),
+            [tracked_batch(parents, n=counts)],
+            RecordingClient(),
+        )
+    )
+    order = [7, 3, 0, 5, 1, 6, 2, 4]
+    again_batches = [
+        tracked_batch([parents[i] for i in order[:3]], n=[counts[i] for i in order[:3]]),
+        tracked_batch([parents[i] for i in order[3:]], n=[counts[i] for i in order[3:]]),
+    ]
+    again = pa.Table.from_batches(
+        run_bolt(ArrowBolt(fan_out(counts), ["a:1"], schema=X_SCHEMA, uid=5), again_batches, RecordingClient())
+    )
+    other = pa.Table.from_batches(
+        run_bolt(
+            ArrowBolt(fan_out(counts), ["a:1"], schema=X_SCHEMA, uid=6),
+            [tracked_batch(parents, n=counts)],
+            RecordingClient(),
+        )
+    )
+
+    def ids(table: pa.Table) -> set[bytes]:
+        return set(table.column("_acker_ids").to_pylist())
+
+    assert len(ids(first)) == sum(counts)
+    assert ids(first) == ids(again)
+    assert not ids(first) & ids(other)
+
+
+def test_multi_root_parent_children_carry_every_root() -> None:
+    """A child of a multi-root (aggregated) row gets one pair per root, all with its one edge id."""
+    collector = ArrowCollector(9, pa.schema([("x", pa.int64())]), None)
+    collector._start_batch(
+        decode_ids(
+            pa.array([[pack_ids(MessageId.single(1, 2)), pack_ids(MessageId.single(3, 4))]], pa.list_(pa.binary()))
+        )
+    )
+    collector.emit({"x": [10, 11]}, anchors=[0, -1])
+    (out,) = collector._finish_batch()
+    child, unanchored = (unpack_ids(v) for v in out.column("_acker_ids").to_pylist())
+    assert set(child.roots) == {1, 3} and len(set(child[r] for r in child.roots)) == 1
+    assert unanchored == MessageId.EMPTY
+
+
+def test_fail_and_explicit_ack_settle_rows_once() -> None:
+    """fail(mask) fails those rows' trees, ack(slice) acks early, the rest are acked on return; twice is refused."""
+    client = RecordingClient()
+    collector = ArrowCollector(9, pa.schema([("x", pa.int64())]), client)
+    collector._start_batch(pairs_of([MessageId.single(r, 100 + r) for r in (1, 2, 3, 4)]))
+    collector.fail(np.array([False, True, False, False]))
+    collector.ack(slice(0, 1))
+    with pytest.raises(ValueError, match="already acked or failed"):
+        collector.ack([1])
+    with pytest.raises(ValueError, match="already acked or failed"):
+        collector.emit({"x": [1]}, anchors=[0])
+    collector._finish_batch()
+    collector.commit(dedup_key=77)
+    assert client.fails == {2}
+    assert client.acks == {1: 101, 3: 103, 4: 104}
+    assert client.keys == [77]
+
+
+def test_emit_checks_columns_and_anchors() -> None:
+    """Emitting columns that do not match the schema, or anchors out of range, raises a message naming the problem."""
+    collector = ArrowCollector(9, pa.schema([("x", pa.int64())]), None)
+    collector._start_batch(pairs_of([MessageId.single(1, 2)]))
+    with pytest.raises(ValueError, match="missing"):
+        collector.emit({"y": [1]}, anchors=[0])
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        collector.emit({"x": [1]}, anchors=[1])
+    with pytest.raises(ValueError, match="rows"):
+        collector.emit({"x": [1, 2]}, anchors=[0, 0, 0])
+    sink = ArrowCollector(9, None, None)
+    with pytest.raises(ValueError, match="sink"):
+        sink.emit({"x": [1]}, anchors=[0])
+
+
+def test_a_failing_partition_sends_nothing() -> None:
+    """A function that raises on a later batch discards the partition's held acks: the client sees nothing."""
+    client = RecordingClient()
+
+    def fn(batch: pa.RecordBatch, collector: ArrowCollector) -> None:
+        if batch.column("n")[0].as_py() == 2:
+            raise RuntimeError("boom")
+
+    bolt = ArrowBolt(fn, ["a:1"], schema=None, uid=3)
+    batches = [tracked_batch([MessageId.single(1, 5)], n=[1]), tracked_batch([MessageId.single(2, 6)], n=[2])]
+    with pytest.raises(RuntimeError, match="boom"):
+        run_bolt(bolt, batches, client)
+    assert client.acks == {} and client.keys == []
+
+
+def test_empty_emits_and_row_lists_are_fine() -> None:
+    """An empty emit and an empty list of rows are no-ops, not type errors."""
+    collector = ArrowCollector(9, pa.schema([("x", pa.int64())]), None)
+    collector._start_batch(pairs_of([MessageId.single(1, 2)]))
+    collector.emit({"x": pa.array([], pa.int64())}, anchors=[])
+    collector.fail([])
+    collector.ack([])
+    (out,) = collector._finish_batch()
+    assert out.num_rows == 0
+
+
+class DeadShardClient(RecordingClient):
+    """A client whose flush reports an unreachable shard, as ClusterClient does after wait_for_shard."""
+
+    def flush(self) -> None:
+        from acker_client.errors import ShardFailure, ShardUnavailable
+
+        raise ShardUnavailable([ShardFailure(1, "127.0.0.1:1", None, "down", 2, reason="timeout")], "dropped")
+
+
+def test_an_unreachable_shard_at_commit_is_counted_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    """A commit whose shard is down does not fail the task (Spark would retry into the same outage): it is logged."""
+    client = DeadShardClient()
+    bolt = ArrowBolt(lambda batch, collector: None, ["a:1"], schema=None, uid=3, name="sink")
+    with caplog.at_level("INFO", logger="acker_spark.executor"):
+        assert run_bolt(bolt, [tracked_batch([MessageId.single(1, 5)], n=[1])], client) == []
+    assert client.acks == {1: 5} and client.keys  # sent, then the flush reported the shard down
+    assert "acks dropped" in caplog.text and "sink" in caplog.text
