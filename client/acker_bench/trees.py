@@ -255,7 +255,8 @@ def _columns_worker(config: BenchConfig, worker: int, start_at: float, results) 
     with _client(config) as client:
         trees = ColumnTrees(config.fan_out, config.depth, worker)
         reader = OutcomeReader(client, spout, trees.chunk_of).start()
-        pacer = Pacer(_per_process_rate(config), config.chunk)
+        # A batch never exceeds max_pending, so back-pressure can always admit one.
+        pacer = Pacer(_per_process_rate(config), min(config.chunk, config.max_pending))
         _wait_for_start(start_at)
         began = time.perf_counter()
         end = began + config.duration

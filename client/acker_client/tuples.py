@@ -123,8 +123,7 @@ class TrackedTuple:
         self.value = value
         ids = message_id._ids
         if len(ids) == 1:
-            for self._root, self._ident in ids.items():
-                pass
+            ((self._root, self._ident),) = ids.items()
             self._more = None
         else:
             self._root = self._ident = 0
