@@ -180,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rate is not None and not args.rate > 0:
         print("acker-bench: --rate must be a positive number of trees per second", file=sys.stderr)
         return 2
+    if args.mode == "trees":
+        problem = _trees_problem(args)
+        if problem:
+            print(f"acker-bench: {problem}", file=sys.stderr)
+            return 2
     if args.mode == "memory":
         return _memory_mode(args)
     if args.mode == "ledger":
@@ -233,13 +238,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _trees_mode(args: argparse.Namespace, addresses: tuple[str, ...], security: ChannelSecurity | None) -> dict:
-    """--mode trees: flat out, at --rate, or --find-capacity (flat out, then at half the trees/s it reached)."""
-    config = BenchConfig(
+def _trees_problem(args: argparse.Namespace) -> str | None:
+    """Why the trees-mode options cannot run, before any acker is started; None if they can."""
+    if not 0 < args.capacity_fraction <= 1:
+        return f"--capacity-fraction must be in (0, 1], got {args.capacity_fraction}"
+    try:
+        _trees_config(args, ("unused:0",), None)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _trees_config(
+    args: argparse.Namespace, addresses: tuple[str, ...], security: ChannelSecurity | None
+) -> BenchConfig:
+    return BenchConfig(
         addresses=addresses, fan_out=args.fan_out, depth=args.depth, batch_size=args.batch_size,
         flush_interval=args.flush_interval, duration=args.duration, processes=args.processes,
         max_pending=args.max_pending, security=security, api=args.api, rate=args.rate, chunk=args.chunk,
     )  # fmt: skip
+
+
+def _trees_mode(args: argparse.Namespace, addresses: tuple[str, ...], security: ChannelSecurity | None) -> dict:
+    """--mode trees: flat out, at --rate, or --find-capacity (flat out, then at half the trees/s it reached)."""
+    config = _trees_config(args, addresses, security)
     if args.find_capacity:
         return find_capacity(config, args.capacity_fraction)
     return run_bench(config)

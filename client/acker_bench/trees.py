@@ -62,6 +62,8 @@ class BenchConfig:
             raise ValueError(f"rate must be a positive number of trees per second, got {self.rate}")
         if self.chunk < 1 or self.max_pending < 1:
             raise ValueError("chunk and max_pending must be >= 1")
+        if self.api == "columns" and self.processes > 255:
+            raise ValueError("the columnar load tags roots with the process in 8 bits: at most 255 processes")
 
     @property
     def acks_per_tree(self) -> int:
@@ -215,7 +217,7 @@ def _tuples_worker(config: BenchConfig, worker: int, start_at: float, results) -
                 for _ in range(depth):
                     children: list = []
                     for parent in level:
-                        children.extend([bolt.emit(None, [parent]) for _ in range(fan_out)])
+                        children.extend([bolt.emit(None, parent) for _ in range(fan_out)])
                         bolt.ack(parent)
                     acks += len(level)
                     level = children

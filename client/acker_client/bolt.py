@@ -34,8 +34,8 @@ class BoltCollector:
         self._held_acks: dict[int, int] = {}  # root -> xor of held ack values
         self._held_fails: dict[int, None] = {}
 
-    def emit(self, value: Any, anchors: Sequence[TrackedTuple] = ()) -> TrackedTuple:
-        """Return a child tuple anchored to ``anchors`` (none: unanchored, untracked)."""
+    def emit(self, value: Any, anchors: Sequence[TrackedTuple] | TrackedTuple = ()) -> TrackedTuple:
+        """Return a child tuple anchored to ``anchors`` (one tuple or several; none: unanchored, untracked)."""
         if isinstance(anchors, TrackedTuple):
             anchors = (anchors,)
         if len(anchors) != 1:

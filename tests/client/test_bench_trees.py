@@ -61,9 +61,12 @@ def test_unpaced_pacer_never_waits():
     assert clock.pauses == []
 
 
-@pytest.mark.parametrize("kwargs", [{"rate": 0.0}, {"rate": float("inf")}, {"api": "rows"}, {"chunk": 0}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"rate": 0.0}, {"rate": float("inf")}, {"api": "rows"}, {"chunk": 0}, {"api": "columns", "processes": 256}],
+)
 def test_bench_config_refuses_bad_settings(kwargs):
-    """A zero or infinite rate, an unknown API or an empty batch is refused with a clear error."""
+    """A zero or infinite rate, an unknown API, an empty batch or too many columnar processes is refused."""
     with pytest.raises(ValueError):
         BenchConfig(addresses=("a:1",), **kwargs)
 
@@ -179,9 +182,16 @@ def test_find_capacity_runs_flat_out_then_at_the_fraction(capsys):
 
 @pytest.mark.parametrize(
     "args",
-    [["--rate", "0"], ["--rate", "10", "--find-capacity"], ["--mode", "apply", "--api", "columns"]],
+    [
+        ["--rate", "0"],
+        ["--rate", "10", "--find-capacity"],
+        ["--mode", "apply", "--api", "columns"],
+        ["--chunk", "0"],
+        ["--api", "columns", "--processes", "300"],
+        ["--find-capacity", "--capacity-fraction", "1.5"],
+    ],
 )
 def test_bench_refuses_contradicting_options(args, capsys):
-    """A zero rate, --rate with --find-capacity, or trees options in another mode exit 2 with a message."""
+    """Bad or contradicting trees options exit 2 with a message, before any acker starts."""
     assert main(args) == 2
     assert "acker-bench:" in capsys.readouterr().err
