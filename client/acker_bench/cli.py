@@ -4,149 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import sys
-import threading
-import time
 import urllib.request
-from dataclasses import dataclass
 
-import numpy as np
 from acker_protocol.credentials import ChannelSecurity
 
 from .apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
 from .ledger import run_ledger_bench
 from .mass_timeout import run_mass_timeout
+from .trees import APIS, BenchConfig, find_capacity, run_bench
 
 __all__ = ["main", "BenchConfig", "run_bench"]
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """What to run: cluster, tree shape, client batching, duration and client processes."""
-
-    addresses: tuple[str, ...]
-    fan_out: int = 2
-    depth: int = 2
-    batch_size: int = 512
-    flush_interval: float = 0.002
-    duration: float = 10.0
-    processes: int = 1
-    max_pending: int = 5_000
-    security: ChannelSecurity | None = None
-
-
-def _run_worker(config: BenchConfig, start_at: float, results) -> None:
-    """One client process: spout + bolts in a loop for ``duration`` seconds; puts its counts on ``results``."""
-    from acker_client import BoltCollector, ClusterClient, Spout
-
-    latencies: list[float] = []
-    last_ack: dict[int, float] = {}
-    lock = threading.Lock()
-
-    def on_ack(tree: int) -> None:
-        now = time.perf_counter()
-        with lock:
-            sent = last_ack.pop(tree, None)
-        if sent is not None:
-            latencies.append(now - sent)
-
-    def on_fail(tree: int, reason) -> None:
-        with lock:
-            last_ack.pop(tree, None)
-
-    with ClusterClient(
-        config.addresses,
-        batch_size=config.batch_size,
-        flush_interval=config.flush_interval,
-        security=config.security,
-    ) as client:
-        spout = Spout(client, on_ack=on_ack, on_fail=on_fail, max_pending=config.max_pending).start()
-        bolt = BoltCollector(client)
-        while time.time() < start_at:
-            time.sleep(0.001)
-        began = time.perf_counter()
-        end = began + config.duration
-        acks = trees = 0
-        while time.perf_counter() < end:
-            level = [spout.emit(trees, trees)]
-            for _ in range(config.depth):
-                children: list = []
-                for parent in level:
-                    children.extend(bolt.emit(None, [parent]) for _ in range(config.fan_out))
-                    bolt.ack(parent)
-                acks += len(level)
-                level = children
-            with lock:
-                for leaf in level[:-1]:
-                    bolt.ack(leaf)
-                bolt.ack(level[-1])
-                last_ack[trees] = time.perf_counter()
-            acks += len(level)
-            trees += 1
-        client.flush()
-        spout.wait_idle(60)
-        elapsed = time.perf_counter() - began
-        stats = spout.stats
-        spout.close()
-    results.put(
-        {
-            "acks": acks,
-            "trees": stats.acked,
-            "failed": stats.failed + stats.timed_out + stats.lost,
-            "elapsed": elapsed,
-            "latencies": np.asarray(latencies, dtype=np.float64),
-        }
-    )
-
-
-def run_bench(config: BenchConfig) -> dict:
-    """Run the client processes against ``config.addresses`` and return the merged figures."""
-    ctx = multiprocessing.get_context("spawn")  # a clean interpreter per client: no inherited gRPC state
-    results = ctx.Queue()
-    start_at = time.time() + 2.0 + 0.5 * config.processes  # let every process import and connect first
-    procs = [ctx.Process(target=_run_worker, args=(config, start_at, results)) for _ in range(config.processes)]
-    for p in procs:
-        p.start()
-    sampled_pending = _sample_pending(config, start_at, procs)
-    parts = [results.get(timeout=config.duration + 180) for _ in procs]
-    for p in procs:
-        p.join()
-    lat = np.concatenate([p["latencies"] for p in parts]) if parts else np.zeros(0)
-    elapsed = max(p["elapsed"] for p in parts)
-    return {
-        "ackers": len(config.addresses),
-        "processes": config.processes,
-        "fan_out": config.fan_out,
-        "depth": config.depth,
-        "batch_size": config.batch_size,
-        "duration_s": round(elapsed, 3),
-        "ack_ops_per_s": round(sum(p["acks"] for p in parts) / elapsed, 1),
-        "trees_per_s": round(sum(p["trees"] for p in parts) / elapsed, 1),
-        "trees_acked": int(sum(p["trees"] for p in parts)),
-        "trees_failed": int(sum(p["failed"] for p in parts)),
-        "outcome_p50_ms": round(float(np.percentile(lat, 50)) * 1e3, 3) if lat.size else None,
-        "outcome_p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 3) if lat.size else None,
-        "server_pending_trees_max": max(sampled_pending, default=0),
-    }
-
-
-def _sample_pending(config: BenchConfig, start_at: float, procs) -> list[int]:
-    """Sum of the ackers' pending trees (Describe), sampled every 0.5 s while the clients run."""
-    from acker_client import AckerError, ClusterClient
-
-    samples = []
-    with ClusterClient(config.addresses, security=config.security) as client:
-        while time.time() < start_at:
-            time.sleep(0.05)
-        while any(p.is_alive() for p in procs) and time.time() < start_at + config.duration:
-            try:
-                samples.append(sum(client.describe(i).pending_trees for i in range(client.shard_count)))
-            except AckerError:
-                pass
-            time.sleep(0.5)
-    return samples
 
 
 def _rss_from_metrics(url: str) -> int | None:
@@ -222,6 +91,31 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--processes", type=int, default=1, help="client processes (default 1)")
     p.add_argument("--max-pending", type=int, default=5_000, help="spout max pending per process")
     p.add_argument(
+        "--api",
+        choices=APIS,
+        default="tuples",
+        help="trees mode: tuples = Spout.emit and BoltCollector.emit/ack per tuple (Storm-style, default); "
+        "columns = init_columns / ack_columns per batch of trees, outcomes read as arrays",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        help="trees mode: start this many trees per second in all (split over --processes), paced in small "
+        "batches, to read latency at a fixed load (default: flat out)",
+    )
+    p.add_argument(
+        "--find-capacity",
+        action="store_true",
+        help="trees mode: run flat out for --duration, then again at --capacity-fraction of the trees/s "
+        "reached; report the paced run with capacity_trees_per_s",
+    )
+    p.add_argument(
+        "--capacity-fraction", type=float, default=0.5, help="--find-capacity: the paced run's share (default 0.5)"
+    )
+    p.add_argument(
+        "--chunk", type=int, default=1024, help="trees mode, --api columns: most trees per batch (default 1024)"
+    )
+    p.add_argument(
         "--mode",
         choices=("trees", "apply", "memory", "ledger", "mass-timeout", "dataframe"),
         default="trees",
@@ -277,6 +171,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.fan_out < 1 or args.depth < 0 or args.processes < 1 or args.duration <= 0:
         print("acker-bench: --fan-out and --processes must be >= 1, --depth >= 0, --duration > 0", file=sys.stderr)
         return 2
+    if args.rate is not None and args.find_capacity:
+        print("acker-bench: --find-capacity chooses the rate itself; leave out --rate", file=sys.stderr)
+        return 2
+    if (args.rate is not None or args.find_capacity or args.api != "tuples") and args.mode != "trees":
+        print("acker-bench: --api, --rate and --find-capacity belong to --mode trees", file=sys.stderr)
+        return 2
+    if args.rate is not None and not args.rate > 0:
+        print("acker-bench: --rate must be a positive number of trees per second", file=sys.stderr)
+        return 2
+    if args.mode == "trees":
+        problem = _trees_problem(args)
+        if problem:
+            print(f"acker-bench: {problem}", file=sys.stderr)
+            return 2
     if args.mode == "memory":
         return _memory_mode(args)
     if args.mode == "ledger":
@@ -316,11 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             ))  # fmt: skip
             _add_server_cpu(result, cpu_before, _server_cpu(cluster))
         else:
-            result = run_bench(BenchConfig(
-                addresses=addresses, fan_out=args.fan_out, depth=args.depth, batch_size=args.batch_size,
-                flush_interval=args.flush_interval, duration=args.duration, processes=args.processes,
-                max_pending=args.max_pending, security=security,
-            ))  # fmt: skip
+            result = _trees_mode(args, addresses, security)
         result["server_rss_bytes"] = _server_rss(cluster, metrics_urls)
         if cluster is not None:
             result["engine"] = args.engine
@@ -332,6 +236,35 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _print_table(result)
     return 0
+
+
+def _trees_problem(args: argparse.Namespace) -> str | None:
+    """Why the trees-mode options cannot run, before any acker is started; None if they can."""
+    if not 0 < args.capacity_fraction <= 1:
+        return f"--capacity-fraction must be in (0, 1], got {args.capacity_fraction}"
+    try:
+        _trees_config(args, ("unused:0",), None)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _trees_config(
+    args: argparse.Namespace, addresses: tuple[str, ...], security: ChannelSecurity | None
+) -> BenchConfig:
+    return BenchConfig(
+        addresses=addresses, fan_out=args.fan_out, depth=args.depth, batch_size=args.batch_size,
+        flush_interval=args.flush_interval, duration=args.duration, processes=args.processes,
+        max_pending=args.max_pending, security=security, api=args.api, rate=args.rate, chunk=args.chunk,
+    )  # fmt: skip
+
+
+def _trees_mode(args: argparse.Namespace, addresses: tuple[str, ...], security: ChannelSecurity | None) -> dict:
+    """--mode trees: flat out, at --rate, or --find-capacity (flat out, then at half the trees/s it reached)."""
+    config = _trees_config(args, addresses, security)
+    if args.find_capacity:
+        return find_capacity(config, args.capacity_fraction)
+    return run_bench(config)
 
 
 def _compare_tls_mode(args: argparse.Namespace) -> int:
@@ -469,19 +402,31 @@ def _print_table(result: dict) -> None:
         )
         return
     title = (
-        f"acker-bench: {result['ackers']} acker(s), {result['processes']} client process(es), "
-        f"fan-out {result['fan_out']}, depth {result['depth']}, batch {result['batch_size']}"
+        f"acker-bench: {result['ackers']} acker(s), {result['processes']} client process(es), --api "
+        f"{result['api']}, fan-out {result['fan_out']}, depth {result['depth']}, batch {result['batch_size']}"
     )
+    rate = result["rate_requested"]
     rows = [
         ("ack ops/s", f"{result['ack_ops_per_s']:,.0f}"),
         ("trees/s", f"{result['trees_per_s']:,.0f}"),
-        ("outcome latency p50", f"{result['outcome_p50_ms']} ms"),
-        ("outcome latency p99", f"{result['outcome_p99_ms']} ms"),
-        ("trees acked / failed", f"{result['trees_acked']:,} / {result['trees_failed']:,}"),
+        (
+            "trees started/s (requested)",
+            f"{result['trees_started_per_s']:,.0f} ({f'{rate:,.0f}' if rate else 'flat out'})",
+        ),
+        (
+            "outcome latency p50 / p99 / max",
+            f"{result['outcome_p50_ms']} / {result['outcome_p99_ms']} / {result['outcome_max_ms']} ms",
+        ),
+        (
+            "trees acked / failed / unfinished",
+            f"{result['trees_acked']:,} / {result['trees_failed']:,} / {result['trees_unfinished']:,}",
+        ),
         ("server pending trees (max sampled)", f"{result['server_pending_trees_max']:,}"),
         ("server RSS per acker", rss),
         ("duration", f"{result['duration_s']} s"),
     ]
+    if "capacity_trees_per_s" in result:
+        rows.insert(0, ("capacity (flat-out trees/s)", f"{result['capacity_trees_per_s']:,.0f}"))
     _print_rows(title, rows)
 
 

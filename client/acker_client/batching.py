@@ -129,6 +129,19 @@ class OpBuffer:
         self.size += int(roots.size)
         self.added += int(roots.size)
 
+    def retry_safe(self, batch_key: int = 0) -> bool:
+        """True if the request :meth:`to_request` makes with ``batch_key`` may be applied twice.
+
+        That is, every ACK in it carries a dedup key. Decided from the buffer,
+        not by reading the encoded request back one operation at a time.
+        Conservative: unkeyed ACK columns count as unsafe even if they fold to 0.
+        """
+        if batch_key:
+            return True
+        if any(self._acks.values()):
+            return False
+        return not any(kind == ACK and not key for kind, _, _, key in self._chunks)
+
     @property
     def folded(self) -> int:
         """Calls that did not become an operation of their own (merged into another)."""

@@ -5,10 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .ids import EdgeIdSource, RandomEdgeIds
-from .tuples import MessageId, TrackedTuple
+import numpy as np
+from acker_protocol.wire import MAX_ID
 
-__all__ = ["BoltCollector"]
+from .ids import EdgeIdSource, RandomEdgeIds
+from .tuples import TrackedTuple, single, tracked
+
+__all__ = ["BoltCollector", "COLUMNS_FROM"]
+
+COLUMNS_FROM = 64
+"""A commit holding acks for this many roots or more sends them as columns (``ClusterClient.ack_columns``)."""
 
 
 class BoltCollector:
@@ -28,28 +34,58 @@ class BoltCollector:
         self._held_acks: dict[int, int] = {}  # root -> xor of held ack values
         self._held_fails: dict[int, None] = {}
 
-    def emit(self, value: Any, anchors: Sequence[TrackedTuple] = ()) -> TrackedTuple:
-        """Return a child tuple anchored to ``anchors`` (none: unanchored, untracked)."""
+    def emit(self, value: Any, anchors: Sequence[TrackedTuple] | TrackedTuple = ()) -> TrackedTuple:
+        """Return a child tuple anchored to ``anchors`` (one tuple or several; none: unanchored, untracked)."""
         if isinstance(anchors, TrackedTuple):
             anchors = (anchors,)
+        if len(anchors) != 1:
+            return self._emit_many(value, anchors)
+        # One anchor of one tree, the common case, with the edge drawing inlined:
+        # this runs once per emitted tuple.
+        (anchor,) = anchors
+        root = anchor._root
+        if not root or anchor.settled:
+            return self._emit_many(value, anchors)
+        ordinal = anchor.emit_ordinal
+        edge = self.edge_ids.edge_id(anchor, ordinal)
+        if not 0 < edge <= MAX_ID:
+            raise ValueError(f"edge id source returned {edge!r}; edge ids must be non-zero 64-bit integers")
+        anchor.emit_ordinal = ordinal + 1
+        anchor.out_ack_val ^= edge
+        return single(value, root, edge)
+
+    def _emit_many(self, value: Any, anchors: Sequence[TrackedTuple]) -> TrackedTuple:
+        """emit() in general: the child's id per root is the XOR of the new edges from the anchors of that tree."""
         child: dict[int, int] = {}
         for anchor in anchors:
             if anchor.settled:
                 raise ValueError(f"cannot anchor to {anchor!r}: it was already acked or failed")
-            if not anchor.message_id:
+            roots = anchor.message_id.roots
+            if not roots:
                 continue  # an unanchored input adds no edge
-            edge = self.edge_ids.edge_id(anchor, anchor.emit_ordinal)
-            if not 0 < edge < 1 << 64:
+            ordinal = anchor.emit_ordinal
+            edge = self.edge_ids.edge_id(anchor, ordinal)
+            if not 0 < edge <= MAX_ID:
                 raise ValueError(f"edge id source returned {edge!r}; edge ids must be non-zero 64-bit integers")
-            anchor.emit_ordinal += 1
+            anchor.emit_ordinal = ordinal + 1
             anchor.out_ack_val ^= edge
-            for root in anchor.message_id:
+            for root in roots:
                 child[root] = child.get(root, 0) ^ edge
-        return TrackedTuple(value, MessageId._trusted(child) if child else MessageId.EMPTY)
+        return tracked(value, child)
 
     def ack(self, t: TrackedTuple) -> None:
         """Ack ``t``: for each root, report its id xor the edges of the children it got here."""
-        self._settle(t)
+        if t.settled:
+            raise ValueError(f"{t!r} was already acked or failed")
+        t.settled = True
+        root = t._root
+        if root:  # one tree: no MessageId, no loop
+            if self.hold:
+                held = self._held_acks
+                held[root] = held.get(root, 0) ^ t._ident ^ t.out_ack_val
+            else:
+                self.cluster.ack(root, t._ident ^ t.out_ack_val)
+            return
         out = t.out_ack_val
         for root, ident in t.message_id.items():
             if self.hold:
@@ -91,9 +127,15 @@ class BoltCollector:
         self._held_acks, self._held_fails = {}, {}
         for root in fails:
             self.cluster.fail(root)
-        for root, value in acks.items():
-            if value:  # a zero xor changes no checksum
-                self.cluster.ack(root, value, dedup_key)
+        ack_columns = getattr(self.cluster, "ack_columns", None)
+        if ack_columns is not None and len(acks) >= COLUMNS_FROM:
+            # One numpy column instead of a call, a fold and a protobuf field per root.
+            roots = np.fromiter(acks.keys(), np.uint64, len(acks))
+            ack_columns(roots, np.fromiter(acks.values(), np.uint64, len(acks)), dedup_key)
+        else:
+            for root, value in acks.items():
+                if value:  # a zero xor changes no checksum
+                    self.cluster.ack(root, value, dedup_key)
         self.cluster.flush()
 
     def discard(self) -> None:

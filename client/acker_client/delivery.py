@@ -149,11 +149,11 @@ class _Delivery:
 
     __slots__ = ("shard", "buf", "request", "safe", "count", "future", "sent_at", "waiting")
 
-    def __init__(self, shard: int, buf: OpBuffer, request: acker_pb2.ApplyRequest) -> None:
+    def __init__(self, shard: int, buf: OpBuffer, request: acker_pb2.ApplyRequest, safe: bool) -> None:
         self.shard = shard
         self.buf = buf
         self.request = request
-        self.safe = retry_safe(request)
+        self.safe = safe  # retry_safe(request), known from the buffer without reading every operation
         self.count = len(request.kinds)
         self.future: Any = None
         self.sent_at = 0.0
@@ -179,10 +179,11 @@ def deliver(
     give_up_at = time.monotonic() + policy.wait_for_shard
     deliveries = []
     for shard, buf in batches.items():
-        request = buf.to_request(new_id() if batch_keys else 0)
+        batch_key = new_id() if batch_keys else 0
+        request = buf.to_request(batch_key)
         if not request.kinds:
             continue  # everything folded away to no-op acks
-        delivery = _Delivery(shard, buf, request)
+        delivery = _Delivery(shard, buf, request, buf.retry_safe(batch_key))
         _attempt(st, delivery, policy, give_up_at)
         deliveries.append(delivery)
     results = (_settle(st, d, policy, give_up_at, failure_of, on_sent) for d in deliveries)

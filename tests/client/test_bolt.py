@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from acker_client import BoltCollector, MessageId, TrackedTuple
+from acker_client.bolt import COLUMNS_FROM
 
 from .fakes import RecordingCluster
 
@@ -213,3 +214,53 @@ def test_commit_without_hold_is_an_error():
     """commit() on a collector that sends immediately is a programming error."""
     with pytest.raises(RuntimeError):
         BoltCollector(RecordingCluster()).commit()
+
+
+def test_one_anchor_however_passed_gives_the_same_child():
+    """A bare tuple, a list or a tuple of one anchor take the same path: same edge, same child ids."""
+    children = []
+    for wrap in (lambda t: t, lambda t: [t], lambda t: (t,)):
+        cluster = RecordingCluster()
+        (a,) = spout_tuple(cluster, root=0xA1, edges=(0x5,))
+        children.append(BoltCollector(cluster, edge_ids=CountingEdges()).emit("c", wrap(a)).message_id)
+        assert a.out_ack_val == 0x101 and a.emit_ordinal == 1
+    assert children == [MessageId.single(0xA1, 0x101)] * 3
+
+
+def test_hold_mode_folds_many_roots_like_the_model():
+    """300 trees acked in hold mode complete exactly as the XOR model says after one commit."""
+    cluster = RecordingCluster()
+    bolt = BoltCollector(cluster, hold=True)
+    roots = list(range(1, 301))
+    for root in roots:
+        (t,) = spout_tuple(cluster, root=root, edges=(root * 7,))
+        kids = [bolt.emit(i, [t]) for i in range(root % 4)]
+        bolt.ack(t)
+        for k in kids[: len(kids) - (root % 2)]:  # odd roots leave their last child unacked
+            bolt.ack(k)
+    bolt.commit(dedup_key=9)
+    assert all(cluster.complete(r) == (r % 2 == 0) for r in roots)
+
+
+class ColumnCluster(RecordingCluster):
+    """A RecordingCluster that also takes acks as columns, as ClusterClient does."""
+
+    def ack_columns(self, roots, values, dedup_key=0):
+        self.calls.append(("ack_columns", len(roots), dedup_key))
+        for root, value in zip(roots.tolist(), values.tolist()):
+            self.vals[root] ^= value
+
+
+@pytest.mark.parametrize("trees", [COLUMNS_FROM - 1, COLUMNS_FROM, 500])
+def test_commit_of_many_roots_sends_columns(trees):
+    """A commit holding acks for COLUMNS_FROM roots or more sends one column call; fewer go one ack each."""
+    cluster = ColumnCluster()
+    bolt = BoltCollector(cluster, hold=True)
+    for root in range(1, trees + 1):
+        (t,) = spout_tuple(cluster, root=root, edges=(root * 3,))
+        bolt.ack(t)
+    bolt.commit(dedup_key=5)
+    columns = [c for c in cluster.calls if c[0] == "ack_columns"]
+    assert columns == ([("ack_columns", trees, 5)] if trees >= COLUMNS_FROM else [])
+    assert len([c for c in cluster.calls if c[0] == "ack"]) == (0 if columns else trees)
+    assert all(cluster.complete(root) for root in range(1, trees + 1))

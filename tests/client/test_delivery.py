@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 from acker_client import ClusterClient, Spout
+from acker_client.batching import ACK as ACK_KIND
 from acker_client.batching import OpBuffer
 from acker_client.delivery import DROP_AMBIGUOUS, DROP_REFUSED, DeliveryPolicy, retry_safe
 from acker_protocol import grpc_options
@@ -156,3 +157,22 @@ def test_reconnect_backoff_is_configurable_and_checked():
         client.close()
     with pytest.raises(ValueError, match="reconnect backoff"):
         ClusterClient(["127.0.0.1:1"], verify=False, reconnect_backoff=(2.0, 1.0))
+
+
+def test_buffer_knows_its_retry_safety_without_reading_the_request():
+    """OpBuffer.retry_safe agrees with retry_safe(request) for scalar and column buffers, with and without a key."""
+    import numpy as np
+
+    columns = OpBuffer()
+    columns.add_columns(ACK_KIND, np.array([5], np.uint64), np.array([3], np.uint64))
+    keyed_columns = OpBuffer()
+    keyed_columns.add_columns(ACK_KIND, np.array([5], np.uint64), np.array([3], np.uint64), dedup_key=8)
+    zero_fold = OpBuffer()
+    zero_fold.ack(7, 3)
+    zero_fold.ack(7, 3)  # folds to 0: not sent at all
+    idempotent = OpBuffer()
+    idempotent.fail(3)
+    for buf in (_buffer(), columns, keyed_columns, zero_fold, idempotent):
+        for key in (0, 77):
+            assert buf.retry_safe(key) == retry_safe(buf.to_request(key)), (buf, key)
+    assert not _buffer().retry_safe(0) and not columns.retry_safe(0) and keyed_columns.retry_safe(0)
