@@ -191,7 +191,7 @@ def test_stream_spout_writes_a_batch_of_outcomes_with_one_transaction_per_table(
 
 
 class _NoSpark:
-    """Just enough of a SparkContext for a GuaranteedPipeline that never runs a job."""
+    """A stand-in for a SparkSession: a GuaranteedPipeline given its partitions and running no job asks it nothing."""
 
     defaultParallelism = 1
 
@@ -201,9 +201,10 @@ def test_pipeline_counts_a_batch_of_outcomes_and_writes_its_dead_letters_at_once
     per_delivery, per_batch = [], []
     store = DeadLetterStore(tmp_path / "dl.sqlite")
     pipeline = GuaranteedPipeline(
-        _NoSpark(),
+        _NoSpark(),  # partitions given: a pipeline that runs no job asks Spark nothing
         RecordingCluster(),
         dead_letters=store,
+        partitions=1,
         on_outcome=lambda d, o: per_delivery.append((d.key, o)),
         on_outcomes=lambda acked, failed: per_batch.append(([d.key for d in acked], [(d.key, o) for d, o in failed])),
     )
