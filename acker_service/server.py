@@ -320,7 +320,9 @@ def start_line(server: AckerServer) -> str:
     transport = ", mutual TLS" if c.tls_client_ca else ", TLS" if c.tls_cert else ""
     return (
         f"acker shard {c.shard_index}/{c.shard_count} serving on {server.address}, {metrics}, "
-        f"timeout {c.message_timeout:g}s, {c.buckets} buckets, {c.engine} ledger engine{transport}"
+        f"timeout {c.message_timeout:g}s, {c.buckets} buckets, {c.engine} ledger engine{transport}, "
+        # The incarnation lets a launcher tell its own child from another server on the same port.
+        f"incarnation {server.incarnation:#018x}"
     )
 
 

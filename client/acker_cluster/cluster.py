@@ -1,8 +1,10 @@
 """A local acker cluster: n acker processes with one consistent shard configuration.
 
 `ProcessCluster` starts shard i of n as `python -m acker_service --shard-index i
---shard-count n ...`, waits until every shard's health service reports SERVING,
-watches the children, and stops them all. The `acker-cluster` console script
+--shard-count n ...`, waits until every shard it started is serving (its own
+child, not whatever answers on the port: see `_confirm`), watches the children,
+and stops them all. The children die with the launcher, even a `kill -9`ed one
+(Linux: a parent-death signal; elsewhere a clean stop is needed). The `acker-cluster` console script
 (:mod:`acker_cluster.cli`) wraps it for operators; the demo and the tests use the class directly (kill a
 shard, restart it on the same ports).
 
@@ -13,8 +15,10 @@ is the order of `ProcessCluster.addresses` and of the line `acker-cluster` print
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,9 +30,13 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
-from acker_protocol.credentials import ChannelSecurity
+import grpc
+from acker_protocol import grpc_options
+from acker_protocol.credentials import ChannelSecurity, open_channel
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from acker_service import healthcheck
 
@@ -78,6 +86,40 @@ class _Shard:
     crashes: int = 0
     restart_at: float | None = None
     pids: list[int] = field(default_factory=list)
+    # Where the current child's output starts in log_path (the file is appended across restarts).
+    log_offset: int = 0
+
+
+# The child's start line (acker_service.server.start_line): its shard and incarnation.
+_START_LINE = re.compile(r"acker shard (\d+)/(\d+) serving on .*, incarnation (0x[0-9a-f]+)")
+_PR_SET_PDEATHSIG = 1
+# Loaded here, not in the forked child: between fork and exec only async-signal-safe
+# work is wise (the launcher has threads; dlopen takes locks one of them may hold).
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the child before exec: get SIGTERM when the launcher dies, however it dies (Linux).
+
+    A process group alone is not enough: ``kill -9`` of the launcher signals no
+    one. The setting survives exec; if the launcher died before it was made,
+    exit now.
+    """
+    if _LIBC is None:
+        return
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _read_from(path: Path, offset: int) -> str:
+    """The text of ``path`` from byte ``offset`` (empty if there is none yet)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _free_ports(host: str, count: int) -> list[int]:
@@ -337,6 +379,7 @@ class ProcessCluster:
         """Start `shard`'s child with its output appended to its log file."""
         shard.killed_by_request = False
         with open(shard.log_path, "ab") as out:
+            shard.log_offset = out.tell()
             # The child gets a duplicate of the descriptor; ours closes here, so
             # nothing stays open in the launcher. start_new_session puts the
             # child in its own process group: a terminal's Ctrl-C reaches only
@@ -348,6 +391,7 @@ class ProcessCluster:
                 stderr=subprocess.STDOUT,
                 env=self._child_env(),
                 start_new_session=True,
+                preexec_fn=partial(_die_with_parent, os.getpid()) if _LIBC is not None else None,
             )
         shard.process = proc
         shard.intentional = False
@@ -376,7 +420,7 @@ class ProcessCluster:
                 return False
             for shard in list(waiting):
                 self._raise_if_dead(shard)
-                if healthcheck.is_serving(self._address(shard), timeout=1.0, security=self.security):
+                if self._confirm(shard):
                     waiting.remove(shard)
             if waiting and time.monotonic() > deadline:
                 shard = waiting[0]
@@ -386,6 +430,34 @@ class ProcessCluster:
                 )
             if waiting:
                 time.sleep(_POLL_SECONDS)
+        return True
+
+    def _confirm(self, shard: _Shard) -> bool:
+        """True once `shard`'s own child serves: it printed its start line, and the port answers as that child.
+
+        Another server already on the port (a second cluster started on the same
+        ports) answers health checks too; only the child's own Describe returns
+        the shard and incarnation the child printed, and then it must be alive.
+        """
+        match = _START_LINE.search(_read_from(shard.log_path, shard.log_offset))
+        if match is None:
+            return False
+        index, count, incarnation = int(match[1]), int(match[2]), int(match[3], 16)
+        address = self._address(shard)
+        if not healthcheck.is_serving(address, timeout=1.0, security=self.security):
+            return False
+        try:
+            with open_channel(address, self.security, grpc_options.client_options()) as channel:
+                reply = acker_pb2_grpc.AckerStub(channel).Describe(acker_pb2.DescribeRequest(), timeout=1.0)
+        except grpc.RpcError:
+            return False
+        if (reply.shard_index, reply.shard_count, reply.incarnation) != (index, count, incarnation):
+            raise ClusterError(
+                f"acker shard {shard.index}: another server answers on {address} "
+                f"(shard {reply.shard_index}/{reply.shard_count}, not the child this cluster started); "
+                f"the child's output:\n{_tail(shard.log_path)}"
+            )
+        self._raise_if_dead(shard)
         return True
 
     def _raise_if_dead(self, shard: _Shard) -> None:

@@ -238,3 +238,74 @@ def test_cli_flags_fall_back_to_environment(monkeypatch: pytest.MonkeyPatch) -> 
     help_text = " ".join(parser.format_help().split())
     for flag in ("COUNT", "HOST", "BASE_PORT", "METRICS_BASE_PORT", "MESSAGE_TIMEOUT", "BUCKETS", "RESTART"):
         assert f"ACKER_CLUSTER_{flag}" in help_text
+
+
+# -- trusting only its own shards (issue 12) ------------------------------------
+
+
+def _dead(pid: int) -> bool:
+    """True when `pid` no longer runs: gone, or a zombie waiting for a reaper that is not its launcher."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _ackers_on_port(port: int) -> list[int]:
+    """Pids of acker processes started with `--port <port>` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"acker_service" in args and b"--port" in args and args[args.index(b"--port") + 1] == str(port).encode():
+            if not _dead(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def test_cluster_on_ports_another_cluster_holds_fails() -> None:
+    """The other cluster's health answers on the port, but start() confirms its own child, which cannot bind."""
+    with ProcessCluster(count=1) as other:
+        port = int(other.addresses[0].rsplit(":", 1)[1])
+        cluster = ProcessCluster(count=1, base_port=port)
+        with pytest.raises(ClusterError, match="exited with"):
+            cluster.start(timeout=DEADLINE)
+        assert _ackers_on_port(port) == [other.pid(0)]
+
+
+def test_cli_on_taken_ports_fails_and_leaves_nothing_running(launch: Callable[..., Launcher]) -> None:
+    """acker-cluster on another cluster's ports: no address line, no SERVING line, exit 1, no child left."""
+    with ProcessCluster(count=1) as other:
+        port = int(other.addresses[0].rsplit(":", 1)[1])
+        launcher = launch("--count", "1", "--base-port", str(port))
+        assert launcher.proc.wait(timeout=DEADLINE) == 1
+        assert launcher.proc.stdout is not None and launcher.proc.stdout.read() == b""
+        err = launcher.stderr()
+        assert "SERVING" not in err
+        assert err.startswith("acker-cluster: could not start: acker shard 0") and "exited with" in err
+        assert _ackers_on_port(port) == [other.pid(0)]
+
+
+def test_kill_9_of_the_launcher_leaves_no_shard(launch: Callable[..., Launcher]) -> None:
+    """The children get a parent-death signal: SIGKILL of acker-cluster stops them too."""
+    launcher = launch("--count", "2", "--base-port", "0")
+    launcher.first_line()
+    pids = launcher.child_pids(2)
+    launcher.proc.kill()
+    launcher.proc.wait()
+    _wait_for(lambda: all(_dead(pid) for pid in pids), "the orphaned shards to stop")
+
+
+def test_cli_without_restart_ends_when_every_shard_has_exited(launch: Callable[..., Launcher]) -> None:
+    """A launcher with no live shard and no --restart says so and exits 1 instead of serving nothing."""
+    launcher = launch("--count", "1", "--base-port", "0")
+    launcher.first_line()
+    (pid,) = launcher.child_pids(1)
+    os.kill(pid, signal.SIGKILL)
+    assert launcher.proc.wait(timeout=DEADLINE) == 1
+    assert "every shard has exited" in launcher.stderr()

@@ -18,7 +18,7 @@ from acker_service.config import ConfigError, ServerConfig
 
 START_LINE = re.compile(
     r"^acker shard (\d+)/(\d+) serving on (127\.0\.0\.1:\d+), "
-    r"(metrics on http://127\.0\.0\.1:\d+/metrics|metrics off), timeout ([\d.]+)s, (\d+) buckets, (native|reference) ledger engine$"
+    r"(metrics on http://127\.0\.0\.1:\d+/metrics|metrics off), timeout ([\d.]+)s, (\d+) buckets, (native|reference) ledger engine, incarnation 0x[0-9a-f]{16}$"
 )
 FLAGS = (
     "host",
@@ -159,7 +159,8 @@ def test_start_line_without_metrics_says_off(make_server, engine):
     assert START_LINE.match(line), line
     assert (
         line
-        == f"acker shard 0/1 serving on {server.address}, metrics off, timeout 30s, 3 buckets, {engine} ledger engine"
+        == f"acker shard 0/1 serving on {server.address}, metrics off, timeout 30s, 3 buckets, {engine} ledger engine, "
+        f"incarnation {server.incarnation:#018x}"
     )
 
 
