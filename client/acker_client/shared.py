@@ -11,9 +11,9 @@ from .cluster import ClusterClient
 
 __all__ = ["shared_client", "close_shared_clients"]
 
-# By address list and client options (security included). No pid in the key: a ClusterClient is itself fork-safe, so a
+# By address list and security options. No pid in the key: a ClusterClient is itself fork-safe, so a
 # forked child may use (or close) its parent's object.
-_shared: dict[tuple[tuple[str, ...], tuple[tuple[str, Any], ...]], ClusterClient] = {}
+_shared: dict[tuple[tuple[str, ...], Any], ClusterClient] = {}
 _lock = threading.Lock()
 
 
@@ -28,8 +28,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def shared_client(addresses: Sequence[str], **options: Any) -> ClusterClient:
     """This process's client for the cluster at ``addresses``, created with ``options`` on first use."""
-    # ChannelSecurity is frozen, so hashable; other options are numbers, flags and tuples.
-    key = (tuple(addresses), tuple(sorted(options.items())))
+    key = (tuple(addresses), options.get("security"))  # ChannelSecurity is frozen, so hashable
     with _lock:
         client = _shared.get(key)
         if client is None:

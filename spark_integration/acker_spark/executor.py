@@ -157,6 +157,7 @@ class Bolt:
         self.fn = fn
         # Further ClusterClient arguments for the executors' client, e.g. {"wait_for_shard": 5.0}:
         # how long a task's commit waits for an unreachable acker before its acks are dropped.
+        # A worker process shares one client per address list: the first bolt to use it sets them.
         self.client_options = dict(client_options or {})
         self.addresses = tuple(addresses) if addresses is not None else None
         self.security = security  # TLS files and token: paths that must exist on the executors too

@@ -171,6 +171,8 @@ def test_taken_port_is_refused_with_exit_2(make_server):
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{holder.port}" in result.stderr
     assert "port is taken" in result.stderr
+    # One line: gRPC's own C++ log line about the failed bind is not shown first.
+    assert result.stderr.strip().count("\n") == 0, result.stderr
 
 
 def test_taken_metrics_port_is_refused_with_exit_2():
