@@ -109,3 +109,11 @@ def test_dev_installs_every_extra():
     """make test installs .[dev], which must pull in every other extra's distributions."""
     every = set().union(*(_distributions((extra,)) for extra in PYPROJECT["project"]["optional-dependencies"]))
     assert every <= _distributions(("dev",))
+
+
+def test_every_package_ships_py_typed() -> None:
+    """PEP 561: without py.typed in the installed package, users' mypy skips its annotations."""
+    package_data = PYPROJECT["tool"]["setuptools"]["package-data"]
+    for package, (folder, _extras) in PACKAGES.items():
+        assert (REPO / folder / "py.typed").is_file(), folder
+        assert "py.typed" in package_data.get(package, []), package
