@@ -24,7 +24,7 @@ from .pipeline import AcksUndelivered, GuaranteedPipeline, Job, PipelineStats, r
 from .replays import ReplayPolicy
 from .session import LOCAL_MASTER, local_session
 from .sources import Delivery, Record, TextDirectorySource, generated_sentences, records_from
-from .stream_ledger import StreamDelivery, StreamLedger
+from .stream_ledger import StreamDelivery, StreamLedger, record_commit_errors
 
 # Imported on first use: the streaming source imports pyspark.sql, which `import acker_spark` does not.
 _LAZY = {
@@ -74,6 +74,7 @@ __all__ = [
     "generated_sentences",
     "local_session",
     "pack_ids",
+    "record_commit_errors",
     "records_from",
     "register_acker_spout",
     "run_untracked",

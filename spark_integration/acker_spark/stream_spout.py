@@ -123,6 +123,9 @@ class StreamSpout:
         self._pending_records: Iterator[Record] = iter(())
         self._log: deque[Row] = deque()
         self._first = 0  # the offset of self._log[0]
+        # (key, attempt) -> roots of deliveries in flight: a timeout of one whose acks an
+        # executor reported undelivered is recorded as ACKS_UNDELIVERED.
+        self._roots: dict[tuple[str, int], tuple[int, ...]] = {}
         self.run = f"{new_id():016x}"  # tags this reader's rows in the progress table
 
     def start(self) -> StreamSpout:
@@ -154,6 +157,7 @@ class StreamSpout:
         for tracked in self.replaying.take(max_rows, self._fresh):
             delivery = tracked.value
             with self._cond:
+                self._roots[(delivery.key, delivery.attempt)] = tuple(tracked.message_id.roots)
                 self._log.append((delivery.key, delivery.value, delivery.attempt, pack_ids(tracked.message_id)))
         return self.end
 
@@ -210,6 +214,10 @@ class StreamSpout:
         # counts the delivery as settled only after this returns: busy() turning False
         # may end an AvailableNow query, and whoever then reads the tables must find
         # every outcome there.
+        with self._cond:
+            roots = self._roots.pop((delivery.key, delivery.attempt), ())
+        if outcome in (Outcome.TIMED_OUT, Outcome.LOST) and self.ledger.undelivered(roots):
+            outcome = Outcome.ACKS_UNDELIVERED
         if final and outcome is not Outcome.ACKED:
             self.dead_letters.add(delivery.key, delivery.value, outcome, delivery.attempt)
         self.ledger.record(self.run, delivery.key, delivery.attempt, outcome, final=final, at=time.time())

@@ -129,3 +129,43 @@ def test_on_undelivered_is_checked() -> None:
 
 class _FakeSpark:
     defaultParallelism = 2
+
+
+# -- the streaming source (its spout alone, no Spark) ------------------------------
+
+
+def test_stream_spout_records_undelivered_acks_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver records its bolts' commit errors; the stream's spout then names ACKS_UNDELIVERED, not TIMED_OUT."""
+    from acker_client.testing import ManualClock, local_cluster
+    from acker_spark import CommitErrors, StreamLedger, record_commit_errors
+    from acker_spark import executor as executor_module
+    from acker_spark.frames import unpack_ids
+    from acker_spark.sources import Record
+    from acker_spark.stream_spout import StreamSpout
+
+    db = tmp_path / "progress.sqlite"
+    clock = ManualClock()
+    with local_cluster(1, message_timeout=1.0, clock=clock) as ackers, ClusterClient(ackers.addresses) as client:
+        spout = StreamSpout(client, [Record("k1", "v"), Record("k2", "v")], database=db, policy=ONCE).start()
+        try:
+            spout.advance()
+            rows = spout.rows(0, 2)
+            dropped = frozenset(unpack_ids(rows[0][3]).roots)  # k1's acks "could not be delivered"
+            report = CommitErrors("store", 1, dropped, ("shard 0 at 10.0.0.9:7100: UNAVAILABLE: no route",))
+            monkeypatch.setattr(executor_module, "commit_errors", lambda: {"store": report})
+            assert record_commit_errors(db) == {"store": 1}
+            client.flush()
+            clock.advance(3.0)
+            for server in ackers.servers:
+                server.advance()
+            assert spout.spout.wait_idle(60)
+        finally:
+            spout.close()
+    ledger = StreamLedger(db)
+    outcomes = {d.key: (d.outcome, d.final) for d in ledger.deliveries()}
+    assert outcomes == {"k1": (Outcome.ACKS_UNDELIVERED, True), "k2": (Outcome.TIMED_OUT, True)}
+    assert ledger.commit_errors() == {"store": 1}
+    assert {d.key: d.reason for d in DeadLetterStore(db).all()} == {
+        "k1": Outcome.ACKS_UNDELIVERED,
+        "k2": Outcome.TIMED_OUT,
+    }
