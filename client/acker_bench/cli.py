@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(args)
     except (AckerError, ClusterError, OSError, ValueError) as err:
-        print(f"acker-bench: {err}", file=sys.stderr)
+        print(f"acker-bench: {getattr(err, 'headline', err)}", file=sys.stderr)  # ClusterError: one line
         return 1
 
 

@@ -96,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         cluster.start(timeout=args.startup_timeout)
-    except (ClusterError, OSError, ValueError) as err:
+    except ClusterError as err:
+        # One line; the shard's full output is in its log (kept with --log-dir).
+        print(f"acker-cluster: could not start: {err.headline}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as err:
         print(f"acker-cluster: could not start: {err}", file=sys.stderr)
         return 1
     code = 0

@@ -64,7 +64,16 @@ _MAX_RESTART_DELAY = 30.0
 
 
 class ClusterError(RuntimeError):
-    """A shard did not start, died during start, or did not become healthy in time."""
+    """A shard did not start, died during start, or did not become healthy in time.
+
+    ``str()`` holds the child's last output lines; ``headline`` is one line (what
+    happened and the child's last line), for a command's error message.
+    """
+
+    def __init__(self, what: str, output: str = "", label: str = "last output") -> None:
+        super().__init__(f"{what}; {label}:\n{output}" if output else what)
+        last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "")
+        self.headline = f"{what}: {last}" if last else what
 
 
 @dataclass
@@ -425,8 +434,8 @@ class ProcessCluster:
             if waiting and time.monotonic() > deadline:
                 shard = waiting[0]
                 raise ClusterError(
-                    f"acker shard {shard.index} on {self._address(shard)} was not SERVING after "
-                    f"{timeout:g}s; last output:\n{_tail(shard.log_path)}"
+                    f"acker shard {shard.index} on {self._address(shard)} was not SERVING after {timeout:g}s",
+                    _tail(shard.log_path),
                 )
             if waiting:
                 time.sleep(_POLL_SECONDS)
@@ -454,8 +463,9 @@ class ProcessCluster:
         if (reply.shard_index, reply.shard_count, reply.incarnation) != (index, count, incarnation):
             raise ClusterError(
                 f"acker shard {shard.index}: another server answers on {address} "
-                f"(shard {reply.shard_index}/{reply.shard_count}, not the child this cluster started); "
-                f"the child's output:\n{_tail(shard.log_path)}"
+                f"(shard {reply.shard_index}/{reply.shard_count}, not the child this cluster started)",
+                _tail(shard.log_path),
+                "the child's output",
             )
         self._raise_if_dead(shard)
         return True
@@ -466,8 +476,8 @@ class ProcessCluster:
         code = proc.poll() if proc is not None else None
         if proc is not None and code is not None:
             raise ClusterError(
-                f"acker shard {shard.index} ({self._address(shard)}) exited with {_describe_exit(code)} "
-                f"while starting; last output:\n{_tail(shard.log_path)}"
+                f"acker shard {shard.index} ({self._address(shard)}) exited with {_describe_exit(code)} while starting",
+                _tail(shard.log_path),
             )
 
     def _address(self, shard: _Shard) -> str:

@@ -320,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(args)
     except (AckerError, ClusterError) as err:
-        print(f"acker-demo: {err}", file=sys.stderr)
+        print(f"acker-demo: {getattr(err, 'headline', err)}", file=sys.stderr)  # ClusterError: one line
         return 1
 
 

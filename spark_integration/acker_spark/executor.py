@@ -140,7 +140,11 @@ class Bolt:
     for the same input tuple, so that a re-run reproduces the same edge ids.
 
     ``addresses=None`` runs the same function without tracking (for overhead
-    comparisons). Create one Bolt per pipeline step: its uid salts the ids, so
+    comparisons). ``client_options`` are further ClusterClient arguments for the
+    executors' client (e.g. ``wait_for_shard``). A task whose acks cannot be
+    delivered logs a warning and is reported to the driver through the
+    ``commit_errors``, ``undelivered`` and ``commit_causes`` accumulators
+    (:meth:`commit_report`); the pipeline turns that into ``ACKS_UNDELIVERED``. Create one Bolt per pipeline step: its uid salts the ids, so
     two steps sharing a Bolt would look like re-runs of each other.
     """
 

@@ -287,7 +287,10 @@ def test_cli_on_taken_ports_fails_and_leaves_nothing_running(launch: Callable[..
         assert launcher.proc.stdout is not None and launcher.proc.stdout.read() == b""
         err = launcher.stderr()
         assert "SERVING" not in err
+        # One line: what happened and the child's own last line.
+        assert err.count("\n") == 1, err
         assert err.startswith("acker-cluster: could not start: acker shard 0") and "exited with" in err
+        assert "the port is taken" in err
         assert _ackers_on_port(port) == [other.pid(0)]
 
 
