@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import queue
 import re
 import shutil
 import signal
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any, cast
 
 import grpc
 from acker_protocol import grpc_options
@@ -121,6 +123,54 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+class _Spawner:
+    """Forks every child from one thread that lives as long as the cluster.
+
+    Linux sends the parent-death signal when the *thread* that forked the child
+    ends, not the process: a shard restarted from a short-lived thread (the
+    demo's chaos thread, a caller's worker) would get SIGTERM as soon as that
+    thread returned. This thread ends only after the children are stopped.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Any, threading.Event, list[Any]] | None] = queue.SimpleQueue()
+        # The target holds only the queue: the thread must not keep the cluster alive.
+        self.thread = threading.Thread(
+            target=_serve_spawns, args=(self.jobs,), name="acker-cluster-spawner", daemon=True
+        )
+        self.thread.start()
+        self.closed = False
+
+    def close(self) -> None:
+        """End the thread (after the children it forked were stopped)."""
+        self.closed = True
+        self.jobs.put(None)
+
+    def call(self, fn: Any) -> Any:
+        """Run ``fn()`` on the spawner thread and return its result (or raise its error)."""
+        if self.closed:
+            raise RuntimeError("this cluster was stopped")
+        if threading.current_thread() is self.thread:
+            return fn()
+        done, box = threading.Event(), cast(list[tuple[bool, Any]], [])
+        self.jobs.put((fn, done, box))
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+
+def _serve_spawns(jobs: queue.SimpleQueue[tuple[Any, threading.Event, list[Any]] | None]) -> None:
+    while (job := jobs.get()) is not None:
+        fn, done, box = job
+        try:
+            box.append((True, fn()))
+        except BaseException as err:  # handed to the caller, which raises it
+            box.append((False, err))
+        done.set()
+
+
 def _read_from(path: Path, offset: int) -> str:
     """The text of ``path`` from byte ``offset`` (empty if there is none yet)."""
     try:
@@ -176,8 +226,10 @@ def _describe_exit(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-def _reap_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Last-resort cleanup at garbage collection or interpreter exit: kill and reap leftovers."""
+def _reap_all(procs: list[subprocess.Popen[bytes]], spawns: queue.SimpleQueue[Any] | None = None) -> None:
+    """Last-resort cleanup at garbage collection or interpreter exit: kill and reap leftovers, end the spawner."""
+    if spawns is not None:
+        spawns.put(None)
     for proc in procs:
         if proc.poll() is None:
             with contextlib.suppress(OSError):
@@ -235,7 +287,8 @@ class ProcessCluster:
         self._watcher: threading.Thread | None = None
         # Every Popen ever made, for the last-resort finalizer (must not reference self).
         self._procs: list[subprocess.Popen[bytes]] = []
-        self._finalizer = weakref.finalize(self, _reap_all, self._procs)
+        self._spawner = _Spawner()
+        self._finalizer = weakref.finalize(self, _reap_all, self._procs, self._spawner.jobs)
 
     # -- public API ---------------------------------------------------------
 
@@ -325,6 +378,7 @@ class ProcessCluster:
             self._watcher.join()
             self._watcher = None
         self._terminate_all(grace)
+        self._spawner.close()  # after the children: its end would signal any still running
         self._cleanup_logs()
 
     def __enter__(self) -> ProcessCluster:
@@ -393,7 +447,8 @@ class ProcessCluster:
             # nothing stays open in the launcher. start_new_session puts the
             # child in its own process group: a terminal's Ctrl-C reaches only
             # the launcher, which then stops every child exactly once.
-            proc = subprocess.Popen(
+            popen = partial(
+                subprocess.Popen,
                 self._command(shard),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -402,6 +457,7 @@ class ProcessCluster:
                 start_new_session=True,
                 preexec_fn=partial(_die_with_parent, os.getpid()) if _LIBC is not None else None,
             )
+            proc = self._spawner.call(popen)
         shard.process = proc
         shard.intentional = False
         shard.pids.append(proc.pid)

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -312,3 +313,26 @@ def test_cli_without_restart_ends_when_every_shard_has_exited(launch: Callable[.
     os.kill(pid, signal.SIGKILL)
     assert launcher.proc.wait(timeout=DEADLINE) == 1
     assert "every shard has exited" in launcher.stderr()
+
+
+def test_a_shard_restarted_from_a_short_lived_thread_outlives_it() -> None:
+    """The parent-death signal follows the forking thread: children are forked by the cluster's own thread.
+
+    The demo restarts a killed shard from its chaos thread, which then ends; the
+    shard must keep serving.
+    """
+    with ProcessCluster(count=1) as cluster:
+        worker = threading.Thread(target=cluster.restart, args=(0,))
+        worker.start()
+        task = Path(f"/proc/self/task/{worker.native_id}")
+        worker.join()
+        _wait_for(lambda: not task.exists(), "the restarting thread to end")
+        # A child signalled at that thread's end would stop serving at once; probe it for a while.
+        for _ in range(20):
+            assert healthcheck.is_serving(cluster.addresses[0]), _tail_of(cluster)
+            time.sleep(0.1)
+        assert cluster.is_alive(0)
+
+
+def _tail_of(cluster: ProcessCluster) -> str:
+    return cluster.log_path(0).read_text()[-2000:]
