@@ -15,7 +15,6 @@ is the order of `ProcessCluster.addresses` and of the line `acker-cluster` print
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import queue
@@ -103,24 +102,6 @@ class _Shard:
 
 # The child's start line (acker_service.server.start_line): its shard and incarnation.
 _START_LINE = re.compile(r"acker shard (\d+)/(\d+) serving on .*, incarnation (0x[0-9a-f]+)")
-_PR_SET_PDEATHSIG = 1
-# Loaded here, not in the forked child: between fork and exec only async-signal-safe
-# work is wise (the launcher has threads; dlopen takes locks one of them may hold).
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-
-
-def _die_with_parent(parent: int) -> None:
-    """In the child before exec: get SIGTERM when the launcher dies, however it dies (Linux).
-
-    A process group alone is not enough: ``kill -9`` of the launcher signals no
-    one. The setting survives exec; if the launcher died before it was made,
-    exit now.
-    """
-    if _LIBC is None:
-        return
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 class _Spawner:
@@ -436,6 +417,9 @@ class ProcessCluster:
         """The launcher's environment without the per-shard ACKER_* settings, unbuffered."""
         env = {k: v for k, v in os.environ.items() if k not in _PER_SHARD_ENV}
         env["PYTHONUNBUFFERED"] = "1"
+        # The child asks for a parent-death signal (acker_service.cli.exit_with_parent), so a
+        # launcher killed with kill -9 leaves no shard behind.
+        env["ACKER_EXIT_WITH_PARENT"] = str(os.getpid())
         return env
 
     def _spawn(self, shard: _Shard) -> None:
@@ -455,7 +439,6 @@ class ProcessCluster:
                 stderr=subprocess.STDOUT,
                 env=self._child_env(),
                 start_new_session=True,
-                preexec_fn=partial(_die_with_parent, os.getpid()) if _LIBC is not None else None,
             )
             proc = self._spawner.call(popen)
         shard.process = proc

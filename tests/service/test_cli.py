@@ -184,3 +184,11 @@ def test_taken_metrics_port_is_refused_with_exit_2():
         result = run_cli("--port", "0", "--metrics-port", str(port))
     assert result.returncode == 2
     assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_server_whose_launcher_is_already_gone_does_not_start():
+    """ACKER_EXIT_WITH_PARENT names the launcher; a server started after it died exits at once, in one line."""
+    result = run_cli("--port", "0", env={"ACKER_EXIT_WITH_PARENT": "1"})  # pid 1 is never this test's process
+    assert result.returncode == 1
+    assert result.stderr.strip() == "acker-server: the launcher (pid 1) is gone; not starting"
