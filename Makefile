@@ -38,6 +38,18 @@ $(VENV)/.installed: pyproject.toml $(RUST_SRCS)
 
 venv: $(VENV)/.installed
 
+# What the demo needs and no more: the [tools] extra (server, Spark, rich), not the
+# test and lint toolchain; pip's own progress is shown (pyspark alone is ~300 MB).
+# A venv with the full dev install already has it all.
+$(VENV)/.demo-installed: pyproject.toml $(RUST_SRCS)
+	@echo "make demo: installing pyspark-acker[tools] into $(VENV) (pyspark is a large download; the native ledger compiles with cargo)"
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install -e '.[tools]'
+	touch $@
+
+DEMO_VENV := $(if $(wildcard $(VENV)/.installed),$(VENV)/.installed,$(VENV)/.demo-installed)
+
 system-deps:
 	@missing=""; for b in $(SYSTEM_BINARIES); do PATH="$$PATH:/usr/sbin:/sbin" command -v $$b >/dev/null 2>&1 || missing="$$missing $$b"; done; \
 	if [ -n "$$missing" ]; then \
@@ -49,7 +61,7 @@ system-deps:
 	@# Debian starts the packaged Prometheus as a service; the tests run their own.
 	@command -v systemctl >/dev/null 2>&1 && systemctl stop prometheus >/dev/null 2>&1 || true
 
-demo: $(VENV)/.installed
+demo: $(DEMO_VENV)
 	$(VENV)/bin/acker-demo $(DEMO_ARGS)
 
 lint: $(VENV)/.installed

@@ -152,8 +152,33 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(**{flag.name: getattr(args, flag.name) for flag in _FLAGS})
 
 
+EXIT_WITH_PARENT_ENV = "ACKER_EXIT_WITH_PARENT"
+_PR_SET_PDEATHSIG = 1
+
+
+def exit_with_parent(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """With ``ACKER_EXIT_WITH_PARENT=<pid>`` (set by acker-cluster), get SIGTERM when that parent dies (Linux).
+
+    A launcher killed with ``kill -9`` signals no one; the kernel's parent-death
+    signal does. Set here, in the server, rather than by the launcher between fork
+    and exec: Python code run in a forked child (``preexec_fn``) also runs the
+    launcher's at-fork hooks, which can disturb sockets it shares with the parent.
+    If the parent is already gone, stop at once.
+    """
+    parent = environ.get(EXIT_WITH_PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if str(os.getppid()) != parent.strip():
+        raise SystemExit(f"acker-server: the launcher (pid {parent}) is gone; not starting")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse flags, serve until SIGTERM/SIGINT; exit 0 on a clean stop, 2 on bad settings or a taken port."""
+    exit_with_parent()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -99,7 +99,10 @@ class _AckerCollector(Collector):
             outcomes.add_metric([name], value)
         yield outcomes
         yield CounterMetricFamily(
-            "acker_orphaned", "Entries expired with no spout (acks whose init never came).", value=s.orphaned
+            "acker_orphaned",
+            "Entries expired with no spout: acks whose init never came, and acks or fails that arrived after "
+            "their tree ended.",
+            value=s.orphaned,
         )
         yield GaugeMetricFamily("acker_pending_trees", "Trees initialised and not yet ended.", value=m.pending)
         yield GaugeMetricFamily(
@@ -110,7 +113,7 @@ class _AckerCollector(Collector):
         yield GaugeMetricFamily("acker_subscribers", "Open Subscribe streams.", value=hub.subscribers)
         yield GaugeMetricFamily(
             "acker_spouts_tracked",
-            "Spouts with outcome state on this acker (idle ones are forgotten after the retention window).",
+            "Spouts with outcome state on this acker; idle ones are forgotten after --retain-seconds.",
             value=hub.tracked_spouts,
         )
         yield GaugeMetricFamily(
@@ -138,7 +141,9 @@ class AckerMetrics:
         self.pending = 0
         self.orphans = 0
         self.complete_latency = ExactHistogram(
-            "acker_complete_latency_seconds", "Time from a tree's init to its outcome.", LATENCY_BUCKETS
+            "acker_complete_latency_seconds",
+            "Time from a tree's init to its outcome, every tree (exact, not sampled).",
+            LATENCY_BUCKETS,
         )
         self.batch_operations = ExactHistogram(
             "acker_apply_batch_operations", "Operations per Apply call.", BATCH_SIZE_BUCKETS

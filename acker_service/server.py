@@ -9,8 +9,10 @@ thread.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +57,36 @@ class PortInUse(OSError):
 def _host_port(host: str, port: int) -> str:
     """'host:port', with IPv6 literals in brackets."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def _port_in_use_message(address: str) -> str:
+    return (
+        f"cannot listen on {address}: the port is taken by another process, or the address is not "
+        "one of this machine's; choose another --port or stop the other process"
+    )
+
+
+def _cannot_bind(host: str, port: int) -> bool:
+    """True if ``host:port`` is taken or not this machine's (a plain bind, as gRPC's, without SO_REUSEPORT).
+
+    A race with another process binding right after this check is still caught
+    by gRPC's own bind (with its log line).
+    """
+    if port == 0:
+        return False
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return False  # gRPC reports what it makes of the name
+    for family, kind, proto, _name, sockaddr in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+                    return True
+    return False
 
 
 class AckerServer:
@@ -178,6 +210,10 @@ class AckerServer:
 
     async def _open(self) -> None:
         config = self.config
+        address = _host_port(config.host, config.port)
+        if _cannot_bind(config.host, config.port):
+            # Asked before gRPC binds: its failure also prints a raw C++ log line to stderr.
+            raise PortInUse(_port_in_use_message(address))
         server = grpc.aio.server(
             options=grpc_options.server_options(
                 config.max_message_bytes,
@@ -195,7 +231,6 @@ class AckerServer:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        address = _host_port(config.host, config.port)
         try:
             credentials = server_credentials(config)
             if credentials is None:
@@ -205,10 +240,7 @@ class AckerServer:
         except RuntimeError as exc:
             # grpc reports only "Failed to bind"; with so_reuseport=0 the usual cause is a taken port.
             await server.stop(None)
-            raise PortInUse(
-                f"cannot listen on {address}: the port is taken by another process, or the address is not "
-                "one of this machine's; choose another --port or stop the other process"
-            ) from exc
+            raise PortInUse(_port_in_use_message(address)) from exc
         await server.start()
         self._server = server
         for service in ("", SERVICE_NAME):
@@ -320,7 +352,9 @@ def start_line(server: AckerServer) -> str:
     transport = ", mutual TLS" if c.tls_client_ca else ", TLS" if c.tls_cert else ""
     return (
         f"acker shard {c.shard_index}/{c.shard_count} serving on {server.address}, {metrics}, "
-        f"timeout {c.message_timeout:g}s, {c.buckets} buckets, {c.engine} ledger engine{transport}"
+        f"timeout {c.message_timeout:g}s, {c.buckets} buckets, {c.engine} ledger engine{transport}, "
+        # The incarnation lets a launcher tell its own child from another server on the same port.
+        f"incarnation {server.incarnation:#018x}"
     )
 
 

@@ -8,6 +8,8 @@ import os
 import sys
 import urllib.request
 
+from acker_client import AckerError, ClusterClient
+from acker_cluster import ClusterError
 from acker_protocol.credentials import ChannelSecurity
 
 from .apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
@@ -166,8 +168,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point."""
+    """Console entry point: a run, or one line on stderr saying why it could not run (exit 1)."""
     args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except (AckerError, ClusterError, OSError, ValueError) as err:
+        print(f"acker-bench: {getattr(err, 'headline', err)}", file=sys.stderr)  # ClusterError: one line
+        return 1
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.fan_out < 1 or args.depth < 0 or args.processes < 1 or args.duration <= 0:
         print("acker-bench: --fan-out and --processes must be >= 1, --depth >= 0, --duration > 0", file=sys.stderr)
         return 2
@@ -205,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ackers:
         addresses = tuple(a for a in args.ackers.split(",") if a)
         metrics_urls = [u for u in (args.metrics_urls or "").split(",") if u]
+        # Checked here, before any worker process starts: a wrong address list is one
+        # clear error, not a traceback per process.
+        ClusterClient(addresses, security=security).close()
     else:
         from acker_cluster import ProcessCluster
 

@@ -6,7 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from acker_protocol.wire import MAX_ID
+from acker_protocol.wire import MAX_ID, shard_of
+
+from .errors import ShardUnavailable
 
 from .ids import EdgeIdSource, RandomEdgeIds
 from .tuples import TrackedTuple, single, tracked
@@ -33,6 +35,9 @@ class BoltCollector:
         self.hold = hold
         self._held_acks: dict[int, int] = {}  # root -> xor of held ack values
         self._held_fails: dict[int, None] = {}
+        # Roots of the last commit whose operations were dropped (their shard was
+        # unreachable): the trees that will time out because of it, not of the work.
+        self.undelivered: tuple[int, ...] = ()
 
     def emit(self, value: Any, anchors: Sequence[TrackedTuple] | TrackedTuple = ()) -> TrackedTuple:
         """Return a child tuple anchored to ``anchors`` (one tuple or several; none: unanchored, untracked)."""
@@ -125,18 +130,31 @@ class BoltCollector:
             raise RuntimeError("commit() is for collectors created with hold=True")
         acks, fails = self._held_acks, self._held_fails
         self._held_acks, self._held_fails = {}, {}
-        for root in fails:
-            self.cluster.fail(root)
-        ack_columns = getattr(self.cluster, "ack_columns", None)
-        if ack_columns is not None and len(acks) >= COLUMNS_FROM:
-            # One numpy column instead of a call, a fold and a protobuf field per root.
-            roots = np.fromiter(acks.keys(), np.uint64, len(acks))
-            ack_columns(roots, np.fromiter(acks.values(), np.uint64, len(acks)), dedup_key)
-        else:
-            for root, value in acks.items():
-                if value:  # a zero xor changes no checksum
-                    self.cluster.ack(root, value, dedup_key)
-        self.cluster.flush()
+        self.undelivered = ()
+        try:
+            for root in fails:
+                self.cluster.fail(root)
+            ack_columns = getattr(self.cluster, "ack_columns", None)
+            if ack_columns is not None and len(acks) >= COLUMNS_FROM:
+                # One numpy column instead of a call, a fold and a protobuf field per root.
+                roots = np.fromiter(acks.keys(), np.uint64, len(acks))
+                ack_columns(roots, np.fromiter(acks.values(), np.uint64, len(acks)), dedup_key)
+            else:
+                for root, value in acks.items():
+                    if value:  # a zero xor changes no checksum
+                        self.cluster.ack(root, value, dedup_key)
+            self.cluster.flush()
+        except ShardUnavailable as err:
+            # Name the trees this commit could not reach, so whoever reports the
+            # failure can tell "acks undelivered" from "the work was too slow".
+            self.undelivered = self._roots_on(set(err.shards), [*fails, *acks])
+            raise
+
+    def _roots_on(self, shards: set[int], roots: list[int]) -> tuple[int, ...]:
+        count = getattr(self.cluster, "shard_count", None)
+        if not isinstance(count, int) or not shards:
+            return tuple(dict.fromkeys(roots))  # unknown layout: every root of the commit may be affected
+        return tuple(dict.fromkeys(r for r in roots if shard_of(r, count) in shards))
 
     def discard(self) -> None:
         """Drop the held acks and fails (the attempt failed; its re-run will send its own)."""

@@ -21,13 +21,30 @@ from acker_protocol.wire import MAX_ID, check_id, check_root, check_spout_name, 
 from . import process
 from .batching import ACK, FAIL, INIT, RESET_TIMEOUT, OpBuffer
 from .columns import as_ids, as_roots, fold_xor, shard_slices
-from .errors import AckerError, ClusterMisconfigured, batch_error, shard_failure
+from .errors import AckerError, ClusterMisconfigured, batch_error, connect_error, shard_failure
 from .process import ClientStats, ProcessState
 from .sender import Sender
 
-__all__ = ["ClusterClient", "ClientStats"]
+__all__ = ["ClusterClient", "ClientStats", "check_address"]
 
 log = logging.getLogger(__name__)
+
+
+def check_address(address: str) -> None:
+    """Raise ValueError unless ``address`` is ``host:port`` (or a gRPC target with a scheme, such as ``unix:``).
+
+    gRPC reads a bare host as port 443: an acker address without its port would
+    silently point at the wrong service.
+    """
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"acker address {address!r} is empty; write host:port, e.g. 127.0.0.1:7100")
+    if address.startswith("unix:") or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or host.endswith(":") or (":" in host and not host.startswith("[")):
+        raise ValueError(f"acker address {address!r} has no port; write host:port, e.g. {address}:7100")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"acker address {address!r} has no valid port (1-65535); write host:port")
 
 
 class ClusterClient:
@@ -81,6 +98,8 @@ class ClusterClient:
             addresses = [a for a in addresses.split(",") if a]
         if not addresses:
             raise ValueError("a cluster needs at least one acker address")
+        for address in addresses:
+            check_address(address)
         if batch_size < 1 or flush_interval <= 0 or deadline <= 0 or column_batch_size < 1:
             raise ValueError("batch_size, column_batch_size, flush_interval and deadline must be positive")
         if wait_for_shard < 0:
@@ -213,8 +232,20 @@ class ClusterClient:
             raise batch_error([shard_failure(shard, self._addresses[shard], exc, 0)]) from exc
 
     def _verify(self) -> None:
-        for shard, address in enumerate(self._addresses):
-            info = self.describe(shard)
+        # Every shard at once, so a wrong address list names every dead shard, not only the first.
+        calls = [
+            self._stub(shard).Describe.future(acker_pb2.DescribeRequest(), timeout=self.deadline)
+            for shard in range(self._n)
+        ]
+        infos, failures = [], []
+        for shard, call in enumerate(calls):
+            try:
+                infos.append(call.result())
+            except grpc.RpcError as exc:
+                failures.append(shard_failure(shard, self._addresses[shard], exc, 0))
+        if failures:
+            raise connect_error(failures, self._n)
+        for shard, (address, info) in enumerate(zip(self._addresses, infos)):
             if info.shard_count != self._n or info.shard_index != shard:
                 raise ClusterMisconfigured(
                     f"address {shard} ({address}) is acker shard {info.shard_index} of {info.shard_count}, "

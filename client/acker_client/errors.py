@@ -52,6 +52,8 @@ class ShardFailure:
     def describe(self) -> str:
         """One human-readable line naming the shard, its address and the cause."""
         code = self.code.name if self.code is not None else "ERROR"
+        if not self.operations and not self.reason:  # a call that carried no operations (Describe)
+            return f"shard {self.shard} ({self.address}): {code}: {self.detail}"
         why = f", {self.reason}" if self.reason else ""
         return f"shard {self.shard} ({self.address}): {code}: {self.detail} [{self.operations} operations dropped{why}]"
 
@@ -109,6 +111,17 @@ def shard_failure(
     code = exc.code() if hasattr(exc, "code") else None
     detail = exc.details() if hasattr(exc, "details") else str(exc)
     return ShardFailure(shard, address, code, detail or "", operations, init_roots)
+
+
+def connect_error(failures: list[ShardFailure], shards: int) -> _BatchError:
+    """The error of a client that could not check its ackers: one naming every shard that did not answer.
+
+    ShardUnavailable (could not connect) unless a shard answered with a refusal
+    (e.g. UNAUTHENTICATED), which is RequestRefused.
+    """
+    if any(f.code in REFUSAL_CODES for f in failures):
+        return RequestRefused(failures, f"{len(failures)} of {shards} ackers refused the client's Describe")
+    return ShardUnavailable(failures, f"could not connect to {len(failures)} of {shards} ackers")
 
 
 def batch_error(failures: list[ShardFailure]) -> _BatchError:

@@ -96,16 +96,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         cluster.start(timeout=args.startup_timeout)
-    except (ClusterError, OSError, ValueError) as err:
+    except ClusterError as err:
+        # One line; the shard's full output is in its log (kept with --log-dir).
+        print(f"acker-cluster: could not start: {err.headline}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as err:
         print(f"acker-cluster: could not start: {err}", file=sys.stderr)
         return 1
+    code = 0
     try:
         _announce(cluster)
-        stop.wait()
-        log.info("stopping %d shards", cluster.count)
+        while not stop.wait(0.5):
+            # Without --restart a launcher whose every shard exited serves nothing: say so and end.
+            if not args.restart and not any(cluster.is_alive(i) for i in range(cluster.count)):
+                log.error("every shard has exited; stopping")
+                code = 1
+                break
+        else:
+            log.info("stopping %d shards", cluster.count)
     finally:
         cluster.stop()
-    return 0
+    return code
 
 
 def _announce(cluster: ProcessCluster) -> None:

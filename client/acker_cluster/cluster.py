@@ -1,8 +1,10 @@
 """A local acker cluster: n acker processes with one consistent shard configuration.
 
 `ProcessCluster` starts shard i of n as `python -m acker_service --shard-index i
---shard-count n ...`, waits until every shard's health service reports SERVING,
-watches the children, and stops them all. The `acker-cluster` console script
+--shard-count n ...`, waits until every shard it started is serving (its own
+child, not whatever answers on the port: see `_confirm`), watches the children,
+and stops them all. The children die with the launcher, even a `kill -9`ed one
+(Linux: a parent-death signal; elsewhere a clean stop is needed). The `acker-cluster` console script
 (:mod:`acker_cluster.cli`) wraps it for operators; the demo and the tests use the class directly (kill a
 shard, restart it on the same ports).
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
+import re
 import shutil
 import signal
 import socket
@@ -26,9 +30,14 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any, cast
 
-from acker_protocol.credentials import ChannelSecurity
+import grpc
+from acker_protocol import grpc_options
+from acker_protocol.credentials import ChannelSecurity, open_channel
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from acker_service import healthcheck
 
@@ -56,7 +65,16 @@ _MAX_RESTART_DELAY = 30.0
 
 
 class ClusterError(RuntimeError):
-    """A shard did not start, died during start, or did not become healthy in time."""
+    """A shard did not start, died during start, or did not become healthy in time.
+
+    ``str()`` holds the child's last output lines; ``headline`` is one line (what
+    happened and the child's last line), for a command's error message.
+    """
+
+    def __init__(self, what: str, output: str = "", label: str = "last output") -> None:
+        super().__init__(f"{what}; {label}:\n{output}" if output else what)
+        last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "")
+        self.headline = f"{what}: {last}" if last else what
 
 
 @dataclass
@@ -78,6 +96,70 @@ class _Shard:
     crashes: int = 0
     restart_at: float | None = None
     pids: list[int] = field(default_factory=list)
+    # Where the current child's output starts in log_path (the file is appended across restarts).
+    log_offset: int = 0
+
+
+# The child's start line (acker_service.server.start_line): its shard and incarnation.
+_START_LINE = re.compile(r"acker shard (\d+)/(\d+) serving on .*, incarnation (0x[0-9a-f]+)")
+
+
+class _Spawner:
+    """Forks every child from one thread that lives as long as the cluster.
+
+    Linux sends the parent-death signal when the *thread* that forked the child
+    ends, not the process: a shard restarted from a short-lived thread (the
+    demo's chaos thread, a caller's worker) would get SIGTERM as soon as that
+    thread returned. This thread ends only after the children are stopped.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Any, threading.Event, list[Any]] | None] = queue.SimpleQueue()
+        # The target holds only the queue: the thread must not keep the cluster alive.
+        self.thread = threading.Thread(
+            target=_serve_spawns, args=(self.jobs,), name="acker-cluster-spawner", daemon=True
+        )
+        self.thread.start()
+        self.closed = False
+
+    def close(self) -> None:
+        """End the thread (after the children it forked were stopped)."""
+        self.closed = True
+        self.jobs.put(None)
+
+    def call(self, fn: Any) -> Any:
+        """Run ``fn()`` on the spawner thread and return its result (or raise its error)."""
+        if self.closed:
+            raise RuntimeError("this cluster was stopped")
+        if threading.current_thread() is self.thread:
+            return fn()
+        done, box = threading.Event(), cast(list[tuple[bool, Any]], [])
+        self.jobs.put((fn, done, box))
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+
+def _serve_spawns(jobs: queue.SimpleQueue[tuple[Any, threading.Event, list[Any]] | None]) -> None:
+    while (job := jobs.get()) is not None:
+        fn, done, box = job
+        try:
+            box.append((True, fn()))
+        except BaseException as err:  # handed to the caller, which raises it
+            box.append((False, err))
+        done.set()
+
+
+def _read_from(path: Path, offset: int) -> str:
+    """The text of ``path`` from byte ``offset`` (empty if there is none yet)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _free_ports(host: str, count: int) -> list[int]:
@@ -125,8 +207,10 @@ def _describe_exit(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-def _reap_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Last-resort cleanup at garbage collection or interpreter exit: kill and reap leftovers."""
+def _reap_all(procs: list[subprocess.Popen[bytes]], spawns: queue.SimpleQueue[Any] | None = None) -> None:
+    """Last-resort cleanup at garbage collection or interpreter exit: kill and reap leftovers, end the spawner."""
+    if spawns is not None:
+        spawns.put(None)
     for proc in procs:
         if proc.poll() is None:
             with contextlib.suppress(OSError):
@@ -184,7 +268,8 @@ class ProcessCluster:
         self._watcher: threading.Thread | None = None
         # Every Popen ever made, for the last-resort finalizer (must not reference self).
         self._procs: list[subprocess.Popen[bytes]] = []
-        self._finalizer = weakref.finalize(self, _reap_all, self._procs)
+        self._spawner = _Spawner()
+        self._finalizer = weakref.finalize(self, _reap_all, self._procs, self._spawner.jobs)
 
     # -- public API ---------------------------------------------------------
 
@@ -274,6 +359,7 @@ class ProcessCluster:
             self._watcher.join()
             self._watcher = None
         self._terminate_all(grace)
+        self._spawner.close()  # after the children: its end would signal any still running
         self._cleanup_logs()
 
     def __enter__(self) -> ProcessCluster:
@@ -331,17 +417,22 @@ class ProcessCluster:
         """The launcher's environment without the per-shard ACKER_* settings, unbuffered."""
         env = {k: v for k, v in os.environ.items() if k not in _PER_SHARD_ENV}
         env["PYTHONUNBUFFERED"] = "1"
+        # The child asks for a parent-death signal (acker_service.cli.exit_with_parent), so a
+        # launcher killed with kill -9 leaves no shard behind.
+        env["ACKER_EXIT_WITH_PARENT"] = str(os.getpid())
         return env
 
     def _spawn(self, shard: _Shard) -> None:
         """Start `shard`'s child with its output appended to its log file."""
         shard.killed_by_request = False
         with open(shard.log_path, "ab") as out:
+            shard.log_offset = out.tell()
             # The child gets a duplicate of the descriptor; ours closes here, so
             # nothing stays open in the launcher. start_new_session puts the
             # child in its own process group: a terminal's Ctrl-C reaches only
             # the launcher, which then stops every child exactly once.
-            proc = subprocess.Popen(
+            popen = partial(
+                subprocess.Popen,
                 self._command(shard),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -349,6 +440,7 @@ class ProcessCluster:
                 env=self._child_env(),
                 start_new_session=True,
             )
+            proc = self._spawner.call(popen)
         shard.process = proc
         shard.intentional = False
         shard.pids.append(proc.pid)
@@ -376,16 +468,45 @@ class ProcessCluster:
                 return False
             for shard in list(waiting):
                 self._raise_if_dead(shard)
-                if healthcheck.is_serving(self._address(shard), timeout=1.0, security=self.security):
+                if self._confirm(shard):
                     waiting.remove(shard)
             if waiting and time.monotonic() > deadline:
                 shard = waiting[0]
                 raise ClusterError(
-                    f"acker shard {shard.index} on {self._address(shard)} was not SERVING after "
-                    f"{timeout:g}s; last output:\n{_tail(shard.log_path)}"
+                    f"acker shard {shard.index} on {self._address(shard)} was not SERVING after {timeout:g}s",
+                    _tail(shard.log_path),
                 )
             if waiting:
                 time.sleep(_POLL_SECONDS)
+        return True
+
+    def _confirm(self, shard: _Shard) -> bool:
+        """True once `shard`'s own child serves: it printed its start line, and the port answers as that child.
+
+        Another server already on the port (a second cluster started on the same
+        ports) answers health checks too; only the child's own Describe returns
+        the shard and incarnation the child printed, and then it must be alive.
+        """
+        match = _START_LINE.search(_read_from(shard.log_path, shard.log_offset))
+        if match is None:
+            return False
+        index, count, incarnation = int(match[1]), int(match[2]), int(match[3], 16)
+        address = self._address(shard)
+        if not healthcheck.is_serving(address, timeout=1.0, security=self.security):
+            return False
+        try:
+            with open_channel(address, self.security, grpc_options.client_options()) as channel:
+                reply = acker_pb2_grpc.AckerStub(channel).Describe(acker_pb2.DescribeRequest(), timeout=1.0)
+        except grpc.RpcError:
+            return False
+        if (reply.shard_index, reply.shard_count, reply.incarnation) != (index, count, incarnation):
+            raise ClusterError(
+                f"acker shard {shard.index}: another server answers on {address} "
+                f"(shard {reply.shard_index}/{reply.shard_count}, not the child this cluster started)",
+                _tail(shard.log_path),
+                "the child's output",
+            )
+        self._raise_if_dead(shard)
         return True
 
     def _raise_if_dead(self, shard: _Shard) -> None:
@@ -394,8 +515,8 @@ class ProcessCluster:
         code = proc.poll() if proc is not None else None
         if proc is not None and code is not None:
             raise ClusterError(
-                f"acker shard {shard.index} ({self._address(shard)}) exited with {_describe_exit(code)} "
-                f"while starting; last output:\n{_tail(shard.log_path)}"
+                f"acker shard {shard.index} ({self._address(shard)}) exited with {_describe_exit(code)} while starting",
+                _tail(shard.log_path),
             )
 
     def _address(self, shard: _Shard) -> str:

@@ -56,6 +56,9 @@ class Outcome(IntEnum):
     TIMED_OUT = acker_pb2.OUTCOME_TIMED_OUT
     TIMEOUT_RESET = acker_pb2.OUTCOME_TIMEOUT_RESET  # a notification, not an end: the tree got a fresh timeout
     LOST = acker_pb2.OUTCOME_LOST  # never from an acker: the spout's verdict when no outcome can arrive
+    # Never from an acker: the Spark pipeline's verdict for a tree that timed out or was
+    # lost because a bolt's acks for it could not be delivered (executor cannot reach it).
+    ACKS_UNDELIVERED = acker_pb2.OUTCOME_ACKS_UNDELIVERED
 
 
 def check_mirrors(enum: type[IntEnum], proto_enum: EnumDescriptor, prefix: str) -> None:

@@ -1,5 +1,5 @@
 """``python -m acker_demo``: the same as the ``acker-demo`` command."""
 
-from .cli import main
+from . import main
 
 raise SystemExit(main())

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from acker_client import AckerError
+from acker_cluster import ClusterError
 from acker_spark.dead_letter import DeadLetterStore
 from acker_spark.executor import close_clients
 from acker_spark.pipeline import GuaranteedPipeline, PipelineStats, run_untracked
@@ -70,7 +72,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     track.add_argument("--backoff", type=float, default=0.5, help="seconds before the first replay (doubles, cap 8 s)")
     track.add_argument("--message-timeout", type=float, default=8.0, help="the ackers' tree timeout, seconds")
     track.add_argument("--max-pending", type=int, default=500, help="records in flight (also the micro-batch size)")
-    track.add_argument("--ackers", type=int, default=3, help="acker shards to start")
+    # --shards, not --ackers: across the CLIs --ackers is always an address list.
+    track.add_argument("--shards", type=int, default=3, help="acker shards to start")
     track.add_argument("--no-tracking", action="store_true", help="run the same pipeline without the acker (baseline)")
     track.add_argument(
         "--dataframe", action="store_true", help="the DataFrame job of ArrowBolts (mapInArrow) instead of RDD bolts"
@@ -81,11 +84,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     out.add_argument("--partitions", type=int, default=4, help="Spark partitions per stage")
     out.add_argument("--master", default=LOCAL_MASTER, help="Spark master")
     args = p.parse_args(argv)
-    if args.records < 0 or args.max_attempts < 1 or args.max_pending < 1 or args.ackers < 1 or args.partitions < 1:
-        p.error("--records must be >= 0; --max-attempts, --max-pending, --ackers and --partitions >= 1")
+    if args.records < 0 or args.max_attempts < 1 or args.max_pending < 1 or args.shards < 1 or args.partitions < 1:
+        p.error("--records must be >= 0; --max-attempts, --max-pending, --shards and --partitions >= 1")
     if not 0 <= args.fail_percent <= 100:
         p.error("--fail-percent must be between 0 and 100")
-    if args.kill_acker_after and args.ackers < 2:
+    if args.kill_acker_after and args.shards < 2:
         p.error("--kill-acker-after needs at least 2 ackers (shard 1 is killed)")
     return args
 
@@ -197,7 +200,7 @@ def _run_tracked(
     from acker_client import ClusterClient
     from acker_cluster import ProcessCluster
 
-    with ProcessCluster(count=args.ackers, message_timeout=args.message_timeout) as cluster:
+    with ProcessCluster(count=args.shards, message_timeout=args.message_timeout) as cluster:
         job, bolts = _build_job(args)(cluster.addresses, db, partitions=args.partitions, injection=_injection(args))
         policy = ReplayPolicy(max_attempts=args.max_attempts, backoff_base=args.backoff, backoff_cap=8.0)
         chaos = AckerChaos(cluster, 1, args.kill_acker_after, args.restart_after, live.event if live else log.warning)
@@ -328,6 +331,14 @@ def _quiet_expected_warnings() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``acker-demo``; returns the exit status."""
     args = parse_args(argv)
+    try:
+        return _main(args)
+    except (AckerError, ClusterError) as err:
+        print(f"acker-demo: {getattr(err, 'headline', err)}", file=sys.stderr)  # ClusterError: one line
+        return 1
+
+
+def _main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:

@@ -18,14 +18,14 @@ Structured Streaming: ``register_acker_spout(spark)``, then ``spark.readStream.f
 from typing import Any
 
 from .dead_letter import DeadLetter, DeadLetterStore
-from .executor import Bolt, BoltFunction, UntrackedCollector, client_for, close_clients
+from .executor import Bolt, BoltFunction, CommitErrors, UntrackedCollector, client_for, close_clients, commit_errors
 from .frames import TRACKING_COLUMN, pack_ids, unpack_ids
 from .ids import DeterministicEdgeIds, dedup_key, stable_id
-from .pipeline import GuaranteedPipeline, Job, PipelineStats, run_untracked
+from .pipeline import AcksUndelivered, GuaranteedPipeline, Job, PipelineStats, run_untracked
 from .replays import ReplayPolicy
 from .session import LOCAL_MASTER, local_session
 from .sources import Delivery, Record, TextDirectorySource, generated_sentences, records_from
-from .stream_ledger import StreamDelivery, StreamLedger
+from .stream_ledger import StreamDelivery, StreamLedger, record_commit_errors
 
 # Imported on first use: the streaming source imports pyspark.sql, and the Arrow bolts pyarrow,
 # which `import acker_spark` does not.
@@ -51,11 +51,13 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AckerSpoutDataSource",
+    "AcksUndelivered",
     "ArrowBolt",
     "ArrowCollector",
     "ArrowFunction",
     "Bolt",
     "BoltFunction",
+    "CommitErrors",
     "DeadLetter",
     "DeadLetterStore",
     "Delivery",
@@ -75,10 +77,12 @@ __all__ = [
     "UntrackedCollector",
     "client_for",
     "close_clients",
+    "commit_errors",
     "dedup_key",
     "generated_sentences",
     "local_session",
     "pack_ids",
+    "record_commit_errors",
     "records_from",
     "register_acker_spout",
     "run_untracked",

@@ -15,21 +15,23 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from acker_client import AckerError, ClusterClient, MessageId, TrackedTuple, new_id
 from acker_protocol.wire import Outcome
 
 from .dead_letter import DeadLetterStore
+from .executor import Bolt, CommitErrors, merge_errors, tracked_bolts
 from .frames import delivery_frame
 from .replaying_spout import ReplayingSpout
 from .replays import ReplayPolicy
 from .session import default_parallelism, spark_context_of
 from .sources import Delivery, Record
 
-__all__ = ["PipelineStats", "GuaranteedPipeline", "run_untracked", "Job"]
+__all__ = ["AcksUndelivered", "PipelineStats", "GuaranteedPipeline", "run_untracked", "Job"]
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +59,41 @@ class PipelineStats:
     awaiting_replay: int = 0  # failed records waiting for their backoff
     batches: int = 0  # Spark jobs run
     job_errors: int = 0  # jobs that raised (their unfinished trees were failed and replayed)
+    # ... ACKS_UNDELIVERED: timed out or lost because a bolt's acks for it never reached its acker
+    acks_undelivered: int = 0
+    # Task commits whose acks could not be delivered, by bolt name (executors that cannot reach the ackers).
+    commit_errors: dict[str, int] = field(default_factory=dict)
     replayed_keys: set[str] = field(default_factory=set, repr=False)
 
     def as_dict(self) -> dict[str, int]:
-        """The counters as a plain dict (no key sets), for JSON and tables."""
+        """The counters as a plain dict (no key sets; commit errors summed over bolts), for JSON and tables."""
         data = asdict(self)
         data.pop("replayed_keys")
+        data["commit_errors"] = sum(self.commit_errors.values())
         return data
+
+
+class AcksUndelivered(AckerError):
+    """Records failed because executors could not deliver their acks (raised by :meth:`GuaranteedPipeline.run`).
+
+    ``stats`` is the finished run's :class:`PipelineStats`; ``errors`` what each
+    bolt reported (:class:`~acker_spark.executor.CommitErrors`). The records are
+    in the dead-letter table with reason ``ACKS_UNDELIVERED``.
+    """
+
+    def __init__(self, stats: PipelineStats, errors: dict[str, CommitErrors]) -> None:
+        self.stats, self.errors = stats, errors
+        super().__init__(_undelivered_message(stats, errors))
+
+
+def _undelivered_message(stats: PipelineStats, errors: dict[str, CommitErrors]) -> str:
+    causes = sorted({cause for report in errors.values() for cause in report.causes})
+    bolts = ", ".join(f"{name} ({n} task commits dropped)" for name, n in sorted(stats.commit_errors.items()))
+    return (
+        f"{stats.acks_undelivered} deliveries failed because executors could not deliver their acks "
+        f"(bolts: {bolts or 'unknown'}); could not reach: {'; '.join(causes) or 'unknown'}. "
+        "Check the addresses given to each Bolt (executors must reach them; the driver's client did)."
+    )
 
 
 class GuaranteedPipeline:
@@ -102,9 +132,13 @@ class GuaranteedPipeline:
         on_outcomes: Callable[[list[Delivery], list[tuple[Delivery, Outcome]]], None] | None = None,
         progress_interval: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
+        on_undelivered: Literal["raise", "warn"] = "raise",
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        if on_undelivered not in ("raise", "warn"):
+            raise ValueError(f'on_undelivered must be "raise" or "warn", got {on_undelivered!r}')
+        self.on_undelivered = on_undelivered
         # None on Spark Connect: no RDDs and no accumulators there, DataFrame jobs only.
         self.sc = spark_context_of(spark)
         self._spark = spark if spark is not self.sc else None
@@ -130,6 +164,12 @@ class GuaranteedPipeline:
         self._exhausted = False
         self._as_dataframe = False
         self._value_type: Any = None
+        # Acks-undelivered bookkeeping (see _collect_commit_errors): the bolts' reports
+        # when the run started, the deliveries whose acks were dropped, and the run's own report.
+        self._errors_before: weakref.WeakKeyDictionary[Bolt, CommitErrors] = weakref.WeakKeyDictionary()
+        self._undelivered: set[tuple[str, int]] = set()  # (key, attempt)
+        self._errors: dict[str, CommitErrors] = {}
+        self._dead_undelivered = 0  # records dead-lettered as ACKS_UNDELIVERED
 
     # -- the driver loop -------------------------------------------------------
 
@@ -152,6 +192,7 @@ class GuaranteedPipeline:
         if not as_dataframe and self.sc is None:
             raise TypeError("Spark Connect has no RDDs: run(source, job, as_dataframe=True) with DataFrame bolts")
         self._as_dataframe, self._value_type = as_dataframe, value_type
+        self._errors_before.update((bolt, bolt.commit_report()) for bolt in tracked_bolts())
         spout = self._spout = ReplayingSpout(
             self.cluster,
             on_outcomes=self._on_outcomes,
@@ -181,7 +222,21 @@ class GuaranteedPipeline:
             spout.close()
         self._write_dead_letters()
         self._report()
+        self._check_undelivered()
         return self.stats
+
+    def _check_undelivered(self) -> None:
+        """Raise (or warn) if a record was dead-lettered because its acks could not be delivered.
+
+        Deliveries that failed so but were acked on a replay (a short outage) are
+        in the stats and the log only: the run did its work.
+        """
+        if not self.stats.acks_undelivered:
+            return
+        error = AcksUndelivered(self.snapshot(), dict(self._errors))
+        if self._dead_undelivered and self.on_undelivered == "raise":
+            raise error
+        log.warning("%s", error)
 
     def _take_batch(self, spout: ReplayingSpout, records: Iterator[Any]) -> list[TrackedTuple]:
         room = min(self.batch_size, self.max_pending - spout.pending)
@@ -221,8 +276,39 @@ class GuaranteedPipeline:
             with self._cond:
                 self.stats.job_errors += 1
             self._fail_trees(batch)
+        self._collect_commit_errors(batch)
         with self._cond:
             self.stats.batches += 1
+
+    def _collect_commit_errors(self, batch: list[TrackedTuple]) -> None:
+        """Read the bolts' commit reports (Spark accumulators, complete once the job's actions returned)."""
+        fresh: dict[str, CommitErrors] = {}
+        for bolt in tracked_bolts():
+            report, before = bolt.commit_report(), self._errors_before.get(bolt)
+            if before is not None:  # this run's share only: the bolt may have run before
+                report = CommitErrors(
+                    report.bolt, report.errors - before.errors, report.roots - before.roots, report.causes
+                )
+            if report.errors > 0:
+                fresh[report.bolt] = merge_errors(fresh.get(report.bolt), report)
+        if not fresh:
+            return
+        roots = frozenset().union(*(r.roots for r in fresh.values()))
+        with self._cond:
+            first = not self._errors
+            self._errors = fresh
+            self.stats.commit_errors = {name: r.errors for name, r in fresh.items()}
+            for tracked in batch:
+                if not roots.isdisjoint(tracked.message_id.roots):
+                    self._undelivered.add((tracked.value.key, tracked.value.attempt))
+        if first:
+            # The driver's log, at once: the executors' warnings may be on other machines.
+            causes = sorted({c for r in fresh.values() for c in r.causes})
+            log.warning(
+                "executors could not deliver acks of bolts %s: %s; the affected records will fail as ACKS_UNDELIVERED",
+                ", ".join(sorted(fresh)),
+                "; ".join(causes),
+            )
 
     def _batch_input(self, batch: list[TrackedTuple]) -> Any:
         """The micro-batch as the job receives it: an RDD of TrackedTuples, or a tracked DataFrame."""
@@ -277,11 +363,16 @@ class GuaranteedPipeline:
         with self._cond:
             stats = self.stats
             stats.acked += len(acked)
+            # A timeout or loss of a delivery whose acks a bolt could not deliver is
+            # reported as what it is, to the stats, the callbacks and the dead letters.
+            failed = [(d, self._reason(d, o), final) for d, o, final in failed]
             for delivery, outcome, final in failed:
                 if outcome is Outcome.FAILED:
                     stats.failed += 1
                 elif outcome is Outcome.TIMED_OUT:
                     stats.timed_out += 1
+                elif outcome is Outcome.ACKS_UNDELIVERED:
+                    stats.acks_undelivered += 1
                 else:
                     stats.lost += 1
                 if final:
@@ -297,11 +388,37 @@ class GuaranteedPipeline:
         if self.on_outcomes is not None:
             self.on_outcomes(acked, [(d, o) for d, o, _ in failed])
 
+    def _reason(self, delivery: Delivery, outcome: Outcome) -> Outcome:
+        """ACKS_UNDELIVERED for a timeout or loss of a delivery whose acks a bolt could not deliver (lock held)."""
+        if outcome in (Outcome.TIMED_OUT, Outcome.LOST):
+            try:
+                self._undelivered.remove((delivery.key, delivery.attempt))
+            except KeyError:
+                return outcome
+            return Outcome.ACKS_UNDELIVERED
+        return outcome
+
+    def _late_reason(self, delivery: Delivery, reason: Outcome) -> Outcome:
+        """The dead letter's reason, counted anew if a bolt's report came after the outcome (the job had not returned)."""
+        if reason not in (Outcome.TIMED_OUT, Outcome.LOST):
+            return reason
+        with self._cond:
+            late = self._reason(delivery, reason)
+            if late is not reason:
+                if reason is Outcome.TIMED_OUT:
+                    self.stats.timed_out -= 1
+                else:
+                    self.stats.lost -= 1
+                self.stats.acks_undelivered += 1
+        return late
+
     def _write_dead_letters(self) -> None:
         with self._cond:
             dead, self._dead = self._dead, []
         if not dead:
             return
+        dead = [(delivery, self._late_reason(delivery, reason)) for delivery, reason in dead]
+        self._dead_undelivered += sum(1 for _, reason in dead if reason is Outcome.ACKS_UNDELIVERED)
         if self.dead_letters is not None:
             # One transaction for the batch.
             self.dead_letters.add_many((d.key, d.value, reason, d.attempt) for d, reason in dead)

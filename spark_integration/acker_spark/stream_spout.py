@@ -124,6 +124,9 @@ class StreamSpout:
         self._pending_records: Iterator[Record] = iter(())
         self._log: deque[Row] = deque()
         self._first = 0  # the offset of self._log[0]
+        # (key, attempt) -> roots of deliveries in flight: a timeout of one whose acks an
+        # executor reported undelivered is recorded as ACKS_UNDELIVERED.
+        self._roots: dict[tuple[str, int], tuple[int, ...]] = {}
         self.run = f"{new_id():016x}"  # tags this reader's rows in the progress table
 
     def start(self) -> StreamSpout:
@@ -156,6 +159,8 @@ class StreamSpout:
         rows = [(t.value.key, t.value.value, t.value.attempt, pack_ids(t.message_id)) for t in emitted]
         with self._cond:
             self._log.extend(rows)
+            for tracked in emitted:
+                self._roots[(tracked.value.key, tracked.value.attempt)] = tuple(tracked.message_id.roots)
         return self.end
 
     def rows(self, start: int, end: int) -> list[Row]:
@@ -211,6 +216,15 @@ class StreamSpout:
         # counts the deliveries as settled only after this returns: busy() turning False
         # may end an AvailableNow query, and whoever then reads the tables must find
         # every outcome there.
+        with self._cond:
+            roots = [self._roots.pop((d.key, d.attempt), ()) for d, _, _ in failed]
+            for d in acked:
+                self._roots.pop((d.key, d.attempt), None)
+        # A timeout or loss of a tree whose acks an executor dropped is reported as that.
+        failed = [
+            (d, Outcome.ACKS_UNDELIVERED if o in (Outcome.TIMED_OUT, Outcome.LOST) and self.ledger.undelivered(r) else o, f)
+            for (d, o, f), r in zip(failed, roots)
+        ]
         self.dead_letters.add_many((d.key, d.value, o, d.attempt) for d, o, final in failed if final)
         rows = [(d.key, d.attempt, Outcome.ACKED, True) for d in acked]
         rows += [(d.key, d.attempt, o, final) for d, o, final in failed]

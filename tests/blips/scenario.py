@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--side", choices=("spout", "bolt", "both"), default="spout")
     p.add_argument("--rate", type=float, default=1000.0, help="records emitted per second")
     p.add_argument("--message-timeout", type=float, default=10.0)
-    p.add_argument("--ackers", type=int, default=3)
+    p.add_argument("--shards", type=int, default=3, help="acker shards to start")
     args = p.parse_args(argv)
     workload = WorkloadConfig(rate=args.rate)
-    with ProcessCluster(count=args.ackers, message_timeout=args.message_timeout) as cluster:
+    with ProcessCluster(count=args.shards, message_timeout=args.message_timeout) as cluster:
         if args.mode == "restart":
             result = run_restart(cluster, seconds=args.seconds, gap=args.gap, workload=workload)
         else:

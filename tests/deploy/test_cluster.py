@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -238,3 +239,100 @@ def test_cli_flags_fall_back_to_environment(monkeypatch: pytest.MonkeyPatch) -> 
     help_text = " ".join(parser.format_help().split())
     for flag in ("COUNT", "HOST", "BASE_PORT", "METRICS_BASE_PORT", "MESSAGE_TIMEOUT", "BUCKETS", "RESTART"):
         assert f"ACKER_CLUSTER_{flag}" in help_text
+
+
+# -- trusting only its own shards (issue 12) ------------------------------------
+
+
+def _dead(pid: int) -> bool:
+    """True when `pid` no longer runs: gone, or a zombie waiting for a reaper that is not its launcher."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _ackers_on_port(port: int) -> list[int]:
+    """Pids of acker processes started with `--port <port>` (read from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"acker_service" in args and b"--port" in args and args[args.index(b"--port") + 1] == str(port).encode():
+            if not _dead(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def test_cluster_on_ports_another_cluster_holds_fails() -> None:
+    """The other cluster's health answers on the port, but start() confirms its own child, which cannot bind."""
+    with ProcessCluster(count=1) as other:
+        port = int(other.addresses[0].rsplit(":", 1)[1])
+        cluster = ProcessCluster(count=1, base_port=port)
+        with pytest.raises(ClusterError, match="exited with"):
+            cluster.start(timeout=DEADLINE)
+        assert _ackers_on_port(port) == [other.pid(0)]
+
+
+def test_cli_on_taken_ports_fails_and_leaves_nothing_running(launch: Callable[..., Launcher]) -> None:
+    """acker-cluster on another cluster's ports: no address line, no SERVING line, exit 1, no child left."""
+    with ProcessCluster(count=1) as other:
+        port = int(other.addresses[0].rsplit(":", 1)[1])
+        launcher = launch("--count", "1", "--base-port", str(port))
+        assert launcher.proc.wait(timeout=DEADLINE) == 1
+        assert launcher.proc.stdout is not None and launcher.proc.stdout.read() == b""
+        err = launcher.stderr()
+        assert "SERVING" not in err
+        # One line: what happened and the child's own last line.
+        assert err.count("\n") == 1, err
+        assert err.startswith("acker-cluster: could not start: acker shard 0") and "exited with" in err
+        assert "the port is taken" in err
+        assert _ackers_on_port(port) == [other.pid(0)]
+
+
+def test_kill_9_of_the_launcher_leaves_no_shard(launch: Callable[..., Launcher]) -> None:
+    """The children get a parent-death signal: SIGKILL of acker-cluster stops them too."""
+    launcher = launch("--count", "2", "--base-port", "0")
+    launcher.first_line()
+    pids = launcher.child_pids(2)
+    launcher.proc.kill()
+    launcher.proc.wait()
+    _wait_for(lambda: all(_dead(pid) for pid in pids), "the orphaned shards to stop")
+
+
+def test_cli_without_restart_ends_when_every_shard_has_exited(launch: Callable[..., Launcher]) -> None:
+    """A launcher with no live shard and no --restart says so and exits 1 instead of serving nothing."""
+    launcher = launch("--count", "1", "--base-port", "0")
+    launcher.first_line()
+    (pid,) = launcher.child_pids(1)
+    os.kill(pid, signal.SIGKILL)
+    assert launcher.proc.wait(timeout=DEADLINE) == 1
+    assert "every shard has exited" in launcher.stderr()
+
+
+def test_a_shard_restarted_from_a_short_lived_thread_outlives_it() -> None:
+    """The parent-death signal follows the forking thread: children are forked by the cluster's own thread.
+
+    The demo restarts a killed shard from its chaos thread, which then ends; the
+    shard must keep serving.
+    """
+    with ProcessCluster(count=1) as cluster:
+        worker = threading.Thread(target=cluster.restart, args=(0,))
+        worker.start()
+        task = Path(f"/proc/self/task/{worker.native_id}")
+        worker.join()
+        _wait_for(lambda: not task.exists(), "the restarting thread to end")
+        # A child signalled at that thread's end would stop serving at once; probe it for a while.
+        for _ in range(20):
+            assert healthcheck.is_serving(cluster.addresses[0]), _tail_of(cluster)
+            time.sleep(0.1)
+        assert cluster.is_alive(0)
+
+
+def _tail_of(cluster: ProcessCluster) -> str:
+    return cluster.log_path(0).read_text()[-2000:]

@@ -228,6 +228,8 @@ def test_dockerfile_installs_the_package_and_runs_unprivileged(repo: Path, deplo
     assert "--no-index --find-links build/docker/wheels 'pyspark-acker[server]'" in text
     assert "pip install '.[server]'" in text
     assert "COPY --from=install /opt/acker /opt/acker" in text
+    # Not the demo: a server image has no pyspark, and acker-demo would only fail there.
+    assert "rm -rf /opt/acker/bin/acker-demo /opt/acker/lib/python3*/site-packages/acker_demo" in text
     pyproject = tomllib.loads((repo / "pyproject.toml").read_text())
     users = [ln.split()[1] for ln in instructions if ln.startswith("USER")]
     assert users and users[-1] not in ("root", "0")

@@ -109,3 +109,30 @@ def test_dev_installs_every_extra():
     """make test installs .[dev], which must pull in every other extra's distributions."""
     every = set().union(*(_distributions((extra,)) for extra in PYPROJECT["project"]["optional-dependencies"]))
     assert every <= _distributions(("dev",))
+
+
+def test_every_package_ships_py_typed() -> None:
+    """PEP 561: without py.typed in the installed package, users' mypy skips its annotations."""
+    package_data = PYPROJECT["tool"]["setuptools"]["package-data"]
+    for package, (folder, _extras) in PACKAGES.items():
+        assert (REPO / folder / "py.typed").is_file(), folder
+        assert "py.typed" in package_data.get(package, []), package
+
+
+def test_make_demo_installs_only_what_the_demo_needs_with_progress(tmp_path: Path) -> None:
+    """A fresh `make demo` installs the [tools] extra (no test or lint toolchain), with pip's output shown."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    plan = subprocess.run(
+        ["make", "-n", "-C", str(REPO), f"VENV={tmp_path / 'venv'}", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    installs = [line for line in plan.splitlines() if " pip install " in line]
+    assert any("-e '.[tools]'" in line for line in installs), plan
+    assert not any("[dev]" in line or "--quiet" in line for line in installs), plan

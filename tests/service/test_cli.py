@@ -18,7 +18,7 @@ from acker_service.config import ConfigError, ServerConfig
 
 START_LINE = re.compile(
     r"^acker shard (\d+)/(\d+) serving on (127\.0\.0\.1:\d+), "
-    r"(metrics on http://127\.0\.0\.1:\d+/metrics|metrics off), timeout ([\d.]+)s, (\d+) buckets, (native|reference) ledger engine$"
+    r"(metrics on http://127\.0\.0\.1:\d+/metrics|metrics off), timeout ([\d.]+)s, (\d+) buckets, (native|reference) ledger engine, incarnation 0x[0-9a-f]{16}$"
 )
 FLAGS = (
     "host",
@@ -159,7 +159,8 @@ def test_start_line_without_metrics_says_off(make_server, engine):
     assert START_LINE.match(line), line
     assert (
         line
-        == f"acker shard 0/1 serving on {server.address}, metrics off, timeout 30s, 3 buckets, {engine} ledger engine"
+        == f"acker shard 0/1 serving on {server.address}, metrics off, timeout 30s, 3 buckets, {engine} ledger engine, "
+        f"incarnation {server.incarnation:#018x}"
     )
 
 
@@ -170,6 +171,8 @@ def test_taken_port_is_refused_with_exit_2(make_server):
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{holder.port}" in result.stderr
     assert "port is taken" in result.stderr
+    # One line: gRPC's own C++ log line about the failed bind is not shown first.
+    assert result.stderr.strip().count("\n") == 0, result.stderr
 
 
 def test_taken_metrics_port_is_refused_with_exit_2():
@@ -181,3 +184,11 @@ def test_taken_metrics_port_is_refused_with_exit_2():
         result = run_cli("--port", "0", "--metrics-port", str(port))
     assert result.returncode == 2
     assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_server_whose_launcher_is_already_gone_does_not_start():
+    """ACKER_EXIT_WITH_PARENT names the launcher; a server started after it died exits at once, in one line."""
+    result = run_cli("--port", "0", env={"ACKER_EXIT_WITH_PARENT": "1"})  # pid 1 is never this test's process
+    assert result.returncode == 1
+    assert result.stderr.strip() == "acker-server: the launcher (pid 1) is gone; not starting"

@@ -80,6 +80,11 @@ class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Outcome.Value
     timeout passed). Listed here so one enum names every outcome a spout
     reports, from the wire to the user's callback.
     """
+    OUTCOME_ACKS_UNDELIVERED: _Outcome.ValueType  # 6
+    """Never sent by an acker: the Spark integration's verdict when the tree timed
+    out or was lost because a bolt's acks for it could not be delivered (an
+    executor could not reach its acker). Names the cause instead of TIMED_OUT.
+    """
 
 class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper):
     """Tree outcomes."""
@@ -101,6 +106,11 @@ OUTCOME_LOST: Outcome.ValueType  # 5
 cannot arrive (its init was in a dropped batch, or the spout's backstop
 timeout passed). Listed here so one enum names every outcome a spout
 reports, from the wire to the user's callback.
+"""
+OUTCOME_ACKS_UNDELIVERED: Outcome.ValueType  # 6
+"""Never sent by an acker: the Spark integration's verdict when the tree timed
+out or was lost because a bolt's acks for it could not be delivered (an
+executor could not reach its acker). Names the cause instead of TIMED_OUT.
 """
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
 

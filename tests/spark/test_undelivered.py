@@ -1,0 +1,171 @@
+"""Executors that cannot reach the ackers: the run fails with the cause, not as a quiet stream of timeouts.
+
+Issue 12: with the driver's client on the right addresses and the Bolts on wrong
+ones, ``pipeline.run`` returned normally with every record dead-lettered as
+TIMED_OUT and nothing on stderr. Now the driver learns every dropped task
+commit (accumulators), the records fail as ACKS_UNDELIVERED, and the run raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from acker_client import ClusterClient, MessageId, TrackedTuple
+from acker_protocol.wire import Outcome
+from acker_spark import AcksUndelivered, Bolt, DeadLetterStore, Delivery, GuaranteedPipeline, ReplayPolicy
+from pyspark import cloudpickle
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.spark
+
+ONCE = ReplayPolicy(max_attempts=1)
+# The executors' client gives up on an unreachable acker at once instead of riding out a blip.
+IMPATIENT = {"wait_for_shard": 0.0, "deadline": 0.5}
+
+
+def dead_addresses(count: int) -> list[str]:
+    """Loopback addresses where nothing listens (ports bound, read, and released)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def split(lines: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTuple]:
+    for line in lines:
+        for word in line.value.value.split():
+            yield collector.emit(word, anchors=[line])
+        collector.ack(line)
+
+
+def store(words: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTuple]:
+    for word in words:
+        collector.ack(word)
+    return iter(())
+
+
+RECORDS = [(f"r{i}", f"alpha beta {i}") for i in range(6)]
+
+
+def run_misconfigured(
+    spark: Any, client: ClusterClient, db: Path, wrong: list[str], **options: Any
+) -> tuple[GuaranteedPipeline, list[Outcome]]:
+    """The issue's job: driver client right, Bolts on ``wrong``; return the pipeline and the callbacks seen."""
+    split_bolt = Bolt(split, wrong, name="split", client_options=IMPATIENT)
+    store_bolt = Bolt(store, wrong, name="store", client_options=IMPATIENT)
+    seen: list[Outcome] = []
+    pipeline = GuaranteedPipeline(
+        spark,
+        client,
+        dead_letters=DeadLetterStore(db),
+        policy=ONCE,
+        partitions=2,
+        on_outcome=lambda _delivery, outcome: seen.append(outcome),
+        **options,
+    )
+    try:
+        pipeline.run(RECORDS, lambda rdd: store_bolt.apply(split_bolt.apply(rdd)).count())
+    finally:
+        pipeline.stats.replayed_keys.clear()
+    return pipeline, seen
+
+
+def test_bolts_on_dead_addresses_fail_the_run_with_the_cause(spark: Any, client: ClusterClient, tmp_path: Path) -> None:
+    wrong = dead_addresses(3)
+    with pytest.raises(AcksUndelivered) as raised:
+        run_misconfigured(spark, client, tmp_path / "dead.sqlite", wrong)
+    error = raised.value
+    assert "could not deliver their acks" in str(error)
+    assert any(a in str(error) for a in wrong)  # an address the executors could not reach
+    assert error.stats.acked == 0
+    assert error.stats.acks_undelivered == len(RECORDS)
+    assert error.stats.timed_out == 0
+    assert error.stats.commit_errors.get("split", 0) >= 1
+    dead = DeadLetterStore(tmp_path / "dead.sqlite").all()
+    assert {d.key for d in dead} == {k for k, _ in RECORDS}
+    assert {d.reason for d in dead} == {Outcome.ACKS_UNDELIVERED}
+
+
+def test_warn_mode_returns_the_stats_and_logs_the_cause(
+    spark: Any, client: ClusterClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    wrong = dead_addresses(3)
+    with caplog.at_level(logging.WARNING, logger="acker_spark.pipeline"):
+        pipeline, seen = run_misconfigured(spark, client, tmp_path / "dead.sqlite", wrong, on_undelivered="warn")
+    assert pipeline.stats.acks_undelivered == len(RECORDS)
+    assert pipeline.stats.as_dict()["commit_errors"] >= 1
+    assert seen == [Outcome.ACKS_UNDELIVERED] * len(RECORDS)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("could not deliver their acks" in m and any(a in m for a in wrong) for m in warnings)
+
+
+def test_a_dropped_commit_is_a_warning_in_the_executor_log(caplog: pytest.LogCaptureFixture) -> None:
+    """Run outside Spark: the task's log line names the shard it could not reach, at WARNING."""
+    wrong = dead_addresses(1)
+    bolt = Bolt(store, wrong, name="store", client_options=IMPATIENT)
+    tuples = [TrackedTuple(Delivery("k", "v", 1), MessageId({12345: 7}))]
+    with caplog.at_level(logging.WARNING, logger="acker_spark.executor"):
+        assert list(bolt.run_partition(0, tuples)) == []
+    (line,) = [r for r in caplog.records if r.name == "acker_spark.executor"]
+    assert line.levelno == logging.WARNING
+    assert wrong[0] in line.getMessage() and "could not deliver" in line.getMessage()
+
+
+def test_on_undelivered_is_checked() -> None:
+    with pytest.raises(ValueError, match="on_undelivered"):
+        GuaranteedPipeline(_FakeSpark(), None, on_undelivered="ignore")  # type: ignore[arg-type]
+
+
+class _FakeSpark:
+    defaultParallelism = 2
+
+
+# -- the streaming source (its spout alone, no Spark) ------------------------------
+
+
+def test_stream_spout_records_undelivered_acks_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver records its bolts' commit errors; the stream's spout then names ACKS_UNDELIVERED, not TIMED_OUT."""
+    from acker_client.testing import ManualClock, local_cluster
+    from acker_spark import CommitErrors, StreamLedger, record_commit_errors
+    from acker_spark import executor as executor_module
+    from acker_spark.frames import unpack_ids
+    from acker_spark.sources import Record
+    from acker_spark.stream_spout import StreamSpout
+
+    db = tmp_path / "progress.sqlite"
+    clock = ManualClock()
+    with local_cluster(1, message_timeout=1.0, clock=clock) as ackers, ClusterClient(ackers.addresses) as client:
+        spout = StreamSpout(client, [Record("k1", "v"), Record("k2", "v")], database=db, policy=ONCE).start()
+        try:
+            spout.advance()
+            rows = spout.rows(0, 2)
+            dropped = frozenset(unpack_ids(rows[0][3]).roots)  # k1's acks "could not be delivered"
+            report = CommitErrors("store", 1, dropped, ("shard 0 at 10.0.0.9:7100: UNAVAILABLE: no route",))
+            monkeypatch.setattr(executor_module, "commit_errors", lambda: {"store": report})
+            assert record_commit_errors(db) == {"store": 1}
+            client.flush()
+            clock.advance(3.0)
+            for server in ackers.servers:
+                server.advance()
+            assert spout.spout.wait_idle(60)
+        finally:
+            spout.close()
+    ledger = StreamLedger(db)
+    outcomes = {d.key: (d.outcome, d.final) for d in ledger.deliveries()}
+    assert outcomes == {"k1": (Outcome.ACKS_UNDELIVERED, True), "k2": (Outcome.TIMED_OUT, True)}
+    assert ledger.commit_errors() == {"store": 1}
+    assert {d.key: d.reason for d in DeadLetterStore(db).all()} == {
+        "k1": Outcome.ACKS_UNDELIVERED,
+        "k2": Outcome.TIMED_OUT,
+    }
