@@ -97,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=APIS,
         default="tuples",
         help="trees mode: tuples = Spout.emit and BoltCollector.emit/ack per tuple (Storm-style, default); "
-        "columns = init_columns / ack_columns per batch of trees, outcomes read as arrays",
+        "columns = batches of trees through the bulk spout (Spout.emit_columns, ack_columns per level, "
+        "on_outcomes)",
     )
     p.add_argument(
         "--rate",

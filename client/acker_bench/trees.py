@@ -7,14 +7,16 @@ load generator (``api``):
 - ``tuples``: Storm-style, one Python object per tuple: ``Spout.emit`` per
   tree, ``BoltCollector.emit``/``ack`` per tuple, the spout's ``on_ack`` per
   outcome. The per-tuple cost of the client API.
-- ``columns``: what a columnar user does: a batch of trees at a time, with
-  ``ClusterClient.init_columns`` and one ``ack_columns`` call per level, ids
-  drawn with numpy, outcomes read from the ackers' streams as arrays
-  (:mod:`acker_bench.outcomes`). The cost of the client's machinery and the
-  ackers, not of Python objects.
+- ``columns``: what a columnar user does: a batch of trees at a time, started
+  with the bulk spout's ``Spout.emit_columns`` (admission under
+  ``max_pending``, the backstop, one ``init_columns``) and acked with one
+  ``ack_columns`` call per level, edge ids drawn with numpy, outcomes through
+  the spout's ``on_outcomes`` a batch at a time (:mod:`acker_bench.columns_load`).
+  The cost of the client's machinery and the ackers, not of per-tuple objects.
 
 Outcome latency is measured from the moment the tree's last ack call starts to
-the moment its outcome reaches the load generator. ``rate`` paces the trees
+the moment its outcome reaches the spout's callback (``on_ack`` or
+``on_outcomes``). ``rate`` paces the trees
 (:class:`Pacer`) so that latency can be read at a fixed load, e.g. half the
 capacity an unpaced run reports.
 """
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -62,8 +63,6 @@ class BenchConfig:
             raise ValueError(f"rate must be a positive number of trees per second, got {self.rate}")
         if self.chunk < 1 or self.max_pending < 1:
             raise ValueError("chunk and max_pending must be >= 1")
-        if self.api == "columns" and self.processes > 255:
-            raise ValueError("the columnar load tags roots with the process in 8 bits: at most 255 processes")
 
     @property
     def acks_per_tree(self) -> int:
@@ -249,14 +248,20 @@ def _tuples_worker(config: BenchConfig, worker: int, start_at: float, results) -
 
 
 def _columns_worker(config: BenchConfig, worker: int, start_at: float, results) -> None:
-    """One client process, columnar: batches of trees with init_columns / ack_columns, outcomes as arrays."""
-    from .columns_load import ColumnTrees
-    from .outcomes import OutcomeReader
+    """One client process, columnar: batches of trees through Spout.emit_columns / ack_columns, on_outcomes."""
+    from acker_client import Spout, SpoutFull
 
-    spout = f"acker-bench-{os.getpid()}-{worker}"
+    from .columns_load import ColumnTrees
+
+    trees = ColumnTrees(config.fan_out, config.depth)
+    latencies: list[np.ndarray] = []  # appended on the spout's callback thread, read after wait_idle
+
+    def on_outcomes(acked: list, failed: list) -> None:
+        if acked:
+            latencies.append(trees.latencies(acked, time.perf_counter()))
+
     with _client(config) as client:
-        trees = ColumnTrees(config.fan_out, config.depth, worker)
-        reader = OutcomeReader(client, spout, trees.chunk_of).start()
+        spout = Spout(client, on_outcomes=on_outcomes, max_pending=config.max_pending).start()
         # A batch never exceeds max_pending, so back-pressure can always admit one.
         pacer = Pacer(_per_process_rate(config), min(config.chunk, config.max_pending))
         _wait_for_start(start_at)
@@ -265,27 +270,29 @@ def _columns_worker(config: BenchConfig, worker: int, start_at: float, results) 
         acks = started = 0
         while time.perf_counter() < end:
             count = pacer.take()
-            # Back-pressure like the spout's max_pending: wait for outcomes first.
-            while started - reader.ended + count > config.max_pending and time.perf_counter() < end:
-                reader.wait_for_outcomes(0.001)
-            acks += trees.run_batch(client, spout, count, reader.sent_at)
+            try:
+                # The spout's max_pending is the back-pressure: wait for outcomes, but not past the load's end.
+                acks += trees.run_batch(spout, client, count, timeout=max(end - time.perf_counter(), 0.001))
+            except SpoutFull:
+                break
             started += count
         load_seconds = time.perf_counter() - began
         client.flush()
-        reader.wait_for(started, 60.0)
+        spout.wait_idle(60)
         elapsed = time.perf_counter() - began
-        reader.close()
+        stats = spout.stats
+        spout.close()
         sent = client.stats.operations_sent
     results.put(
         {
             "acks": acks,
             "started": started,
-            "trees": reader.acked,
-            "failed": reader.failed,
+            "trees": stats.acked,
+            "failed": stats.failed + stats.timed_out + stats.lost,
             "elapsed": elapsed,
             "load_seconds": load_seconds,
             "operations_sent": sent,
-            "latencies": reader.latencies(),
+            "latencies": np.concatenate(latencies) if latencies else np.zeros(0),
         }
     )
 

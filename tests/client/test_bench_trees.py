@@ -1,18 +1,19 @@
-"""acker-bench's trees mode: the pacer (injected clock), the columnar load's roots and acks, the outcome reader, JSON."""
+"""acker-bench's trees mode: the pacer (injected clock), the columnar load (bulk spout, acks, batch timing), JSON."""
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 
 import numpy as np
 import pytest
 from acker_bench.cli import main
-from acker_bench.columns_load import CHUNKS, ColumnTrees
-from acker_bench.outcomes import OutcomeReader
+from acker_bench.columns_load import CHUNKS, INDEX_BITS, ColumnTrees
 from acker_bench.trees import BenchConfig, Pacer, summarize
+from acker_client import Spout, SpoutFull
 from acker_client.testing import ManualClock
 from acker_protocol.wire import Outcome
+
+from .fakes import RecordingCluster
 
 
 class SleepingClock(ManualClock):
@@ -63,84 +64,89 @@ def test_unpaced_pacer_never_waits():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"rate": 0.0}, {"rate": float("inf")}, {"api": "rows"}, {"chunk": 0}, {"api": "columns", "processes": 256}],
+    [{"rate": 0.0}, {"rate": float("inf")}, {"api": "rows"}, {"chunk": 0}, {"max_pending": 0}],
 )
 def test_bench_config_refuses_bad_settings(kwargs):
-    """A zero or infinite rate, an unknown API, an empty batch or too many columnar processes is refused."""
+    """A zero or infinite rate, an unknown API, an empty batch or no room for pending trees is refused."""
     with pytest.raises(ValueError):
         BenchConfig(addresses=("a:1",), **kwargs)
 
 
-def test_column_roots_are_distinct_and_name_their_batch():
-    """Roots of many batches are distinct and non-zero, and chunk_of() recovers each one's batch number."""
-    trees = ColumnTrees(3, 1, worker=4, seed=1)
-    batches = [trees.roots(n) for n in (1, 1000, 37, 4096)]
-    roots = np.concatenate([r for _, r in batches])
-    assert np.unique(roots).size == roots.size and roots.all()
-    for chunk, batch in batches:
-        assert (trees.chunk_of(batch) == chunk).all()
-    assert ((roots >> np.uint64(56)) == 5).all()  # worker + 1 in the top byte
-    assert ColumnTrees(3, 1, worker=4, seed=2).roots(10)[1].tolist() != trees.roots(10)[1].tolist()
+def test_column_message_ids_are_distinct_and_name_their_batch():
+    """Message ids of many batches are distinct, and the batch number sits above the index bits."""
+    trees = ColumnTrees(3, 1, seed=1)
+    batches = [trees.message_ids(n) for n in (1, 1000, 37, 4096)]
+    ids = np.concatenate(batches)
+    assert np.unique(ids).size == ids.size
+    for batch, batch_ids in enumerate(batches):
+        assert (batch_ids >> INDEX_BITS == batch).all()
+        assert (batch_ids & ((1 << INDEX_BITS) - 1)).tolist() == list(range(batch_ids.size))
 
 
-def test_column_batch_numbers_wrap_around():
-    """After CHUNKS batches the batch number starts over at 0, still within sent_at's length."""
-    trees = ColumnTrees(1, 0, worker=0, seed=3)
-    trees.chunk = CHUNKS - 1
-    assert trees.roots(1)[0] == CHUNKS - 1 and trees.roots(1)[0] == 0
+def test_latencies_time_each_record_against_its_batch():
+    """latencies() maps a callback's list of message ids to its batch's last-ack time, wrapping at CHUNKS."""
+    trees = ColumnTrees(1, 0, seed=2)
+    first, second = trees.message_ids(3), trees.message_ids(2)
+    trees.sent_at[0], trees.sent_at[1] = 10.0, 12.0
+    acked = [int(second[1]), int(first[0]), int(first[2])]  # Python ints, any order, as on_outcomes hands them
+    assert trees.latencies(acked, 15.0).tolist() == [3.0, 5.0, 5.0]
+    trees.batches = CHUNKS + 1  # batch CHUNKS + 1 shares batch 1's slot, long after batch 1 ended
+    assert trees.latencies([int(trees.message_ids(1)[0])], 13.0).tolist() == [1.0]
+    assert trees.latencies([], 1.0).size == 0
 
 
-class ModelClient:
-    """Records column calls and keeps each tree's XOR checksum like an acker."""
-
-    def __init__(self) -> None:
-        self.checksum: dict[int, int] = defaultdict(int)
-        self.calls: list[tuple[str, int]] = []
-
-    def init_columns(self, roots, values, spout):
-        self.calls.append(("init", len(roots)))
-        for root, value in zip(roots.tolist(), values.tolist()):
-            self.checksum[root] ^= value
+class ColumnCluster(RecordingCluster):
+    """The recording cluster plus ack_columns, folded into each tree's modelled checksum."""
 
     def ack_columns(self, roots, values, dedup_key=0):
-        self.calls.append(("ack", len(roots)))
+        self.calls.append(("ack_columns", len(roots)))
         for root, value in zip(roots.tolist(), values.tolist()):
-            self.checksum[root] ^= value
+            self.vals[root] ^= value
 
 
 @pytest.mark.parametrize(("fan_out", "depth"), [(3, 1), (2, 2), (1, 0)])
 def test_column_batch_completes_every_tree(fan_out, depth):
-    """A batch's init and level-by-level acks bring every tree's checksum to 0, with one ack per tuple."""
-    client, trees = ModelClient(), ColumnTrees(fan_out, depth, worker=0, seed=4)
-    sent_at = np.zeros(CHUNKS)
-    acks = trees.run_batch(client, "s", 100, sent_at)
+    """A batch emitted through the spout and acked level by level brings every tree's checksum to 0."""
+    cluster, trees = ColumnCluster(), ColumnTrees(fan_out, depth, seed=4)
+    with Spout(cluster, on_outcomes=lambda acked, failed: None, max_pending=1000) as spout:
+        acks = trees.run_batch(spout, cluster, 100)
+        assert spout.pending == 100
     per_tree = sum(fan_out**level for level in range(depth + 1))
     assert acks == 100 * per_tree
-    assert [c for c in client.calls if c[0] == "init"] == [("init", 100)]
-    assert len([c for c in client.calls if c[0] == "ack"]) == depth + 1
-    assert len(client.checksum) == 100 and not any(client.checksum.values())
-    assert sent_at[0] > 0
+    inits = [c for c in cluster.calls if c[0] == "init_columns"]
+    assert len(inits) == 1 and len(inits[0][1]) == 100 and inits[0][3] == spout.name
+    assert [c for c in cluster.calls if c[0] == "ack_columns"] == [
+        ("ack_columns", 100 * fan_out**d) for d in range(depth + 1)
+    ]
+    assert all(cluster.complete(root) for root in inits[0][1])
+    assert trees.sent_at[0] > 0
 
 
-class OneShard:
-    """Just enough of a ClusterClient for an OutcomeReader that is never started."""
+def test_column_batch_outcomes_reach_the_callback_timed_by_batch():
+    """Outcomes streamed for two batches reach on_outcomes as message ids that time each tree by its batch."""
+    cluster, trees = ColumnCluster(), ColumnTrees(3, 1, seed=5)
+    latencies: list[np.ndarray] = []
+    spout = Spout(cluster, on_outcomes=lambda acked, failed: latencies.append(trees.latencies(acked, 100.0)))
+    with spout:
+        trees.run_batch(spout, cluster, 3)
+        trees.run_batch(spout, cluster, 2)
+        trees.sent_at[:2] = (90.0, 95.0)  # pin the batches' last-ack times
+        roots = [root for call in cluster.calls if call[0] == "init_columns" for root in call[1]]
+        cluster.push(0, 1, 1, roots, [int(Outcome.ACKED)] * 5)
+        assert spout.wait_idle(10)
+    assert np.concatenate(latencies).tolist() == [10.0] * 3 + [5.0] * 2
+    assert spout.stats.acked == 5
 
-    shard_count = 1
 
-
-def test_outcome_reader_counts_times_and_skips_repeats():
-    """handle() counts ACKED and failed trees, times acked ones by their batch, and skips sequences seen."""
-    trees = ColumnTrees(1, 0, worker=0, seed=5)
-    reader = OutcomeReader(OneShard(), "s", trees.chunk_of)
-    chunk, roots = trees.roots(4)
-    reader.sent_at[chunk] = 0.0  # sent at perf_counter() 0: every latency is simply "now"
-    kinds = [Outcome.ACKED, Outcome.FAILED, Outcome.TIMED_OUT, Outcome.TIMEOUT_RESET]
-    last = reader.handle(1, roots.tolist(), [int(k) for k in kinds], 0)
-    assert (last, reader.acked, reader.failed, reader.ended) == (4, 1, 2, 3)
-    again = reader.handle(3, roots[2:].tolist(), [int(Outcome.ACKED)] * 2, last)  # sequences 3, 4 again
-    assert (again, reader.acked, reader.duplicates) == (4, 1, 2)
-    latencies = reader.latencies()
-    assert latencies.size == 1 and latencies[0] > 0
+def test_column_batch_does_not_start_past_max_pending():
+    """A batch that does not fit under the spout's max_pending raises SpoutFull having emitted nothing."""
+    cluster, trees = ColumnCluster(), ColumnTrees(3, 1, seed=6)
+    with Spout(cluster, on_outcomes=lambda acked, failed: None, max_pending=150) as spout:
+        trees.run_batch(spout, cluster, 100)
+        with pytest.raises(SpoutFull):
+            trees.run_batch(spout, cluster, 100, timeout=0.0)
+        assert spout.pending == 100
+    assert len([c for c in cluster.calls if c[0] == "init_columns"]) == 1
 
 
 def test_summary_reports_rates_latency_and_unfinished_trees():
@@ -187,7 +193,7 @@ def test_find_capacity_runs_flat_out_then_at_the_fraction(capsys):
         ["--rate", "10", "--find-capacity"],
         ["--mode", "apply", "--api", "columns"],
         ["--chunk", "0"],
-        ["--api", "columns", "--processes", "300"],
+        ["--max-pending", "0"],
         ["--find-capacity", "--capacity-fraction", "1.5"],
     ],
 )
