@@ -26,14 +26,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from acker_client import new_id
 from acker_protocol.credentials import ChannelSecurity
 
 from .arrow_collector import ArrowCollector
 from .arrow_ids import PairColumn, decode_ids
-from .executor import Bolt, client_for
 from .frames import TRACKING_COLUMN, require_tracking_column, tracked_schema
 from .session import spark_context_of
+from .step import TrackedStep
 
 __all__ = ["ArrowBolt", "ArrowFunction"]
 
@@ -41,7 +40,7 @@ ArrowFunction = Callable[[Any, ArrowCollector], None]
 """``fn(batch, collector)``: emits with ``collector.emit(out, anchors)``, may ``fail``/``ack`` rows, returns None."""
 
 
-class ArrowBolt:
+class ArrowBolt(TrackedStep):
     """One columnar step of a tracked DataFrame pipeline: ``bolt.apply_df(df)`` runs it with ``mapInArrow``.
 
     ``schema`` (a StructType, a DDL string, or None for a sink that emits
@@ -62,23 +61,20 @@ class ArrowBolt:
         uid: int | None = None,
         security: ChannelSecurity | None = None,
         pandas: bool = False,
+        client_options: dict[str, Any] | None = None,
     ) -> None:
+        super().__init__(
+            name or getattr(fn, "__name__", None) or type(fn).__name__,
+            addresses,
+            uid=uid,
+            security=security,
+            client_options=client_options,
+        )
         self.fn = fn
-        self.addresses = tuple(addresses) if addresses is not None else None
-        self.security = security
-        self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
-        self.uid = uid if uid is not None else new_id()  # drawn once, on the driver
         self._schema_spec = schema
         self._schema: Any = None
         self.pandas = pandas
-        self.commits: Any = None  # Spark accumulators (classic Spark only; Spark Connect has none)
-        self.commit_errors: Any = None
         self._arrow_schema: pa.Schema | None = None
-
-    @property
-    def tracking(self) -> bool:
-        """True when acks and fails go to an acker cluster."""
-        return self.addresses is not None
 
     @property
     def schema(self) -> Any:
@@ -108,7 +104,7 @@ class ArrowBolt:
         require_tracking_column(df.columns)
         sc = spark_context_of(df.sparkSession)
         if sc is not None:
-            Bolt.track_commits(self, sc)  # type: ignore[arg-type]  # the same accumulators as Bolt's
+            self.track_commits(sc)
         self.output_schema  # noqa: B018 - resolved on the driver, shipped with the bolt
         bolt = self
 
@@ -124,7 +120,7 @@ class ArrowBolt:
 
     def run_batches(self, partition: int, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Run the function over one partition's batches, then commit its held acks and fails (task's dedup key)."""
-        client = client_for(self.addresses, self.security) if self.addresses is not None else None
+        client = self.client() if self.tracking else None
         collector = ArrowCollector(self.uid if self.tracking else None, self.output_schema, client)
         try:
             for batch in batches:
@@ -155,11 +151,6 @@ class ArrowBolt:
                 f" collector.emit(batch, anchors) and return None"
             )
         return collector._finish_batch()
-
-    def _commit(self, collector: ArrowCollector, partition: int) -> None:
-        # Bolt's own commit handling (an unreachable shard is counted, not raised),
-        # shared rather than copied: ArrowCollector.commit has BoltCollector.commit's contract.
-        Bolt._commit(self, collector, partition)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return f"ArrowBolt({self.name!r}, uid={self.uid:#x}, tracking={self.tracking}, pandas={self.pandas})"

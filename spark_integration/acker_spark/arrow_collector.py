@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from acker_client import ShardUnavailable
 from acker_client.columns import derive_ids, fold_xor
 
 from .arrow_ids import PairColumn, child_pairs, encode_ids
@@ -46,6 +47,7 @@ class ArrowCollector:
         self._held_roots: list[np.ndarray] = []
         self._held_values: list[np.ndarray] = []
         self._held_fails: list[np.ndarray] = []
+        self.undelivered: tuple[int, ...] = ()  # roots of the last commit that could not be delivered
 
     @property
     def tracking(self) -> bool:
@@ -224,14 +226,25 @@ class ArrowCollector:
         roots = np.concatenate(self._held_roots) if self._held_roots else _EMPTY
         values = np.concatenate(self._held_values) if self._held_values else _EMPTY
         self.discard()
+        self.undelivered = ()
         if self.client is None:
             return
-        if len(fails):
-            self.client.fail_columns(fails)
         roots, values = fold_xor(roots, values)
-        if len(roots):
-            self.client.ack_columns(roots, values, dedup_key=dedup_key)
-        self.client.flush()
+        try:
+            if len(fails):
+                self.client.fail_columns(fails)
+            if len(roots):
+                self.client.ack_columns(roots, values, dedup_key=dedup_key)
+            self.client.flush()
+        except ShardUnavailable as err:
+            # Name the trees this commit could not reach (as BoltCollector does), so the
+            # driver reports them as ACKS_UNDELIVERED rather than as slow work.
+            every = np.unique(np.concatenate((fails, roots)))
+            count = getattr(self.client, "shard_count", None)
+            if err.shards and isinstance(count, int):
+                every = every[np.isin(every % np.uint64(count), np.asarray(err.shards, dtype=np.uint64))]
+            self.undelivered = tuple(every.tolist())
+            raise
 
     def discard(self) -> None:
         """Drop the held acks and fails (the attempt failed; its re-run sends its own)."""

@@ -24,12 +24,13 @@ from acker_client import AckerError, ClusterClient, MessageId, TrackedTuple, new
 from acker_protocol.wire import Outcome
 
 from .dead_letter import DeadLetterStore
-from .executor import Bolt, CommitErrors, merge_errors, tracked_bolts
+from .executor import CommitErrors, merge_errors, tracked_bolts
 from .frames import delivery_frame
 from .replaying_spout import ReplayingSpout
 from .replays import ReplayPolicy
 from .session import default_parallelism, spark_context_of
 from .sources import Delivery, Record
+from .step import TrackedStep
 
 __all__ = ["AcksUndelivered", "PipelineStats", "GuaranteedPipeline", "run_untracked", "Job"]
 
@@ -166,7 +167,7 @@ class GuaranteedPipeline:
         self._value_type: Any = None
         # Acks-undelivered bookkeeping (see _collect_commit_errors): the bolts' reports
         # when the run started, the deliveries whose acks were dropped, and the run's own report.
-        self._errors_before: weakref.WeakKeyDictionary[Bolt, CommitErrors] = weakref.WeakKeyDictionary()
+        self._errors_before: weakref.WeakKeyDictionary[TrackedStep, CommitErrors] = weakref.WeakKeyDictionary()
         self._undelivered: set[tuple[str, int]] = set()  # (key, attempt)
         self._errors: dict[str, CommitErrors] = {}
         self._dead_undelivered = 0  # records dead-lettered as ACKS_UNDELIVERED

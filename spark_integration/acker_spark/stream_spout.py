@@ -222,7 +222,13 @@ class StreamSpout:
                 self._roots.pop((d.key, d.attempt), None)
         # A timeout or loss of a tree whose acks an executor dropped is reported as that.
         failed = [
-            (d, Outcome.ACKS_UNDELIVERED if o in (Outcome.TIMED_OUT, Outcome.LOST) and self.ledger.undelivered(r) else o, f)
+            (
+                d,
+                Outcome.ACKS_UNDELIVERED
+                if o in (Outcome.TIMED_OUT, Outcome.LOST) and self.ledger.undelivered(r)
+                else o,
+                f,
+            )
             for (d, o, f), r in zip(failed, roots)
         ]
         self.dead_letters.add_many((d.key, d.value, o, d.attempt) for d, o, final in failed if final)

@@ -1,0 +1,194 @@
+"""What every tracked pipeline step shares: identity, the executors' client, the held commit and its reports.
+
+:class:`~acker_spark.executor.Bolt` (row functions) and
+:class:`~acker_spark.arrow_bolt.ArrowBolt` (Arrow batches) differ in how a task
+processes its partition; they commit and report the same way. A task's held
+acks and fails are committed once its partition is done, tagged with the
+task's dedup key. A commit that cannot reach a shard is not raised (Spark would
+only retry against the same dead shard): it is logged as a warning and counted
+in Spark accumulators that the driver reads after each job
+(:func:`commit_errors`, :meth:`TrackedStep.commit_report`), so the pipeline can
+report ``ACKS_UNDELIVERED`` instead of a plain timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from acker_client import ClusterClient, ShardUnavailable, new_id
+from acker_client.shared import close_shared_clients, shared_client
+from acker_protocol.credentials import ChannelSecurity
+
+from .ids import dedup_key
+
+__all__ = ["CommitErrors", "TrackedStep", "client_for", "close_clients", "commit_errors", "tracked_bolts"]
+
+log = logging.getLogger("acker_spark.executor")  # the name operators already filter on
+
+
+def client_for(addresses: Sequence[str], security: ChannelSecurity | None = None, **options: Any) -> ClusterClient:
+    """This process's client for the cluster at ``addresses`` (the client library's per-process cache).
+
+    ``options`` are further :class:`~acker_client.ClusterClient` arguments (e.g. ``wait_for_shard``).
+    """
+    # verify=False: the driver's spout already checked the shard layout, and an
+    # executor must not fail its task because one acker is restarting right now.
+    return shared_client(addresses, verify=False, security=security, **options)
+
+
+def close_clients() -> None:
+    """Close the clients this process shares (tests, and drivers that ran bolts locally)."""
+    close_shared_clients()
+
+
+# Causes kept per bolt: enough to name every dead shard, bounded however many tasks fail.
+_MAX_CAUSES = 16
+
+
+class _SetUnion:
+    """A Spark AccumulatorParam: sets merged by union (roots and causes reported by tasks)."""
+
+    def zero(self, value: frozenset[Any]) -> frozenset[Any]:
+        """The empty set."""
+        return frozenset()
+
+    def addInPlace(self, a: frozenset[Any], b: frozenset[Any]) -> frozenset[Any]:  # noqa: N802 - Spark's name
+        """The union of two partial results."""
+        return a | b
+
+
+@dataclass(frozen=True)
+class CommitErrors:
+    """What the executors of one bolt reported so far: task commits dropped, the trees and why.
+
+    ``roots`` are the trees whose acks never reached their acker; ``causes``
+    name the shards that could not be reached (one line each).
+    """
+
+    bolt: str
+    errors: int
+    roots: frozenset[int]
+    causes: tuple[str, ...]
+
+
+# Every Bolt whose accumulators were created in this (driver) process: the pipeline
+# reads their reports after each job without the user handing it the bolts.
+_tracked: weakref.WeakSet[TrackedStep] = weakref.WeakSet()
+
+
+def tracked_bolts() -> list[TrackedStep]:
+    """Driver side: the steps (Bolts and ArrowBolts) applied (with commit accumulators) in this process and still referenced."""
+    return list(_tracked)
+
+
+def commit_errors() -> dict[str, CommitErrors]:
+    """Driver side: the commit errors of every bolt applied in this process, by bolt name (bolts with errors only).
+
+    Call it after a job's action returned, e.g. in a ``foreachBatch`` function,
+    to see whether executors could deliver their acks.
+    """
+    report: dict[str, CommitErrors] = {}
+    for bolt in tracked_bolts():
+        mine = bolt.commit_report()
+        if mine.errors:
+            report[mine.bolt] = merge_errors(report.get(mine.bolt), mine)
+    return report
+
+
+def merge_errors(a: CommitErrors | None, b: CommitErrors) -> CommitErrors:
+    """Two reports of one bolt name as one."""
+    if a is None:
+        return b
+    return CommitErrors(b.bolt, a.errors + b.errors, a.roots | b.roots, tuple(sorted({*a.causes, *b.causes})))
+
+
+class TrackedStep:
+    """A pipeline step's identity and commit: its acker addresses, uid, executor client options and accumulators.
+
+    ``addresses=None`` runs the step without tracking. ``uid`` salts the step's
+    edge ids and dedup keys (drawn once, on the driver, so every task attempt
+    sees the same); ``client_options`` are further ClusterClient arguments for
+    the executors' client (e.g. ``wait_for_shard``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        addresses: Sequence[str] | None,
+        *,
+        uid: int | None = None,
+        security: ChannelSecurity | None = None,
+        client_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.addresses = tuple(addresses) if addresses is not None else None
+        self.security = security  # TLS files and token: paths that must exist on the executors too
+        # A worker process shares one client per address list: the first step to use it sets these.
+        self.client_options = dict(client_options or {})
+        self.uid = uid if uid is not None else new_id()
+        self.commits: Any = None  # Spark accumulators, set on first use; None outside classic Spark
+        self.commit_errors: Any = None
+        self.undelivered: Any = None  # roots whose acks were dropped (a set accumulator)
+        self.commit_causes: Any = None  # one line per unreachable shard (a set accumulator)
+
+    @property
+    def tracking(self) -> bool:
+        """True when acks and fails go to an acker cluster."""
+        return self.addresses is not None
+
+    def client(self) -> ClusterClient:
+        """This executor process's client for the step's ackers."""
+        assert self.addresses is not None, "an untracked step has no client"
+        return client_for(self.addresses, self.security, **self.client_options)
+
+    def track_commits(self, sc: Any) -> None:
+        """Create the commit and commit-error accumulators on first use (driver side)."""
+        if self.commits is None:
+            self.commits = sc.accumulator(0)
+            self.commit_errors = sc.accumulator(0)
+            self.undelivered = sc.accumulator(frozenset(), _SetUnion())
+            self.commit_causes = sc.accumulator(frozenset(), _SetUnion())
+            _tracked.add(self)
+
+    def commit_report(self) -> CommitErrors:
+        """Driver side: this bolt's task commits dropped so far, their trees and causes (read after an action)."""
+        if self.commit_errors is None:
+            return CommitErrors(self.name, 0, frozenset(), ())
+        causes = tuple(sorted(self.commit_causes.value))[:_MAX_CAUSES]
+        return CommitErrors(self.name, self.commit_errors.value, frozenset(self.undelivered.value), causes)
+
+    def _commit(self, collector: Any, partition: int) -> None:
+        try:
+            collector.commit(dedup_key(self.uid, partition))
+        except ShardUnavailable as err:
+            # Failing the task would only make Spark retry against the same dead
+            # shard; the trees whose acks were dropped are reported to the driver
+            # (accumulators), which names the cause when they time out and fails
+            # the run. A warning: an executor that cannot reach its ackers must be
+            # visible in its log, not only as timeouts on the driver.
+            causes = frozenset(_cause(f) for f in err.failures)
+            log.warning(
+                "bolt %s partition %d: could not deliver the task's acks to %s; its %d trees will fail as %s",
+                self.name,
+                partition,
+                "; ".join(sorted(causes)),
+                len(collector.undelivered),
+                "ACKS_UNDELIVERED",
+            )
+            if self.commit_errors is not None:
+                self.commit_errors.add(1)
+                self.undelivered.add(frozenset(collector.undelivered))
+                self.commit_causes.add(causes)
+            return
+        if self.commits is not None:
+            self.commits.add(1)
+
+
+def _cause(failure: Any) -> str:
+    """One line naming an unreachable shard: its index, address and status (no counts, so tasks' lines merge)."""
+    code = failure.code.name if failure.code is not None else "ERROR"
+    return f"shard {failure.shard} at {failure.address}: {code}: {failure.detail}"
