@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import logging
+import statistics
 import sys
 import tempfile
 import threading
@@ -80,6 +81,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    out.add_argument(
+        "--compare-untracked",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="run the pipeline ROUNDS times untracked and tracked, alternating, on one SparkSession; "
+        "report both pipeline times and their ratio (the tracking overhead)",
+    )
     out.add_argument("--db", type=Path, help="SQLite file for the sink and dead letters (default: a temp dir)")
     out.add_argument("--partitions", type=int, default=4, help="Spark partitions per stage")
     out.add_argument("--master", default=LOCAL_MASTER, help="Spark master")
@@ -90,6 +99,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--fail-percent must be between 0 and 100")
     if args.kill_acker_after and args.shards < 2:
         p.error("--kill-acker-after needs at least 2 ackers (shard 1 is killed)")
+    if args.compare_untracked < 0 or (args.compare_untracked and args.no_tracking):
+        p.error("--compare-untracked takes a number of rounds >= 1 and runs both modes itself (no --no-tracking)")
     return args
 
 
@@ -338,6 +349,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def compare_untracked(args: argparse.Namespace, spark: Any, db: Path) -> dict[str, Any]:
+    """Untracked and tracked runs of the same pipeline, alternating on one session: both times and their ratio.
+
+    Alternating (untracked first in each round) spreads a warming JVM and a
+    busy machine over both modes; the ratio of the medians is the figure the
+    README reports. Every run must still be exact (sink and accounting).
+    """
+    runs: dict[str, list[dict[str, Any]]] = {"untracked": [], "tracked": []}
+    for _ in range(args.compare_untracked):
+        for mode in runs:
+            one = argparse.Namespace(**{**vars(args), "no_tracking": mode == "untracked"})
+            runs[mode].append(run_demo(one, spark, db, show_progress=False))
+    seconds = {mode: [r["pipeline_seconds"] for r in done] for mode, done in runs.items()}
+    medians = {mode: statistics.median(times) for mode, times in seconds.items()}
+    every = [r for done in runs.values() for r in done]
+    return {
+        "mode": "compare",
+        "api": every[0]["api"],
+        "records": every[0]["records"],
+        "rounds": args.compare_untracked,
+        "untracked_pipeline_seconds": seconds["untracked"],
+        "tracked_pipeline_seconds": seconds["tracked"],
+        "tracked_over_untracked": round(medians["tracked"] / medians["untracked"], 3),
+        "sink_matches_expected": all(r["sink_matches_expected"] for r in every),
+        "all_records_accounted": all(r["all_records_accounted"] for r in every),
+        "acked": sum(r["acked"] for r in runs["tracked"]),
+        "dead_lettered": sum(r["dead_lettered"] for r in runs["tracked"]),
+    }
+
+
 def _main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
@@ -353,10 +394,16 @@ def _main(args: argparse.Namespace) -> int:
         spark = local_session(args.master, app_name="acker-demo", shuffle_partitions=args.partitions)
         if owned:
             stack.callback(spark.stop)
-        summary = run_demo(args, spark, db, show_progress=not args.json or sys.stderr.isatty())
+        if args.compare_untracked:
+            summary = compare_untracked(args, spark, db)
+        else:
+            summary = run_demo(args, spark, db, show_progress=not args.json or sys.stderr.isatty())
     summary["wall_seconds"] = round(time.perf_counter() - started, 3)
     if args.json:
         print(json.dumps(summary, sort_keys=True))
+    elif args.compare_untracked:
+        for key, value in summary.items():
+            Console().print(f"{key}: {value}")
     else:
         Console().print(_summary_table(summary))
         if args.db is not None:

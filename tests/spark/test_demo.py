@@ -108,3 +108,38 @@ def test_demo_dataframe_untracked(spark: Any, tmp_path: Path, capsys: pytest.Cap
     assert code == 0
     assert (summary["mode"], summary["api"], summary["acked"]) == ("untracked", "dataframe", 50)
     assert summary["sink_matches_expected"] is True
+
+
+@pytest.mark.parametrize("api", ["rdd", "dataframe"])
+def test_compare_untracked_reports_both_modes_and_their_ratio(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], api: str
+) -> None:
+    """--compare-untracked 1 runs untracked then tracked on one session: both times, the ratio, every run exact."""
+    extra = ["--dataframe"] if api == "dataframe" else []
+    code, summary = run_main(
+        capsys,
+        "--compare-untracked",
+        "1",
+        "--records",
+        "60",
+        "--fail-percent",
+        "0",
+        "--no-crash-task",
+        "--kill-acker-after",
+        "0",
+        "--db",
+        str(tmp_path / "demo.sqlite"),
+        *extra,
+    )
+    assert code == 0
+    assert summary["mode"] == "compare" and summary["api"] == api and summary["rounds"] == 1
+    untracked, tracked = summary["untracked_pipeline_seconds"], summary["tracked_pipeline_seconds"]
+    assert len(untracked) == len(tracked) == 1
+    assert summary["tracked_over_untracked"] == round(tracked[0] / untracked[0], 3)
+    assert summary["acked"] == 60 and summary["sink_matches_expected"] is True
+
+
+def test_compare_untracked_refuses_no_tracking() -> None:
+    """Asking for a comparison and for no tracking at once is a usage error, not a silent single run."""
+    with pytest.raises(SystemExit):
+        parse_args(["--compare-untracked", "2", "--no-tracking"])

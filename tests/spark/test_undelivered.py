@@ -169,3 +169,38 @@ def test_stream_spout_records_undelivered_acks_as_such(tmp_path: Path, monkeypat
         "k1": Outcome.ACKS_UNDELIVERED,
         "k2": Outcome.TIMED_OUT,
     }
+
+
+# -- ArrowBolts (the DataFrame path) -----------------------------------------------
+
+
+def _split_words(batch: Any, collector: Any) -> None:
+    import pyarrow.compute as pc
+
+    pieces = pc.split_pattern(batch.column("value"), " ")
+    collector.emit({"word": pc.list_flatten(pieces)}, anchors=pc.list_parent_indices(pieces))
+
+
+def _sink(batch: Any, collector: Any) -> None:
+    """Acks every row on return."""
+
+
+def test_arrow_bolts_on_dead_addresses_fail_the_run_as_undelivered(
+    spark: Any, client: ClusterClient, tmp_path: Path
+) -> None:
+    """A DataFrame pipeline whose ArrowBolts cannot reach the ackers raises, every record ACKS_UNDELIVERED."""
+    from acker_spark import ArrowBolt
+
+    wrong = dead_addresses(3)
+    split_bolt = ArrowBolt(_split_words, wrong, schema="word string", name="split", client_options=IMPATIENT)
+    sink_bolt = ArrowBolt(_sink, wrong, schema=None, name="sink", client_options=IMPATIENT)
+    pipeline = GuaranteedPipeline(spark, client, dead_letters=DeadLetterStore(tmp_path / "d.sqlite"), policy=ONCE)
+    with pytest.raises(AcksUndelivered) as raised:
+        pipeline.run(
+            RECORDS,
+            lambda df: sink_bolt.apply_df(split_bolt.apply_df(df).repartition(2, "word")).count(),
+            as_dataframe=True,
+        )
+    assert raised.value.stats.acks_undelivered == len(RECORDS)
+    assert raised.value.stats.commit_errors.get("split", 0) >= 1
+    assert {d.reason for d in DeadLetterStore(tmp_path / "d.sqlite").all()} == {Outcome.ACKS_UNDELIVERED}
