@@ -9,7 +9,6 @@ import numpy as np
 from acker_protocol.wire import MAX_ID, shard_of
 
 from .errors import ShardUnavailable
-
 from .ids import EdgeIdSource, RandomEdgeIds
 from .tuples import TrackedTuple, single, tracked
 

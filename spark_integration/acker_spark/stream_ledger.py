@@ -11,8 +11,9 @@ records those trees' timeouts as ``ACKS_UNDELIVERED``.
 
 from __future__ import annotations
 
+import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,13 +72,37 @@ class StreamLedger:
                 (run, key, attempt, outcome.name, int(final), at),
             )
 
-    def record_many(self, run: str, outcomes: Iterable[tuple[str, int, Outcome, bool]], *, at: float) -> int:
-        """Store ``(key, attempt, outcome, final)`` rows of one run as :meth:`record` does, in one transaction."""
-        rows = [(run, key, attempt, outcome.name, int(final), at) for key, attempt, outcome, final in outcomes]
-        if rows:
-            with open_db(self.path) as conn:
-                conn.executemany("INSERT INTO stream_deliveries VALUES (?, ?, ?, ?, ?, ?)", rows)
-        return len(rows)
+    def record_many(
+        self,
+        run: str,
+        outcomes: Iterable[tuple[str, int, Outcome, bool]],
+        *,
+        at: float,
+        roots: Sequence[Iterable[int]] | None = None,
+    ) -> list[Outcome]:
+        """Store ``(key, attempt, outcome, final)`` rows of one run as :meth:`record` does, in one transaction.
+
+        With ``roots`` (row i's tree roots), a TIMED_OUT or LOST row whose tree had
+        its acks dropped by an executor is stored as ACKS_UNDELIVERED, checked in
+        the same transaction. Returns the outcomes as stored, row by row.
+        """
+        batch = list(outcomes)
+        if not batch:
+            return []
+        with open_db(self.path) as conn:
+            stored = [outcome for _, _, outcome, _ in batch]
+            if roots is not None:
+                stored = [
+                    Outcome.ACKS_UNDELIVERED
+                    if outcome in (Outcome.TIMED_OUT, Outcome.LOST) and _any_undelivered(conn, tree_roots)
+                    else outcome
+                    for outcome, tree_roots in zip(stored, roots)
+                ]
+            conn.executemany(
+                "INSERT INTO stream_deliveries VALUES (?, ?, ?, ?, ?, ?)",
+                [(run, key, attempt, o.name, int(final), at) for (key, attempt, _, final), o in zip(batch, stored)],
+            )
+        return stored
 
     def deliveries(self) -> list[StreamDelivery]:
         """Every recorded delivery, ordered by time of outcome."""
@@ -112,15 +137,17 @@ class StreamLedger:
 
     def undelivered(self, roots: Iterable[int]) -> bool:
         """True if any of ``roots`` had its acks dropped by an executor."""
-        keys = [f"{r:016x}" for r in roots]
-        if not keys:
-            return False
         with open_db(self.path) as conn:
-            marks = ", ".join("?" for _ in keys)
-            return (
-                conn.execute(f"SELECT 1 FROM undelivered_roots WHERE root IN ({marks}) LIMIT 1", keys).fetchone()
-                is not None
-            )
+            return _any_undelivered(conn, roots)
+
+
+def _any_undelivered(conn: sqlite3.Connection, roots: Iterable[int]) -> bool:
+    keys = [f"{r:016x}" for r in roots]
+    if not keys:
+        return False
+    marks = ", ".join("?" for _ in keys)
+    query = f"SELECT 1 FROM undelivered_roots WHERE root IN ({marks}) LIMIT 1"
+    return conn.execute(query, keys).fetchone() is not None
 
 
 def record_commit_errors(database: str | Path) -> dict[str, int]:

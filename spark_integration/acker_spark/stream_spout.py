@@ -217,21 +217,14 @@ class StreamSpout:
         # may end an AvailableNow query, and whoever then reads the tables must find
         # every outcome there.
         with self._cond:
-            roots = [self._roots.pop((d.key, d.attempt), ()) for d, _, _ in failed]
+            roots = [()] * len(acked) + [self._roots.pop((d.key, d.attempt), ()) for d, _, _ in failed]
             for d in acked:
                 self._roots.pop((d.key, d.attempt), None)
-        # A timeout or loss of a tree whose acks an executor dropped is reported as that.
-        failed = [
-            (
-                d,
-                Outcome.ACKS_UNDELIVERED
-                if o in (Outcome.TIMED_OUT, Outcome.LOST) and self.ledger.undelivered(r)
-                else o,
-                f,
-            )
-            for (d, o, f), r in zip(failed, roots)
-        ]
-        self.dead_letters.add_many((d.key, d.value, o, d.attempt) for d, o, final in failed if final)
         rows = [(d.key, d.attempt, Outcome.ACKED, True) for d in acked]
         rows += [(d.key, d.attempt, o, final) for d, o, final in failed]
-        self.ledger.record_many(self.run, rows, at=time.time())
+        # The ledger names a timeout or loss of a tree whose acks an executor dropped ACKS_UNDELIVERED.
+        stored = self.ledger.record_many(self.run, rows, at=time.time(), roots=roots)
+        outcomes = stored[len(acked) :]
+        self.dead_letters.add_many(
+            (d.key, d.value, o, d.attempt) for (d, _, final), o in zip(failed, outcomes) if final
+        )

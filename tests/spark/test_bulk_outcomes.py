@@ -155,7 +155,7 @@ def test_dead_letters_and_ledger_rows_are_written_per_batch_in_one_transaction(t
         ("k2", "x", Outcome.LOST, 5),
     ]
     rows = [("a", 1, Outcome.ACKED, True), ("b", 1, Outcome.FAILED, False)]
-    assert ledger.record_many("run", rows, at=1.0) == 2 and len(ledger_opened) == 1
+    assert ledger.record_many("run", rows, at=1.0) == [Outcome.ACKED, Outcome.FAILED] and len(ledger_opened) == 1
     assert [(d.key, d.attempt, d.outcome, d.final) for d in ledger.deliveries()] == [
         ("a", 1, Outcome.ACKED, True),
         ("b", 1, Outcome.FAILED, False),
@@ -218,3 +218,18 @@ def test_pipeline_counts_a_batch_of_outcomes_and_writes_its_dead_letters_at_once
     pipeline._write_dead_letters()
     assert len(opened) == 1 and pipeline.stats.dead_lettered == 2
     assert {(x.key, x.reason, x.attempts) for x in store.all()} == {("b", Outcome.FAILED, 2), ("d", Outcome.LOST, 2)}
+
+
+def test_record_many_names_undelivered_trees_in_the_same_transaction(tmp_path: Path, monkeypatch):
+    """A timed-out row whose tree's acks were dropped is stored (and returned) as ACKS_UNDELIVERED, one connection."""
+    ledger = StreamLedger(tmp_path / "db")
+    ledger.add_commit_errors({"store": (1, ["shard 0: down"])}, [7])
+    opened = count_connections(monkeypatch, stream_ledger_module)
+    rows = [("a", 1, Outcome.TIMED_OUT, True), ("b", 1, Outcome.TIMED_OUT, True), ("c", 1, Outcome.FAILED, True)]
+    stored = ledger.record_many("run", rows, at=1.0, roots=[(7,), (8,), (7,)])
+    assert stored == [Outcome.ACKS_UNDELIVERED, Outcome.TIMED_OUT, Outcome.FAILED] and len(opened) == 1
+    assert {d.key: d.outcome for d in ledger.deliveries()} == {
+        "a": Outcome.ACKS_UNDELIVERED,
+        "b": Outcome.TIMED_OUT,
+        "c": Outcome.FAILED,
+    }
