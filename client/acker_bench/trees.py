@@ -28,6 +28,7 @@ import multiprocessing
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from acker_protocol.credentials import ChannelSecurity
@@ -226,25 +227,25 @@ def _tuples_worker(config: BenchConfig, worker: int, start_at: float, results) -
                 bolt.ack(level[-1])
                 acks += len(level)
                 trees += 1
-        load_seconds = time.perf_counter() - began
-        client.flush()
-        spout.wait_idle(60)
-        elapsed = time.perf_counter() - began
-        stats = spout.stats
-        spout.close()
-        sent = client.stats.operations_sent
-    results.put(
-        {
-            "acks": acks,
-            "started": trees,
-            "trees": stats.acked,
-            "failed": stats.failed + stats.timed_out + stats.lost,
-            "elapsed": elapsed,
-            "load_seconds": load_seconds,
-            "operations_sent": sent,
-            "latencies": np.asarray(latencies, dtype=np.float64),
-        }
-    )
+        counts = _drain(client, spout, began)
+    results.put({**counts, "acks": acks, "started": trees, "latencies": np.asarray(latencies, dtype=np.float64)})
+
+
+def _drain(client: Any, spout: Any, began: float) -> dict[str, Any]:
+    """End a worker's load: flush, wait for every outcome, close the spout; the worker's counts and times."""
+    load_seconds = time.perf_counter() - began
+    client.flush()
+    spout.wait_idle(60)
+    elapsed = time.perf_counter() - began
+    stats = spout.stats
+    spout.close()
+    return {
+        "trees": stats.acked,
+        "failed": stats.failed + stats.timed_out + stats.lost,
+        "elapsed": elapsed,
+        "load_seconds": load_seconds,
+        "operations_sent": client.stats.operations_sent,
+    }
 
 
 def _columns_worker(config: BenchConfig, worker: int, start_at: float, results) -> None:
@@ -276,25 +277,9 @@ def _columns_worker(config: BenchConfig, worker: int, start_at: float, results) 
             except SpoutFull:
                 break
             started += count
-        load_seconds = time.perf_counter() - began
-        client.flush()
-        spout.wait_idle(60)
-        elapsed = time.perf_counter() - began
-        stats = spout.stats
-        spout.close()
-        sent = client.stats.operations_sent
-    results.put(
-        {
-            "acks": acks,
-            "started": started,
-            "trees": stats.acked,
-            "failed": stats.failed + stats.timed_out + stats.lost,
-            "elapsed": elapsed,
-            "load_seconds": load_seconds,
-            "operations_sent": sent,
-            "latencies": np.concatenate(latencies) if latencies else np.zeros(0),
-        }
-    )
+        counts = _drain(client, spout, began)
+    merged = np.concatenate(latencies) if latencies else np.zeros(0)
+    results.put({**counts, "acks": acks, "started": started, "latencies": merged})
 
 
 def run_bench(config: BenchConfig) -> dict:

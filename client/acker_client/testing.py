@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["local_cluster", "LocalCluster", "ManualClock"]
+__all__ = ["local_cluster", "LocalCluster", "ManualClock", "unreachable_addresses"]
 
 
 class ManualClock:
@@ -102,3 +103,15 @@ def local_cluster(
     finally:
         for server in cluster.servers:
             server.stop(0.5)
+
+
+def unreachable_addresses(count: int) -> list[str]:
+    """``count`` loopback addresses where nothing listens (ports bound, read and released): misconfiguration tests."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()

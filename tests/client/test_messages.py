@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from acker_client import ClusterClient, ShardUnavailable
 from acker_client.cluster import check_address
-
-
-def dead_addresses(count: int) -> list[str]:
-    """Loopback addresses where nothing listens (ports bound, read, and released)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+from acker_client.testing import unreachable_addresses
 
 
 def test_dead_ackers_are_all_named_and_said_to_be_unreachable() -> None:
-    dead = dead_addresses(3)
+    dead = unreachable_addresses(3)
     with pytest.raises(ShardUnavailable) as raised:
         ClusterClient(dead, deadline=2.0)
     message = str(raised.value)

@@ -9,7 +9,6 @@ commit (accumulators), the records fail as ACKS_UNDELIVERED, and the run raises.
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 from acker_client import ClusterClient, MessageId, TrackedTuple
+from acker_client.testing import unreachable_addresses
 from acker_protocol.wire import Outcome
 from acker_spark import AcksUndelivered, Bolt, DeadLetterStore, Delivery, GuaranteedPipeline, ReplayPolicy
 from pyspark import cloudpickle
@@ -28,18 +28,6 @@ pytestmark = pytest.mark.spark
 ONCE = ReplayPolicy(max_attempts=1)
 # The executors' client gives up on an unreachable acker at once instead of riding out a blip.
 IMPATIENT = {"wait_for_shard": 0.0, "deadline": 0.5}
-
-
-def dead_addresses(count: int) -> list[str]:
-    """Loopback addresses where nothing listens (ports bound, read, and released)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def split(lines: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTuple]:
@@ -82,7 +70,7 @@ def run_misconfigured(
 
 
 def test_bolts_on_dead_addresses_fail_the_run_with_the_cause(spark: Any, client: ClusterClient, tmp_path: Path) -> None:
-    wrong = dead_addresses(3)
+    wrong = unreachable_addresses(3)
     with pytest.raises(AcksUndelivered) as raised:
         run_misconfigured(spark, client, tmp_path / "dead.sqlite", wrong)
     error = raised.value
@@ -100,7 +88,7 @@ def test_bolts_on_dead_addresses_fail_the_run_with_the_cause(spark: Any, client:
 def test_warn_mode_returns_the_stats_and_logs_the_cause(
     spark: Any, client: ClusterClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    wrong = dead_addresses(3)
+    wrong = unreachable_addresses(3)
     with caplog.at_level(logging.WARNING, logger="acker_spark.pipeline"):
         pipeline, seen = run_misconfigured(spark, client, tmp_path / "dead.sqlite", wrong, on_undelivered="warn")
     assert pipeline.stats.acks_undelivered == len(RECORDS)
@@ -112,7 +100,7 @@ def test_warn_mode_returns_the_stats_and_logs_the_cause(
 
 def test_a_dropped_commit_is_a_warning_in_the_executor_log(caplog: pytest.LogCaptureFixture) -> None:
     """Run outside Spark: the task's log line names the shard it could not reach, at WARNING."""
-    wrong = dead_addresses(1)
+    wrong = unreachable_addresses(1)
     bolt = Bolt(store, wrong, name="store", client_options=IMPATIENT)
     tuples = [TrackedTuple(Delivery("k", "v", 1), MessageId({12345: 7}))]
     with caplog.at_level(logging.WARNING, logger="acker_spark.executor"):
@@ -191,7 +179,7 @@ def test_arrow_bolts_on_dead_addresses_fail_the_run_as_undelivered(
     """A DataFrame pipeline whose ArrowBolts cannot reach the ackers raises, every record ACKS_UNDELIVERED."""
     from acker_spark import ArrowBolt
 
-    wrong = dead_addresses(3)
+    wrong = unreachable_addresses(3)
     split_bolt = ArrowBolt(_split_words, wrong, schema="word string", name="split", client_options=IMPATIENT)
     sink_bolt = ArrowBolt(_sink, wrong, schema=None, name="sink", client_options=IMPATIENT)
     pipeline = GuaranteedPipeline(spark, client, dead_letters=DeadLetterStore(tmp_path / "d.sqlite"), policy=ONCE)
