@@ -358,6 +358,10 @@ def start_line(server: AckerServer) -> str:
     )
 
 
+# How often the main thread of serve() wakes to run signal handlers recorded on other threads.
+_SIGNAL_CHECK_SECONDS = 0.2
+
+
 def serve(config: ServerConfig) -> None:
     """Run one shard until SIGTERM or SIGINT (SIGHUP reloads tokens and policy), then stop with grace."""
     stop = threading.Event()
@@ -367,7 +371,12 @@ def serve(config: ServerConfig) -> None:
         previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: server.reload_auth())
         log.info(start_line(server))
         try:
-            stop.wait()
+            # In slices, not one unbounded wait: the kernel may deliver SIGTERM to any
+            # thread (gRPC's pollers among them); CPython then only records it, and runs
+            # the handler when the main thread next executes Python code. A main thread
+            # asleep in one long wait would never see it and the server would not stop.
+            while not stop.wait(_SIGNAL_CHECK_SECONDS):
+                pass
             log.info("acker shard %d/%d stopping (grace %gs)", config.shard_index, config.shard_count, config.grace)
         finally:
             server.stop(config.grace)

@@ -192,3 +192,38 @@ def test_a_server_whose_launcher_is_already_gone_does_not_start():
     result = run_cli("--port", "0", env={"ACKER_EXIT_WITH_PARENT": "1"})  # pid 1 is never this test's process
     assert result.returncode == 1
     assert result.stderr.strip() == "acker-server: the launcher (pid 1) is gone; not starting"
+
+
+_SIGNAL_ON_ANOTHER_THREAD = """
+import logging, signal, sys, threading, time
+from acker_service.config import ServerConfig
+from acker_service.server import serve
+
+started = threading.Event()
+
+class StartLine(logging.Handler):
+    def emit(self, record):
+        if "serving on" in record.getMessage():
+            started.set()
+
+logging.getLogger("acker_service").addHandler(StartLine())
+logging.getLogger("acker_service").setLevel(logging.INFO)
+
+def poke():
+    started.wait(60)
+    time.sleep(0.2)  # the main thread goes from the start line to waiting for the stop signal
+    # The kernel may hand a process-directed SIGTERM to any thread; here, deliberately, not the main one.
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+threading.Thread(target=poke).start()
+serve(ServerConfig(host="127.0.0.1", port=0, shard_index=0, shard_count=1, grace=0.5))
+print("stopped")
+"""
+
+
+def test_sigterm_delivered_to_another_thread_still_stops_the_server():
+    """A SIGTERM the kernel hands to a non-main thread (a gRPC poller, say) stops the server, not a hang."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_ON_ANOTHER_THREAD], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and "stopped" in done.stdout, done.stderr[-2000:]
