@@ -50,13 +50,7 @@ class BoltCollector:
         root = anchor._root
         if not root or anchor.settled:
             return self._emit_many(value, anchors)
-        ordinal = anchor.emit_ordinal
-        edge = self.edge_ids.edge_id(anchor, ordinal)
-        if not 0 < edge <= MAX_ID:
-            raise ValueError(f"edge id source returned {edge!r}; edge ids must be non-zero 64-bit integers")
-        anchor.emit_ordinal = ordinal + 1
-        anchor.out_ack_val ^= edge
-        return single(value, root, edge)
+        return single(value, root, self._next_edge(anchor))
 
     def _emit_many(self, value: Any, anchors: Sequence[TrackedTuple]) -> TrackedTuple:
         """emit() in general: the child's id per root is the XOR of the new edges from the anchors of that tree."""
@@ -67,15 +61,20 @@ class BoltCollector:
             roots = anchor.message_id.roots
             if not roots:
                 continue  # an unanchored input adds no edge
-            ordinal = anchor.emit_ordinal
-            edge = self.edge_ids.edge_id(anchor, ordinal)
-            if not 0 < edge <= MAX_ID:
-                raise ValueError(f"edge id source returned {edge!r}; edge ids must be non-zero 64-bit integers")
-            anchor.emit_ordinal = ordinal + 1
-            anchor.out_ack_val ^= edge
+            edge = self._next_edge(anchor)
             for root in roots:
                 child[root] = child.get(root, 0) ^ edge
         return tracked(value, child)
+
+    def _next_edge(self, anchor: TrackedTuple) -> int:
+        """Draw the edge to ``anchor``'s next child and register it in the anchor's ``out_ack_val``."""
+        ordinal = anchor.emit_ordinal
+        edge = self.edge_ids.edge_id(anchor, ordinal)
+        if not 0 < edge <= MAX_ID:
+            raise ValueError(f"edge id source returned {edge!r}; edge ids must be non-zero 64-bit integers")
+        anchor.emit_ordinal = ordinal + 1
+        anchor.out_ack_val ^= edge
+        return edge
 
     def ack(self, t: TrackedTuple) -> None:
         """Ack ``t``: for each root, report its id xor the edges of the children it got here."""
