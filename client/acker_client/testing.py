@@ -66,7 +66,7 @@ def local_cluster(
 
     In-process (the default) the ackers are :class:`acker_service.server.AckerServer`
     threads; with ``processes=True`` they are separate processes
-    (:class:`acker_cluster.ProcessCluster`, which adds ``kill`` and
+    (:class:`acker_service.process_cluster.ProcessCluster`, which adds ``kill`` and
     ``restart``). Either way the yielded object has ``addresses``. ``clock``
     (in-process only, e.g. a :class:`ManualClock`) drives the ackers' timeouts;
     call ``server.advance()`` on each of ``cluster.servers`` after moving it.
@@ -78,7 +78,7 @@ def local_cluster(
     if processes:
         if clock is not None:
             raise ValueError("a clock can only drive in-process ackers (processes=False)")
-        from acker_cluster import ProcessCluster
+        from acker_service.process_cluster import ProcessCluster
 
         with ProcessCluster(count=count, message_timeout=message_timeout, buckets=buckets) as process_cluster:
             yield process_cluster

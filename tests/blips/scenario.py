@@ -1,6 +1,6 @@
 """The blip scenario under load, printed as JSON: network cuts through a proxy, or an acker killed and restarted.
 
-Three acker processes on loopback (``acker_cluster.ProcessCluster``); the spout's connections
+Three acker processes on loopback (``acker_service.process_cluster.ProcessCluster``); the spout's connections
 pass through one :class:`~tests.blips.proxy.BlipProxy` per acker, the bolts'
 connections directly or through proxies of their own (``--side``). A steady
 workload (:mod:`tests.blips.workload`) runs while the scenario breaks things:
@@ -106,7 +106,7 @@ def run_restart(
     client_options: dict[str, Any] | None = None,
     drain_timeout: float = 60.0,
 ) -> dict[str, Any]:
-    """Run the workload against a ``acker_cluster.ProcessCluster``; kill -9 ``shard``, restart it on the same port ``seconds`` later."""
+    """Run the workload against a ``acker_service.process_cluster.ProcessCluster``; kill -9 ``shard``, restart it on the same port ``seconds`` later."""
     client_options = client_options or {}
     addresses = cluster.addresses
     with _client(addresses, client_options) as spout_client, _client(addresses, client_options) as bolt:
@@ -136,7 +136,7 @@ def run_restart(
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: run one scenario on a fresh 3-process cluster and print its figures as JSON."""
-    from acker_cluster import ProcessCluster
+    from acker_service.process_cluster import ProcessCluster
 
     p = argparse.ArgumentParser(prog="python -m tests.blips.scenario", description=__doc__)
     p.add_argument("--mode", choices=("cuts", "half_open", "restart"), default="cuts")

@@ -11,9 +11,10 @@ from typing import Any
 import grpc
 import pytest
 import yaml
-from acker_cluster import ProcessCluster
 from acker_protocol import grpc_options
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+
+from acker_service.process_cluster import ProcessCluster
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from acker_cluster import ClusterError, ProcessCluster
 
 from acker_service import healthcheck
+from acker_service.process_cluster import ClusterError, ProcessCluster
 
 DEADLINE = 60.0
 
@@ -68,7 +68,7 @@ def test_kill_and_restart_keep_shard_and_port(describe_acker: Callable) -> None:
 
 def test_restart_flag_revives_a_crashed_shard(caplog: pytest.LogCaptureFixture) -> None:
     """With restart=True a SIGKILLed shard is reported and comes back by itself on the same port."""
-    caplog.set_level(logging.INFO, logger="acker_cluster")
+    caplog.set_level(logging.INFO, logger="acker_service.process_cluster")
     with ProcessCluster(count=1, restart=True) as cluster:
         old = cluster.pid(0)
         os.kill(old, signal.SIGKILL)  # a crash from outside, not via cluster.kill()
@@ -80,7 +80,7 @@ def test_restart_flag_revives_a_crashed_shard(caplog: pytest.LogCaptureFixture) 
 
 def test_requested_kill_is_not_reported_as_unexpected(caplog: pytest.LogCaptureFixture) -> None:
     """cluster.kill() is a crash the caller asked for: logged as requested, not as an unexpected exit."""
-    caplog.set_level(logging.INFO, logger="acker_cluster")
+    caplog.set_level(logging.INFO, logger="acker_service.process_cluster")
     with ProcessCluster(count=1, restart=True) as cluster:
         cluster.kill(0)
         _wait_for(lambda: "SERVING again" in caplog.text, "the watcher to restart shard 0")

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from acker_cluster import ProcessCluster
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from acker_service import healthcheck
+from acker_service.process_cluster import ProcessCluster
 
 
 @pytest.fixture

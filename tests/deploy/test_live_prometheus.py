@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from acker_cluster import ProcessCluster
+
+from acker_service.process_cluster import ProcessCluster
 
 DEADLINE = 60.0
 

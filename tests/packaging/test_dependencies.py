@@ -45,9 +45,9 @@ PACKAGES = {
     "acker_client": ("client/acker_client", ()),
     "acker_spark": ("spark_integration/acker_spark", ("spark", "streaming")),
     "acker_service": ("acker_service", ("server",)),
-    "acker_cluster": ("client/acker_cluster", ("tools",)),
-    "acker_bench": ("client/acker_bench", ("tools",)),
-    "acker_demo": ("spark_integration/acker_demo", ("tools",)),
+    "acker_cluster": ("tools/acker_cluster", ("tools",)),
+    "acker_bench": ("tools/acker_bench", ("tools",)),
+    "acker_demo": ("tools/acker_demo", ("tools",)),
 }
 
 

@@ -24,9 +24,8 @@ FORBIDDEN = {
 # Modules allowed one of the imports above, and why.
 EXCEPTIONS = {
     # The user-facing test helper's job is to start real ackers: in-process, or
-    # as processes with the launcher (lazily, only for processes=True).
+    # as processes with the launcher (acker_service.process_cluster, lazily).
     ("acker_client/testing.py", "acker_service"),
-    ("acker_client/testing.py", "acker_cluster"),
 }
 
 

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from acker_client import ClusterClient
-from acker_cluster import ProcessCluster
 from acker_demo.wordcount import (
     CountWords,
     create_sink,
@@ -49,6 +48,8 @@ from acker_spark.executor import client_for
 from audit import AckAudit
 from prometheus_client.parser import text_string_to_metric_families
 from standalone import StandaloneCluster
+
+from acker_service.process_cluster import ProcessCluster
 
 SLOW_AFTER_COMMIT = 1
 STALLED = 2

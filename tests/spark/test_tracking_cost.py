@@ -1,11 +1,11 @@
-"""scripts/tracking_cost.py: the per-word tracking cost script runs and reports every stage."""
+"""tools/tracking_cost.py: the per-word tracking cost script runs and reports every stage."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tracking_cost.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "tracking_cost.py"
 
 
 def _load():

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from acker_client import AckerError
-from acker_cluster import ClusterError
 from acker_spark.dead_letter import DeadLetterStore
 from acker_spark.executor import close_clients
 from acker_spark.pipeline import GuaranteedPipeline, PipelineStats, run_untracked
@@ -34,6 +33,8 @@ from acker_spark.sources import Record, TextDirectorySource, generated_sentences
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from acker_service.process_cluster import ClusterError
 
 from . import wordcount
 
@@ -209,7 +210,8 @@ def _run_tracked(
     args: argparse.Namespace, spark: Any, records: list[Record], db: Path, live: _Live | None
 ) -> dict[str, Any]:
     from acker_client import ClusterClient
-    from acker_cluster import ProcessCluster
+
+    from acker_service.process_cluster import ProcessCluster
 
     with ProcessCluster(count=args.shards, message_timeout=args.message_timeout) as cluster:
         job, bolts = _build_job(args)(cluster.addresses, db, partitions=args.partitions, injection=_injection(args))
@@ -328,7 +330,7 @@ def _quiet_expected_warnings() -> Iterator[None]:
     # The demo kills an acker on purpose: the client's per-batch warnings and the
     # cluster's "exited unexpectedly" would drown the progress bar; the demo
     # reports the kill itself and the summary counts what those warnings report.
-    levels = {"acker_client": logging.ERROR, "acker_cluster": logging.CRITICAL}
+    levels = {"acker_client": logging.ERROR, "acker_service.process_cluster": logging.CRITICAL}
     saved = {name: logging.getLogger(name).level for name in levels}
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)

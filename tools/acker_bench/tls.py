@@ -23,7 +23,7 @@ def compare_tls(
     ackers: int, batch_ops: int, duration: float, processes: int, message_timeout: float, rounds: int = 2
 ) -> dict:
     """Apply ops/s without and with TLS (each round: plaintext, then TLS) and the median overhead."""
-    from acker_cluster import ProcessCluster
+    from acker_service.process_cluster import ProcessCluster
 
     from .testcerts import CertificateAuthority
 

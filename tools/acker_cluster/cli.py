@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from .cluster import ClusterError, ProcessCluster
+from acker_service.process_cluster import ClusterError, ProcessCluster
 
 __all__ = ["main"]
 

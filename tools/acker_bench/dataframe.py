@@ -72,10 +72,11 @@ def _source(count: int, tag: str) -> list[tuple[str, str]]:
 def run_dataframe_bench(config: DataFrameBenchConfig) -> dict[str, Any]:
     """Run the untracked, then the tracked pipeline over ``config.records`` records; rows/s of both and the ratio."""
     from acker_client import ClusterClient
-    from acker_cluster import ProcessCluster
     from acker_spark.executor import close_clients
     from acker_spark.pipeline import GuaranteedPipeline, run_untracked
     from acker_spark.session import local_session
+
+    from acker_service.process_cluster import ProcessCluster
 
     spark = local_session(config.master, app_name="acker-bench-dataframe", shuffle_partitions=config.partitions)
     warm, _ = _job(None, config)

@@ -9,8 +9,9 @@ import sys
 import urllib.request
 
 from acker_client import AckerError, ClusterClient
-from acker_cluster import ClusterError
 from acker_protocol.credentials import ChannelSecurity
+
+from acker_service.process_cluster import ClusterError
 
 from .apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
 from .ledger import run_ledger_bench
@@ -220,7 +221,7 @@ def _main(args: argparse.Namespace) -> int:
         # clear error, not a traceback per process.
         ClusterClient(addresses, security=security).close()
     else:
-        from acker_cluster import ProcessCluster
+        from acker_service.process_cluster import ProcessCluster
 
         cluster = ProcessCluster(
             count=args.embedded_ackers,
@@ -320,7 +321,7 @@ def _memory_mode(args: argparse.Namespace) -> int:
 
 
 def _pending_bytes(engine: str, trees: int, keyed_acks: int = 0) -> dict:
-    from acker_cluster import ProcessCluster
+    from acker_service.process_cluster import ProcessCluster
 
     # A long timeout keeps every tree pending while RSS is read.
     with ProcessCluster(count=1, message_timeout=3600.0, extra_args=("--engine", engine)) as cluster:

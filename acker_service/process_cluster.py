@@ -5,7 +5,7 @@
 child, not whatever answers on the port: see `_confirm`), watches the children,
 and stops them all. The children die with the launcher, even a `kill -9`ed one
 (Linux: a parent-death signal; elsewhere a clean stop is needed). The `acker-cluster` console script
-(:mod:`acker_cluster.cli`) wraps it for operators; the demo and the tests use the class directly (kill a
+(``tools/acker_cluster``, :mod:`acker_cluster.cli`) wraps it for operators; the demo and the tests use the class directly (kill a
 shard, restart it on the same ports).
 
 Clients must list the ackers in shard order (root id % n picks the shard), which
@@ -43,7 +43,7 @@ from acker_service import healthcheck
 
 __all__ = ["ProcessCluster", "ClusterError"]
 
-log = logging.getLogger("acker_cluster")
+log = logging.getLogger(__name__)
 
 # Per-shard settings the cluster passes as flags; the same names in the
 # launcher's environment would otherwise reach every child (server flags fall
