@@ -82,8 +82,11 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-def validate_batch(batch: Batch, *, shard_index: int, shard_count: int, max_batch: int) -> None:
-    """Raise a :class:`BatchError` naming the first problem, or return if the batch is valid."""
+def validate_batch(batch: Batch, *, shard_index: int, shard_count: int, max_batch: int, replicas: int = 1) -> None:
+    """Raise a :class:`BatchError` naming the first problem, or return if the batch is valid.
+
+    With ``replicas`` 2 the shard also accepts the roots it follows (those of the previous shard).
+    """
     n = len(batch.kinds)
     if n > max_batch:
         raise BatchTooLarge(
@@ -115,15 +118,25 @@ def validate_batch(batch: Batch, *, shard_index: int, shard_count: int, max_batc
         i = _first(valueless)
         raise InvalidBatch(f"operation {i} is {OpKind(int(batch.kinds[i])).name} with a non-zero value; send 0")
     _validate_spouts(batch)
-    if shard_count > 1:
-        foreign = (batch.roots % np.uint64(shard_count)) != np.uint64(shard_index)
-        if foreign.any():
-            i = _first(foreign)
-            root = int(batch.roots[i])
-            raise WrongShard(
-                f"root {root} belongs to shard {shard_of(root, shard_count)} of {shard_count}, "
-                f"but this acker is shard {shard_index}; check the client's address order"
-            )
+    if shard_count > replicas:  # otherwise every shard keeps every root
+        _check_ownership(batch, shard_index, shard_count, replicas)
+
+
+def _check_ownership(batch: Batch, shard_index: int, shard_count: int, replicas: int) -> None:
+    """WrongShard unless every root is owned by this shard or, with replicas 2, by the one before it."""
+    owner = batch.roots % np.uint64(shard_count)
+    # How far this shard is after each root's owner: 0 = owns it, 1 = follows it.
+    distance = (np.int64(shard_index) - owner.astype(np.int64)) % shard_count
+    foreign = distance >= replicas
+    if foreign.any():
+        i = _first(foreign)
+        root = int(batch.roots[i])
+        owner_index = shard_of(root, shard_count)
+        followers = "".join(f" and shard {(owner_index + k) % shard_count}" for k in range(1, replicas))
+        raise WrongShard(
+            f"root {root} belongs to shard {owner_index}{followers} of {shard_count}, "
+            f"but this acker is shard {shard_index}; check the client's address order"
+        )
 
 
 def _validate_spouts(batch: Batch) -> None:

@@ -43,6 +43,12 @@ _FLAGS = (
     _Flag("port", int, "gRPC port; 0 picks a free one"),
     _Flag("shard_index", int, "this acker's shard: it owns roots with root %% shard_count == shard_index"),
     _Flag("shard_count", int, "number of acker shards in the cluster"),
+    _Flag(
+        "replicas",
+        int,
+        "replication factor, the same on every shard: 1, or 2 to keep every tree also on the next shard "
+        "(an acker crash then replays nothing)",
+    ),
     _Flag("message_timeout", float, "seconds a tree may stay pending before it times out"),
     _Flag("buckets", int, "RotatingMap buckets; trees expire within timeout + timeout/(buckets-1)"),
     _Flag("metrics_host", str, "address of the Prometheus endpoint (default: --host)"),

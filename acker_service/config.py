@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from acker_protocol import grpc_options
+from acker_protocol.wire import MAX_REPLICAS
 
 __all__ = ["ServerConfig", "ConfigError", "ENGINES"]
 
@@ -25,6 +26,7 @@ class ServerConfig:
     port: int = 7100  # 0 = pick a free port
     shard_index: int = 0
     shard_count: int = 1
+    replicas: int = 1  # 2: every tree also lives on the next shard (see docs/acker-semantics.md)
     message_timeout: float = 30.0
     buckets: int = 3
     metrics_host: str | None = None  # None = same as host
@@ -79,6 +81,13 @@ def _problems(c: ServerConfig) -> list[str]:
     elif not 0 <= c.shard_index < c.shard_count:
         problems.append(
             f"shard index must be 0..{c.shard_count - 1} for a shard count of {c.shard_count}, got {c.shard_index}"
+        )
+    if not 1 <= c.replicas <= MAX_REPLICAS:
+        problems.append(f"replicas must be 1 or {MAX_REPLICAS}, got {c.replicas}")
+    elif c.replicas > c.shard_count >= 1:
+        problems.append(
+            f"replicas {c.replicas} needs a shard count of at least {c.replicas} (a tree's copies live on "
+            f"different ackers), got {c.shard_count}"
         )
     if not c.message_timeout > 0:
         problems.append(f"message timeout must be a positive number of seconds, got {c.message_timeout}")

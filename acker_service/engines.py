@@ -42,7 +42,14 @@ class ReferenceEngine(ReferenceLedger):
     engine = "reference"
 
     def apply_request(
-        self, data: bytes, *, shard_index: int, shard_count: int, max_batch: int, max_expired: int | None = None
+        self,
+        data: bytes,
+        *,
+        shard_index: int,
+        shard_count: int,
+        max_batch: int,
+        max_expired: int | None = None,
+        replicas: int = 1,
     ) -> ColumnarResult:
         """Decode, validate whole, then apply; raise a BatchError subclass and change nothing on refusal.
 
@@ -55,7 +62,7 @@ class ReferenceEngine(ReferenceLedger):
         batch = Batch.of(
             request.kinds, request.root_ids, request.values, request.dedup_keys, request.spouts, request.spout_index
         )
-        validate_batch(batch, shard_index=shard_index, shard_count=shard_count, max_batch=max_batch)
+        validate_batch(batch, shard_index=shard_index, shard_count=shard_count, max_batch=max_batch, replicas=replicas)
         result = self.apply_batch(batch, max_expired)
         return ColumnarResult(
             result.applied,

@@ -98,7 +98,14 @@ class NativeLedger:
         return int(self._core.capacity)
 
     def apply_request(
-        self, data: bytes, *, shard_index: int, shard_count: int, max_batch: int, max_expired: int | None = None
+        self,
+        data: bytes,
+        *,
+        shard_index: int,
+        shard_count: int,
+        max_batch: int,
+        max_expired: int | None = None,
+        replicas: int = 1,
     ) -> ColumnarResult:
         """Decode, validate and apply serialized ``ApplyRequest`` bytes (the server's hot path).
 
@@ -109,7 +116,7 @@ class NativeLedger:
         decode), :class:`~acker_service.batch.BatchTooLarge` or
         :class:`~acker_service.batch.WrongShard`; a refused request changes nothing.
         """
-        raw = self._core.apply_request(data, self._clock(), shard_index, shard_count, max_batch, max_expired)
+        raw = self._core.apply_request(data, self._clock(), shard_index, shard_count, max_batch, max_expired, replicas)
         self._sync()
         return _result(raw)
 

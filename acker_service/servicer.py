@@ -98,6 +98,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             incarnation=self._shard.incarnation,
             retain_outcomes=c.retain_outcomes,
             retain_seconds=c.retain_seconds,
+            replicas=c.replicas,
         )
 
 

@@ -111,6 +111,7 @@ class Shard:
             shard_index=config.shard_index,
             shard_count=config.shard_count,
             max_batch=config.max_batch,
+            replicas=config.replicas,
             # Due trees collect in slices on the ticker, not in Apply's latency; a due
             # tree the batch touches still expires first (exactly one outcome).
             max_expired=0,
@@ -125,7 +126,11 @@ class Shard:
         """Validate the whole batch, apply it and route the outcomes it produced."""
         config = self.config
         validate_batch(
-            batch, shard_index=config.shard_index, shard_count=config.shard_count, max_batch=config.max_batch
+            batch,
+            shard_index=config.shard_index,
+            shard_count=config.shard_count,
+            max_batch=config.max_batch,
+            replicas=config.replicas,
         )
         # Due trees collect in slices on the ticker (see apply_request).
         result = self.ledger.apply_batch(batch, max_expired=0)

@@ -23,6 +23,9 @@ __all__ = [
     "MAX_ID",
     "MAX_SPOUT_NAME_BYTES",
     "shard_of",
+    "MAX_REPLICAS",
+    "replica_shards",
+    "check_replicas",
     "check_root",
     "check_id",
     "check_spout_name",
@@ -78,6 +81,33 @@ check_mirrors(Outcome, acker_pb2.DESCRIPTOR.enum_types_by_name["Outcome"], "OUTC
 def shard_of(root: int, shard_count: int) -> int:
     """The index of the shard that owns ``root`` among ``shard_count`` shards."""
     return root % shard_count
+
+
+# Replication factor: 1 (each tree on one acker) or 2 (on its shard and the next one).
+MAX_REPLICAS = 2
+
+
+def replica_shards(root: int, shard_count: int, replicas: int = 1) -> tuple[int, ...]:
+    """The shards that keep ``root``: its owner ``root % shard_count`` first, then the next ``replicas - 1`` shards.
+
+    >>> replica_shards(7, 3, 2)
+    (1, 2)
+    >>> replica_shards(8, 3, 2)
+    (2, 0)
+    """
+    owner = root % shard_count
+    return tuple((owner + k) % shard_count for k in range(replicas))
+
+
+def check_replicas(replicas: int, shard_count: int) -> None:
+    """Raise ValueError unless ``replicas`` is 1, or 2 with at least two shards (a tree's copies on different ackers)."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"replicas must be 1 or {MAX_REPLICAS}, got {replicas}")
+    if replicas > shard_count:
+        raise ValueError(
+            f"replicas {replicas} needs at least {replicas} shards (a tree's copies live on different ackers), "
+            f"got a shard count of {shard_count}"
+        )
 
 
 def check_root(root: int) -> None:

@@ -20,8 +20,10 @@ from acker_service.batch import (
 INIT, ACK, FAIL, RESET = (int(k) for k in OpKind)
 
 
-def check(batch: Batch, *, shard_index: int = 0, shard_count: int = 1, max_batch: int = 1000) -> None:
-    validate_batch(batch, shard_index=shard_index, shard_count=shard_count, max_batch=max_batch)
+def check(
+    batch: Batch, *, shard_index: int = 0, shard_count: int = 1, max_batch: int = 1000, replicas: int = 1
+) -> None:
+    validate_batch(batch, shard_index=shard_index, shard_count=shard_count, max_batch=max_batch, replicas=replicas)
 
 
 def refused(batch: Batch, error: type[BatchError], *fragments: str, **kwargs) -> str:
@@ -194,6 +196,20 @@ class TestRefusals:
         batch = Batch.of([ACK], [root], [1])
         refused(batch, WrongShard, f"root {root}", "shard 0 of 5", shard_index=3, shard_count=5)
         assert check(batch, shard_index=0, shard_count=5) is None
+
+    def test_replicas_two_accepts_owned_and_followed_roots(self):
+        """With replicas 2, shard 1 of 3 keeps its own roots (= 1 mod 3) and shard 0's (= 0 mod 3)."""
+        assert check(Batch.of([ACK] * 4, [4, 7, 3, 6], [1] * 4), shard_index=1, shard_count=3, replicas=2) is None
+        # Shard 0 follows shard 2 (the last wraps around to the first).
+        assert check(Batch.of([ACK] * 2, [3, 5], [1] * 2), shard_index=0, shard_count=3, replicas=2) is None
+
+    def test_replicas_two_refuses_roots_neither_owned_nor_followed(self):
+        """Root 5 lives on shards 2 and 0 of 3: shard 1 refuses it, naming both."""
+        batch = Batch.of([ACK] * 2, [4, 5], [1] * 2)
+        refused(
+            batch, WrongShard, "root 5", "shard 2 and shard 0 of 3", "this acker is shard 1",
+            shard_index=1, shard_count=3, replicas=2,
+        )  # fmt: skip
 
     def test_single_shard_accepts_any_root(self):
         """With one shard every non-zero root is owned."""

@@ -63,7 +63,9 @@ def _python_refusal(data: bytes, **limits) -> tuple[str, str] | None:
 
 def _native_refusal(data: bytes, **limits) -> tuple[str, str] | None:
     try:
-        _native.validate_request(data, limits["shard_index"], limits["shard_count"], limits["max_batch"])
+        _native.validate_request(
+            data, limits["shard_index"], limits["shard_count"], limits["max_batch"], limits.get("replicas", 1)
+        )
     except BatchError as exc:
         message = "undecodable" if "not a valid acker_service.v1.ApplyRequest" in str(exc) else str(exc)
         return type(exc).__name__, message
@@ -107,8 +109,14 @@ def requests(draw) -> bytes:
     shard_count=st.sampled_from([1, 1, 2, 3]),
     shard=st.integers(0, 2),
     max_batch=st.sampled_from([3, 1000]),
+    replicas=st.sampled_from([1, 2]),
 )
-def test_native_validator_refuses_like_python(data, shard_count, shard, max_batch):
+def test_native_validator_refuses_like_python(data, shard_count, shard, max_batch, replicas):
     """Same verdict, same exception class (status code) and same message as batch.validate_batch."""
-    limits = {"shard_index": shard % shard_count, "shard_count": shard_count, "max_batch": max_batch}
+    limits = {
+        "shard_index": shard % shard_count,
+        "shard_count": shard_count,
+        "max_batch": max_batch,
+        "replicas": min(replicas, shard_count),
+    }
     assert _native_refusal(data, **limits) == _python_refusal(data, **limits)

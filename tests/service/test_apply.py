@@ -85,6 +85,21 @@ def test_describe_reports_configuration(make_server, connect, apply):
     assert d.pending_trees == 2
     assert d.incarnation == server.incarnation != 0
     assert d.version == __import__("acker_service").__version__
+    assert d.replicas == 1
+
+
+def test_replica_shard_keeps_followed_roots_and_refuses_foreign_ones(make_server, connect, apply, ledger_state):
+    """With --replicas 2, shard 1 of 3 applies its own roots and shard 0's, refuses shard 2's, and says so in Describe."""
+    server = make_server(shard_index=1, shard_count=3, replicas=2)
+    stub = connect(server)
+    assert stub.Describe(acker_pb2.DescribeRequest(), timeout=10).replicas == 2
+    assert apply(stub, [(INIT, 4, 1), (INIT, 6, 1)]).applied == 2  # 4 % 3 == 1 owned, 6 % 3 == 0 followed
+    before = ledger_state(server)
+    with pytest.raises(grpc.RpcError) as caught:
+        apply(stub, [(ACK, 4, 1), (INIT, 8, 1)])  # 8 % 3 == 2: kept by shards 2 and 0
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "root 8 belongs to shard 2 and shard 0 of 3" in caught.value.details()
+    assert ledger_state(server) == before
 
 
 def test_wrong_shard_is_refused_whole(make_server, connect, apply, ledger_state):

@@ -25,6 +25,7 @@ FLAGS = (
     "port",
     "shard_index",
     "shard_count",
+    "replicas",
     "message_timeout",
     "buckets",
     "metrics_host",
@@ -81,6 +82,8 @@ def test_env_vars_are_fallbacks_and_flags_win():
     [
         ({"shard_index": 3, "shard_count": 3}, "shard index must be 0..2"),
         ({"shard_count": 0}, "shard count must be at least 1"),
+        ({"replicas": 3, "shard_count": 3}, "replicas must be 1 or 2"),
+        ({"replicas": 2, "shard_count": 1}, "replicas 2 needs a shard count of at least 2"),
         ({"message_timeout": 0}, "message timeout must be a positive"),
         ({"buckets": 1}, "buckets must be at least 2"),
         ({"port": 70000}, "port must be 0..65535"),

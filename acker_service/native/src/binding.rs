@@ -117,7 +117,7 @@ impl NativeCore {
     /// At most `expire_limit` due trees are collected first (all when None): the rest
     /// wait for `expire_some`, except those the batch touches, which expire first.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (data, now, shard_index, shard_count, max_batch, expire_limit=None))]
+    #[pyo3(signature = (data, now, shard_index, shard_count, max_batch, expire_limit=None, replicas=1))]
     fn apply_request<'py>(
         &mut self,
         py: Python<'py>,
@@ -127,12 +127,14 @@ impl NativeCore {
         shard_count: u64,
         max_batch: usize,
         expire_limit: Option<usize>,
+        replicas: u64,
     ) -> PyResult<Applied<'py>> {
         let expire_limit = expire_limit.unwrap_or(usize::MAX);
         let limits = Limits {
             shard_index,
             shard_count,
             max_batch,
+            replicas,
         };
         let ledger = &mut self.ledger;
         let result = py.detach(|| -> Result<BatchOutput, Result<BatchError, LedgerError>> {
@@ -186,6 +188,7 @@ impl NativeCore {
             shard_index: 0,
             shard_count: 1,
             max_batch: usize::MAX,
+            replicas: 1,
         };
         validate(&ops, limits).map_err(|e| refusal_error(py, e))?;
         let ledger = &mut self.ledger;
@@ -304,7 +307,15 @@ fn decode_apply_request_fields<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bo
 
 /// Decode and validate request bytes without applying them; raise what Apply would refuse with.
 #[pyfunction]
-fn validate_request(py: Python<'_>, data: &[u8], shard_index: u64, shard_count: u64, max_batch: usize) -> PyResult<()> {
+#[pyo3(signature = (data, shard_index, shard_count, max_batch, replicas=1))]
+fn validate_request(
+    py: Python<'_>,
+    data: &[u8],
+    shard_index: u64,
+    shard_count: u64,
+    max_batch: usize,
+    replicas: u64,
+) -> PyResult<()> {
     let err = |e| refusal_error(py, e);
     let req = decode_apply_request(data).map_err(|message| {
         err(BatchError {
@@ -317,6 +328,7 @@ fn validate_request(py: Python<'_>, data: &[u8], shard_index: u64, shard_count: 
         shard_index,
         shard_count,
         max_batch,
+        replicas,
     };
     validate(&ops, limits).map_err(err)
 }

@@ -43,6 +43,8 @@ pub struct Limits {
     pub shard_count: u64,
     /// Most operations per batch.
     pub max_batch: usize,
+    /// Replication factor: 1, or 2 (this shard also follows the previous shard's roots).
+    pub replicas: u64,
 }
 
 /// Python's `repr()` of a str, for messages that quote a spout name as the reference does.
@@ -139,20 +141,33 @@ pub fn validate(ops: &Ops, limits: Limits) -> Result<(), BatchError> {
         )));
     }
     validate_spouts(ops)?;
-    if limits.shard_count > 1 {
-        let (count, index) = (limits.shard_count, limits.shard_index);
-        if let Some(&root) = ops.roots.iter().find(|&&r| r % count != index) {
-            return Err(BatchError {
+    check_ownership(ops, limits)
+}
+
+/// `batch._check_ownership`: every root is owned by this shard or, with replicas 2, by the one before it.
+fn check_ownership(ops: &Ops, limits: Limits) -> Result<(), BatchError> {
+    let (count, index, replicas) = (limits.shard_count, limits.shard_index, limits.replicas.max(1));
+    if count <= replicas {
+        return Ok(()); // every shard keeps every root
+    }
+    // How far this shard is after the root's owner: 0 = owns it, 1 = follows it.
+    let distance = |r: u64| (index + count - r % count) % count;
+    match ops.roots.iter().find(|&&r| distance(r) >= replicas) {
+        None => Ok(()),
+        Some(&root) => {
+            let owner = root % count;
+            let followers: String = (1..replicas)
+                .map(|k| format!(" and shard {}", (owner + k) % count))
+                .collect();
+            Err(BatchError {
                 refusal: Refusal::WrongShard,
                 message: format!(
-                    "root {root} belongs to shard {} of {count}, but this acker is shard {index}; \
-                     check the client's address order",
-                    root % count
+                    "root {root} belongs to shard {owner}{followers} of {count}, but this acker is shard {index}; \
+                     check the client's address order"
                 ),
-            });
+            })
         }
     }
-    Ok(())
 }
 
 fn validate_spouts(ops: &Ops) -> Result<(), BatchError> {
@@ -208,6 +223,7 @@ mod tests {
             shard_index: 0,
             shard_count: 1,
             max_batch: 100,
+            replicas: 1,
         }
     }
 
@@ -259,12 +275,43 @@ mod tests {
             shard_index: 0,
             shard_count: 2,
             max_batch: 10,
+            replicas: 1,
         };
         let err = validate(&ops, l).unwrap_err();
         assert_eq!(err.refusal, Refusal::WrongShard);
         assert!(err.message.starts_with("root 5 belongs to shard 1 of 2"));
         let err = validate(&ops, Limits { max_batch: 1, ..l }).unwrap_err();
         assert_eq!(err.refusal, Refusal::TooLarge);
+    }
+
+    #[test]
+    fn replicas_two_accepts_owned_and_followed_roots_only() {
+        // Shard 1 of 3 owns roots = 1 (mod 3) and follows roots = 0 (mod 3); roots = 2 are foreign.
+        let ops = |roots: &'static [u64]| Ops {
+            kinds: &[2, 2],
+            roots,
+            values: &[1, 1],
+            dedup_keys: &[],
+            spouts: &[],
+            spout_index: &[],
+        };
+        let l = Limits {
+            shard_index: 1,
+            shard_count: 3,
+            max_batch: 10,
+            replicas: 2,
+        };
+        assert_eq!(validate(&ops(&[4, 6]), l), Ok(()));
+        let err = validate(&ops(&[4, 5]), l).unwrap_err();
+        assert_eq!(err.refusal, Refusal::WrongShard);
+        assert_eq!(
+            err.message,
+            "root 5 belongs to shard 2 and shard 0 of 3, but this acker is shard 1; check the client's address order"
+        );
+        // With replicas 1 the followed root is foreign.
+        assert!(validate(&ops(&[4, 6]), Limits { replicas: 1, ..l }).is_err());
+        // Two shards, two replicas: every shard keeps every root.
+        assert_eq!(validate(&ops(&[4, 5]), Limits { shard_count: 2, ..l }), Ok(()));
     }
 
     #[test]

@@ -119,6 +119,7 @@ mod tests {
             shard_index: 1,
             shard_count: 3,
             max_batch: 2,
+            replicas: 2,
         };
         for round in 0..50_000 {
             let buf: Vec<u8> = if round % 2 == 0 {

@@ -341,6 +341,7 @@ class DescribeResponse(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     RETAIN_OUTCOMES_FIELD_NUMBER: _builtins.int
     RETAIN_SECONDS_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
     shard_index: _builtins.int
     shard_count: _builtins.int
     message_timeout_seconds: _builtins.float
@@ -351,6 +352,11 @@ class DescribeResponse(_message.Message):
     incarnation: _builtins.int
     retain_outcomes: _builtins.int
     retain_seconds: _builtins.float
+    replicas: _builtins.int
+    """Replication factor of the cluster (1 or 2; 0 from an older acker means 1).
+    With 2, root r lives on shard r % shard_count and on the next shard; clients
+    send every operation to both and take the first outcome.
+    """
     def __init__(
         self,
         *,
@@ -364,10 +370,11 @@ class DescribeResponse(_message.Message):
         incarnation: _builtins.int = ...,
         retain_outcomes: _builtins.int = ...,
         retain_seconds: _builtins.float = ...,
+        replicas: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "incarnation", b"incarnation", "max_batch", b"max_batch", "message_timeout_seconds", b"message_timeout_seconds", "pending_trees", b"pending_trees", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "incarnation", b"incarnation", "max_batch", b"max_batch", "message_timeout_seconds", b"message_timeout_seconds", "pending_trees", b"pending_trees", "replicas", b"replicas", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -67,8 +67,9 @@ class AckerServicer:
         too long spout name, a spout index out of range.
         RESOURCE_EXHAUSTED  more operations than the server's --max-batch, or a
         message larger than the server's receive limit.
-        FAILED_PRECONDITION a root this shard does not own; the message names
-        the shard that owns it.
+        FAILED_PRECONDITION a root this shard neither owns nor follows (see
+        DescribeResponse.replicas); the message names the
+        shard that owns it.
 
         Never retry Apply automatically: XOR acks are not idempotent unless they
         carry a dedup key. DEADLINE_EXCEEDED means "may or may not be applied".

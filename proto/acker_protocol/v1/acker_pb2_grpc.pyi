@@ -47,8 +47,9 @@ class AckerStub:
                           too long spout name, a spout index out of range.
       RESOURCE_EXHAUSTED  more operations than the server's --max-batch, or a
                           message larger than the server's receive limit.
-      FAILED_PRECONDITION a root this shard does not own; the message names
-                          the shard that owns it.
+      FAILED_PRECONDITION a root this shard neither owns nor follows (see
+                          DescribeResponse.replicas); the message names the
+                          shard that owns it.
 
     Never retry Apply automatically: XOR acks are not idempotent unless they
     carry a dedup key. DEADLINE_EXCEEDED means "may or may not be applied".
@@ -76,8 +77,9 @@ class AckerAsyncStub(AckerStub):
                           too long spout name, a spout index out of range.
       RESOURCE_EXHAUSTED  more operations than the server's --max-batch, or a
                           message larger than the server's receive limit.
-      FAILED_PRECONDITION a root this shard does not own; the message names
-                          the shard that owns it.
+      FAILED_PRECONDITION a root this shard neither owns nor follows (see
+                          DescribeResponse.replicas); the message names the
+                          shard that owns it.
 
     Never retry Apply automatically: XOR acks are not idempotent unless they
     carry a dedup key. DEADLINE_EXCEEDED means "may or may not be applied".
@@ -108,8 +110,9 @@ class AckerServicer(metaclass=_abc_1.ABCMeta):
                               too long spout name, a spout index out of range.
           RESOURCE_EXHAUSTED  more operations than the server's --max-batch, or a
                               message larger than the server's receive limit.
-          FAILED_PRECONDITION a root this shard does not own; the message names
-                              the shard that owns it.
+          FAILED_PRECONDITION a root this shard neither owns nor follows (see
+                              DescribeResponse.replicas); the message names the
+                              shard that owns it.
 
         Never retry Apply automatically: XOR acks are not idempotent unless they
         carry a dedup key. DEADLINE_EXCEEDED means "may or may not be applied".

@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let ops = req.ops();
     for shard_count in [1, 2] {
-        let limits = Limits { shard_index: 0, shard_count, max_batch: 65_536 };
+        let limits = Limits { shard_index: 0, shard_count, max_batch: 65_536, replicas: 1 };
         if validate(&ops, limits).is_err() {
             continue;
         }
