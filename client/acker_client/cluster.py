@@ -16,14 +16,14 @@ import numpy as np
 from acker_protocol import grpc_options
 from acker_protocol.credentials import ChannelSecurity
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
-from acker_protocol.wire import MAX_ID, check_id, check_root, check_spout_name, shard_of
+from acker_protocol.wire import MAX_ID, check_id, check_replicas, check_root, check_spout_name, replica_shards, shard_of
 
 from . import process
 from .batching import ACK, FAIL, INIT, RESET_TIMEOUT, OpBuffer
-from .columns import as_ids, as_roots, fold_xor, shard_slices
+from .columns import as_ids, as_roots, fold_xor, replica_slices
 from .errors import AckerError, ClusterMisconfigured, batch_error, connect_error, shard_failure
 from .process import ClientStats, ProcessState
-from .sender import Sender
+from .sender import Sender, undelivered
 
 __all__ = ["ClusterClient", "ClientStats", "check_address"]
 
@@ -71,6 +71,14 @@ class ClusterClient:
     involved are left to the spout's backstop. ``reconnect_backoff`` is the
     channels' (initial, maximum) pause in seconds between connection attempts.
 
+    With a replication factor of 2 (the ackers' ``--replicas``, read from
+    Describe; ``replicas`` may state what the caller expects) every operation
+    is buffered for both shards that keep its tree, ``root % n`` and the next
+    one, and each copy is batched, keyed and retried on its own. A replica that
+    cannot be reached while its partners can is skipped (its batch dropped with
+    reason ``replica``, never raised): an operation is delivered once every
+    live replica applied it, and one acker's outage blocks no caller.
+
     ``on_error`` receives the error of every failed background flush.
     ``security`` gives TLS / mTLS files and a bearer token
     (:class:`acker_protocol.credentials.ChannelSecurity`); None is plaintext.
@@ -93,6 +101,7 @@ class ClusterClient:
         batch_keys: bool = True,
         security: ChannelSecurity | None = None,
         column_batch_size: int = 16_384,
+        replicas: int | None = None,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a for a in addresses.split(",") if a]
@@ -130,6 +139,11 @@ class ClusterClient:
         self._abandoned: list[ProcessState] = []
         self._closed = False
         self._known_spouts: set[str] = set()
+        # None: whatever the ackers say (1 without verification); checked against Describe in _verify.
+        self._expected_replicas = replicas
+        if replicas is not None:
+            check_replicas(replicas, self._n)
+        self._set_replicas(replicas or 1)
         if verify:
             try:
                 self._verify()
@@ -176,6 +190,19 @@ class ClusterClient:
     def shard_of(self, root: int) -> int:
         """The shard that owns ``root``."""
         return shard_of(root, self._n)
+
+    @property
+    def replicas(self) -> int:
+        """The cluster's replication factor: how many shards keep each tree (1 or 2)."""
+        return self._replicas
+
+    def replica_shards(self, root: int) -> tuple[int, ...]:
+        """The shards that keep ``root``, its owner first."""
+        return replica_shards(root, self._n, self._replicas)
+
+    def _set_replicas(self, replicas: int) -> None:
+        self._replicas = replicas
+        self._sender.replicas = replicas
 
     @property
     def stats(self) -> ClientStats:
@@ -245,6 +272,7 @@ class ClusterClient:
                 failures.append(shard_failure(shard, self._addresses[shard], exc, 0))
         if failures:
             raise connect_error(failures, self._n)
+        self._check_replicas(infos)
         for shard, (address, info) in enumerate(zip(self._addresses, infos)):
             if info.shard_count != self._n or info.shard_index != shard:
                 raise ClusterMisconfigured(
@@ -260,6 +288,21 @@ class ClusterClient:
             if info.max_batch:
                 self.column_batch_size = min(self.column_batch_size, info.max_batch)
 
+    def _check_replicas(self, infos: list[acker_pb2.DescribeResponse]) -> None:
+        """Every acker must have the same replication factor (and the one the caller expects, if given)."""
+        factors = [info.replicas or 1 for info in infos]  # 0: an acker older than replication, so 1
+        if len(set(factors)) > 1:
+            listing = ", ".join(f"shard {i} ({a}): {r}" for i, (a, r) in enumerate(zip(self._addresses, factors)))
+            raise ClusterMisconfigured(
+                f"the ackers disagree on the replication factor ({listing}); start every acker with the same --replicas"
+            )
+        factor = factors[0]
+        if self._expected_replicas is not None and factor != self._expected_replicas:
+            raise ClusterMisconfigured(
+                f"the client expects replicas {self._expected_replicas} but the ackers run with --replicas {factor}"
+            )
+        self._set_replicas(factor)
+
     # -- operations ----------------------------------------------------------
 
     def init(self, root: int, value: int, spout: str) -> None:
@@ -273,6 +316,9 @@ class ClusterClient:
         st = self._proc
         if st is None or st.pid != process._pid:
             st = self._new_state()
+        if self._replicas > 1:
+            self._replicated(st, root, lambda buf: buf.init(root, value, spout))
+            return
         shard = root % self._n
         with st.lock:
             buf = st.buffers[shard]
@@ -292,6 +338,9 @@ class ClusterClient:
         st = self._proc
         if st is None or st.pid != process._pid:  # process.current_pid(), inlined on the hot path
             st = self._new_state()
+        if self._replicas > 1:
+            self._replicated(st, root, lambda buf: buf.ack(root, value, dedup_key))
+            return
         shard = root % self._n  # shard_of, inlined
         with st.lock:
             buf = st.buffers[shard]
@@ -324,10 +373,31 @@ class ClusterClient:
     def _idempotent(self, root: int, add: Callable[[OpBuffer, int], None]) -> None:
         check_root(root)
         st, shard = self._state(), shard_of(root, self._n)
+        if self._replicas > 1:
+            self._replicated(st, root, lambda buf: add(buf, root))
+            return
         with st.lock:
             buf = st.buffers[shard]
             add(buf, root)
             full = self._after_add(st, shard, buf)
+        if full is not None:
+            self._sender.send_now(st, *full)
+
+    def _replicated(self, st: ProcessState, root: int, add: Callable[[OpBuffer], None]) -> None:
+        """Buffer one operation for every shard that keeps ``root``; full buffers go out together."""
+        owner = root % self._n
+        shards = [(owner + k) % self._n for k in range(self._replicas)]
+        full = None
+        with st.lock:
+            for shard in shards:
+                buf = st.buffers[shard]
+                add(buf)
+                if buf.started is None:
+                    buf.started = time.monotonic()
+                    self._sender.ensure_flusher(st)
+                    st.wake.notify()
+            if any(st.buffers[shard].size >= self.batch_size for shard in shards):
+                full = self._sender.take(st, lambda b: b.size >= self.batch_size)
         if full is not None:
             self._sender.send_now(st, *full)
 
@@ -378,9 +448,9 @@ class ClusterClient:
     def _add_columns(
         self, kind: int, roots: np.ndarray, values: np.ndarray | None = None, *, dedup_key: int = 0, spout: str = ""
     ) -> None:
-        """Split the columns by shard and feed each shard's buffer; full buffers go out together, in parallel."""
+        """Split the columns by shard (each replica's) and feed each shard's buffer; full buffers go out together."""
         st = self._state()
-        remaining = shard_slices(roots, self._n)
+        remaining = replica_slices(roots, self._n, self._replicas)
         while remaining:
             left = []
             with st.lock:
@@ -425,7 +495,9 @@ class ClusterClient:
         if own is not None:
             self._report(own, False)
         if failures:
-            raise batch_error(failures)
+            uncovered = undelivered(batch_error(failures))
+            if uncovered is not None:
+                raise uncovered
 
     def _report(self, error: AckerError, background: bool) -> None:
         for listener in list(self._listeners):

@@ -33,6 +33,7 @@ __all__ = [
     "row_digests",
     "derive_ids",
     "shard_slices",
+    "replica_slices",
 ]
 
 U64 = np.dtype(np.uint64)
@@ -174,3 +175,16 @@ def shard_slices(roots: np.ndarray, shard_count: int) -> list[tuple[int, np.ndar
     counts = np.bincount(shards.astype(np.int64), minlength=shard_count)
     bounds = np.concatenate(([0], np.cumsum(counts)))
     return [(s, order[bounds[s] : bounds[s + 1]]) for s in range(shard_count) if counts[s]]
+
+
+def replica_slices(roots: np.ndarray, shard_count: int, replicas: int = 1) -> list[tuple[int, np.ndarray]]:
+    """``(shard, positions)`` for every shard that keeps some of ``roots``: each owner's, then each follower's.
+
+    With ``replicas`` 2 the roots owned by shard ``s`` appear twice, for ``s``
+    and for ``(s + 1) % shard_count``; a shard may thus get two entries (the
+    roots it owns and those it follows).
+    """
+    slices = shard_slices(roots, shard_count)
+    if replicas == 1:
+        return slices
+    return [((shard + k) % shard_count, positions) for k in range(replicas) for shard, positions in slices]

@@ -19,6 +19,15 @@ The rules (the API docs in ``docs/client.md`` repeat them):
   ``ambiguous``) and left to the spout's backstop.
 - Refusals (INVALID_ARGUMENT, FAILED_PRECONDITION, ...) are never retried
   (reason ``refused``): waiting does not cure a bad request.
+- With a replication factor of 2 every operation goes to two shards, each copy
+  in that shard's own batch with its own dedup key and retries. An attempt does
+  not wait for a reconnecting channel (no ``wait_for_ready``), and a batch whose
+  shard failed a transient way while the shards that hold the other copies of
+  its trees are reachable is dropped at once (reason ``replica``) rather than
+  retried: the live replica has the operations, and a replica that misses
+  updates can never reach a false zero (``docs/acker-semantics.md``). So an
+  unreachable replica blocks no caller. When a partner is unreachable too, the
+  batch is retried as with one replica.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ __all__ = [
     "DROP_REFUSED",
     "DROP_TIMEOUT",
     "DROP_AMBIGUOUS",
+    "DROP_REPLICA",
 ]
 
 # Transient failures: the shard was unreachable, the connection broke, or the
@@ -57,6 +67,7 @@ RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLI
 DROP_REFUSED = "refused"  # the acker said no; nothing of the batch was applied
 DROP_TIMEOUT = "timeout"  # retry-safe, but the shard stayed unreachable for wait_for_shard seconds
 DROP_AMBIGUOUS = "ambiguous"  # may have been applied, and holds an unkeyed ACK: never repeated
+DROP_REPLICA = "replica"  # this replica was unreachable while its partners were live: they hold the operations
 
 _ACK = acker_pb2.OP_KIND_ACK
 
@@ -76,12 +87,30 @@ def retry_safe(request: acker_pb2.ApplyRequest) -> bool:
 
 @dataclass(frozen=True)
 class DeliveryPolicy:
-    """Per-attempt deadline, total time a batch may wait for its shard, and the pause between attempts."""
+    """Per-attempt deadline, total time a batch may wait for its shard, the pause between attempts, and replication."""
 
     attempt_deadline: float
     wait_for_shard: float
     retry_initial_backoff: float = 0.05
     retry_max_backoff: float = 1.0
+    replicas: int = 1
+    shard_count: int = 1
+
+    @property
+    def wait_for_ready(self) -> bool:
+        """Whether an attempt waits for a reconnecting channel: only without a replica to fall back on."""
+        return self.replicas == 1
+
+    def partners(self, shard: int) -> tuple[int, ...]:
+        """The shards holding the other copies of the trees in ``shard``'s batches (none with one replica).
+
+        A shard's batch holds the roots it owns (also kept by the next shard) and
+        those it follows (also kept by the previous one).
+        """
+        if self.replicas == 1:
+            return ()
+        n = self.shard_count
+        return tuple(sorted({(shard - 1) % n, (shard + 1) % n} - {shard}))
 
     def next_backoff(self, previous: float) -> float:
         """The pause after an attempt that failed at once (doubling, capped, with jitter)."""
@@ -136,6 +165,18 @@ class ConnectionMonitor:
         """Every shard's last seen state, in shard order."""
         with self._lock:
             return tuple(self._states)
+
+    def fall_back(self, shard: int, partners: tuple[int, ...]) -> bool:
+        """Mark ``shard`` WAITING; True if every partner is READY (or not yet called), so its batch may be dropped.
+
+        Marking and checking under one lock: when two partners fail at once, the
+        second sees the first WAITING and keeps retrying, so an operation is never
+        dropped by both of its replicas for being covered by the other.
+        """
+        with self._lock:
+            self._states[shard] = self.WAITING
+            live = (self.READY, self.UNKNOWN)
+            return bool(partners) and all(self._states[p] in live for p in partners)
 
 
 # failure_of(shard, exc, operations, init_roots) and on_sent(state, buffer, operations, response):
@@ -196,7 +237,7 @@ def _attempt(st: Any, delivery: _Delivery, policy: DeliveryPolicy, give_up_at: f
         _set_waiting(st, delivery, True)
     delivery.sent_at = time.monotonic()
     delivery.future = st.stubs[delivery.shard].Apply.future(
-        delivery.request, timeout=policy.attempt_timeout(give_up_at), wait_for_ready=True
+        delivery.request, timeout=policy.attempt_timeout(give_up_at), wait_for_ready=policy.wait_for_ready
     )
 
 
@@ -220,6 +261,8 @@ def _settle(
                 now = time.monotonic()
                 if reason is None and give_up_at - now <= 0:
                     reason = DROP_TIMEOUT
+                if reason is None and st.connections.fall_back(delivery.shard, policy.partners(delivery.shard)):
+                    reason = DROP_REPLICA
                 if reason is not None:
                     if reason != DROP_REFUSED:
                         st.connections.set(delivery.shard, ConnectionMonitor.UNREACHABLE)

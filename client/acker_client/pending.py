@@ -74,13 +74,16 @@ class PendingTrees:
     emitted here) is simply not found, which the spout counts as a late outcome.
     """
 
-    def __init__(self, shard_count: int, timeout: float) -> None:
+    def __init__(self, shard_count: int, timeout: float, replicas: int = 1) -> None:
         if shard_count < 1:
             raise ValueError("a spout needs at least one shard")
         self.timeout = timeout
         self.shard_count = shard_count
+        # Roots live in the table of their owner shard; with replicas 2 the next shard keeps them too.
+        self.replicas = replicas
         self.tables: list[dict[int, tuple[float, Any]]] = [{} for _ in range(shard_count)]
         self.clocks = [ShardClock(timeout) for _ in range(shard_count)]
+        self._streams_down: set[int] = set()
 
     def __len__(self) -> int:
         return sum(map(len, self.tables))
@@ -125,7 +128,12 @@ class PendingTrees:
         return self.tables[root % self.shard_count].pop(root, None)
 
     def pop_many(self, shard: int, roots: list[int]) -> list[tuple[float, Any] | None]:
-        """:meth:`pop` for every root of one shard, in order (a repeated root is found once)."""
+        """:meth:`pop` for every root ``shard`` reported, in order (a repeated root is found once).
+
+        With replicas 2 a shard reports the roots it owns and those it follows, so each root's own table is used.
+        """
+        if self.replicas > 1:
+            return [self.pop(root) for root in roots]
         pop = self.tables[shard].pop
         return [pop(root, None) for root in roots]
 
@@ -155,6 +163,8 @@ class PendingTrees:
 
     def restart_many(self, shard: int, roots: list[int], clock_now: float) -> int:
         """Give each pending root of ``shard`` a fresh deadline (moved last: deadline order holds); how many."""
+        if self.replicas > 1:  # a shard also resets the roots it follows: each root has its owner's table
+            return sum(self.restart_many(owner, group, clock_now) for owner, group in self._by_owner(roots))
         table = self.tables[shard]
         deadline = self.deadline(shard, clock_now)
         restarted = 0
@@ -164,3 +174,25 @@ class PendingTrees:
                 table[root] = (deadline, entry[1])
                 restarted += 1
         return restarted
+
+    def _by_owner(self, roots: list[int]) -> list[tuple[int, list[int]]]:
+        groups: dict[int, list[int]] = {}
+        for root in roots:
+            groups.setdefault(root % self.shard_count, []).append(root)
+        return list(groups.items())
+
+    # -- outcome streams -------------------------------------------------------------
+
+    def set_stream_down(self, shard: int, down: bool, clock_now: float) -> None:
+        """``shard``'s outcome stream broke (or is back): pause the backstop of the trees it alone could report.
+
+        A tree's backstop stands still only while the streams of all its replicas
+        are down: with replicas 2, one replica's outage neither pauses nor fires
+        it, since the other replica reports its outcome.
+        """
+        (self._streams_down.add if down else self._streams_down.discard)(shard)
+        n = self.shard_count
+        for k in range(self.replicas):
+            owner = (shard - k) % n  # the tables whose trees ``shard`` keeps
+            replicas = {(owner + j) % n for j in range(self.replicas)}
+            self.clocks[owner].set_down(replicas <= self._streams_down, clock_now)

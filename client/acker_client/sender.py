@@ -16,11 +16,11 @@ import grpc
 from acker_protocol.v1 import acker_pb2
 
 from .batching import OpBuffer
-from .delivery import DeliveryPolicy, deliver
+from .delivery import DROP_REPLICA, DeliveryPolicy, deliver
 from .errors import AckerError, ShardFailure, _BatchError, batch_error, shard_failure
 from .process import ProcessState, Sending
 
-__all__ = ["Sender", "Report"]
+__all__ = ["Sender", "Report", "undelivered"]
 
 # report(error, background): tell the listeners (and on_error for background flushes).
 Report = Callable[[AckerError, bool], None]
@@ -50,12 +50,18 @@ class Sender:
         self.flush_interval = flush_interval
         self.wait_for_shard = wait_for_shard
         self.batch_keys = batch_keys
+        self.replicas = 1  # set by the client from the ackers' Describe
         self._report = report
 
     @property
     def policy(self) -> DeliveryPolicy:
         """The delivery policy of the current settings."""
-        return DeliveryPolicy(attempt_deadline=self.deadline, wait_for_shard=self.wait_for_shard)
+        return DeliveryPolicy(
+            attempt_deadline=self.deadline,
+            wait_for_shard=self.wait_for_shard,
+            replicas=self.replicas,
+            shard_count=len(self.addresses),
+        )
 
     def take(self, st: ProcessState, due: Callable[[OpBuffer], bool]) -> tuple[dict[int, OpBuffer], Sending]:
         """Swap out the buffers selected by ``due`` and register them as being sent (call with ``st.lock`` held)."""
@@ -71,11 +77,13 @@ class Sender:
         return taken, sending
 
     def send_now(self, st: ProcessState, batches: dict[int, OpBuffer], sending: Sending) -> None:
-        """Send in the caller's thread; report and raise the error of a failed batch."""
+        """Send in the caller's thread; report the error of a failed batch, and raise it unless a live replica covers it."""
         error = self.send(st, batches, sending)
         if error is not None:
             self._report(error, False)
-            raise error
+            uncovered = undelivered(error)
+            if uncovered is not None:
+                raise uncovered
 
     def send(self, st: ProcessState, batches: dict[int, OpBuffer], sending: Sending) -> _BatchError | None:
         """Send one batch per shard in parallel; return the combined error, or None."""
@@ -150,10 +158,28 @@ class Sender:
             with st.lock:
                 st.busy.discard(shard)
                 st.wake.notify_all()
-        if error is not None:
-            with st.lock:
-                st.stats.background_errors += 1
-            self._report(error, True)
+        if error is None:
+            return
+        if undelivered(error) is None:
+            # Only a replica missed these operations; its partners hold them. The
+            # listeners hear of it (a spout counts the replica's missed inits).
+            self._report(error, False)
+            return
+        with st.lock:
+            st.stats.background_errors += 1
+        self._report(error, True)
+
+
+def undelivered(error: _BatchError) -> _BatchError | None:
+    """``error`` without the batches a live replica covered (reason ``replica``); None if nothing else failed.
+
+    An operation counts as delivered once every live replica applied it: the
+    caller hears only of batches no live replica holds.
+    """
+    failures = [f for f in error.failures if f.reason != DROP_REPLICA]
+    if len(failures) == len(error.failures):
+        return error
+    return batch_error(failures) if failures else None
 
 
 def _count_sent(st: ProcessState, buf: OpBuffer, count: int, response: acker_pb2.ApplyResponse) -> None:

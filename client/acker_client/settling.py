@@ -21,6 +21,7 @@ import numpy as np
 from acker_protocol.wire import Outcome
 
 from .pending import PendingTrees
+from .replica_outcomes import ReplicaOutcomes
 
 __all__ = ["Settlement", "Settled", "CallBack", "SpoutStats"]
 
@@ -34,7 +35,7 @@ _STOP = object()
 _ACKED = int(Outcome.ACKED)
 _OUTCOME_OF = {int(o): o for o in Outcome}
 _COUNTER = {o: o.name.lower() for o in Outcome}
-COUNTERS = ("emitted", "acked", "failed", "timed_out", "lost", "late", "dropped", "timeout_resets")
+COUNTERS = ("emitted", "acked", "failed", "timed_out", "lost", "late", "dropped", "timeout_resets", "duplicates")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class SpoutStats:
     operations_dropped: int = 0
     dropped_by_reason: dict[str, int] = field(default_factory=dict)
     shard_states: tuple[str, ...] = ()  # each shard's connection as the client last saw it
+    # With replicas 2: second outcomes of trees the partner replica had already settled (ignored).
+    duplicate_outcomes: int = 0
 
 
 class Settlement:
@@ -76,9 +79,11 @@ class Settlement:
         pending: PendingTrees,
         clock: Callable[[], float],
         call_back: CallBack,
+        replicas: ReplicaOutcomes | None = None,
     ) -> None:
         self.name = name
         self.pending = pending
+        self.replicas = replicas if replicas is not None else ReplicaOutcomes(1, pending.timeout)
         self.clock = clock
         self.cond = threading.Condition()
         self.counts = dict.fromkeys(COUNTERS, 0)
@@ -150,9 +155,22 @@ class Settlement:
                             acked.append(entry[1])
                         else:
                             failed.append((entry[1], _OUTCOME_OF[code]))
-            self.counts["late"] += len(roots) - len(acked) - len(failed)
+            self._count_unmatched(roots, entries, len(acked) + len(failed))
             self._settled(acked, failed)
         self._hand_over(acked, failed)
+
+    def _count_unmatched(self, roots: list[int], entries: list[Any], matched: int) -> None:
+        """With the lock held: the one place a replica's second outcome is told from a late one, and ignored."""
+        replicas = self.replicas
+        if replicas.replicas == 1:
+            self.counts["late"] += len(roots) - matched
+            return
+        now = self.clock()
+        replicas.settled((r for r, e in zip(roots, entries) if e is not None), now)
+        if matched < len(roots):
+            duplicates = replicas.duplicates(r for r, e in zip(roots, entries) if e is None)
+            self.counts["duplicates"] += duplicates
+            self.counts["late"] += len(roots) - matched - duplicates
 
     def restart(self, shard: int, roots: list[int]) -> None:
         """Fresh backstops for the pending ``roots`` of ``shard`` (their acker timeout was reset)."""
@@ -178,11 +196,15 @@ class Settlement:
         return True
 
     def lose(self, roots: Iterable[int]) -> int:
-        """Fail every pending root of ``roots`` as LOST; the others count as late. How many were pending."""
+        """Fail every pending root of ``roots`` as LOST; the others count as late. How many were pending.
+
+        ``roots`` are inits one replica missed: with replicas 2 only those every replica missed are lost.
+        """
         roots = list(roots)
         if not roots:
             return 0
         with self.cond:
+            roots = self.replicas.missed_inits(roots, self.clock())
             entries = [self.pending.pop(root) for root in roots]
             failed = [(entry[1], Outcome.LOST) for entry in entries if entry is not None]
             self.counts["late"] += len(roots) - len(failed)
@@ -193,6 +215,7 @@ class Settlement:
     def expire(self) -> int:
         """Fail as LOST every root whose backstop deadline has passed; how many."""
         with self.cond:
+            self.replicas.prune(self.clock())
             failed = [(mid, Outcome.LOST) for mid in self.pending.pop_expired(self.clock())]
             self._settled([], failed)
         self._hand_over([], failed)
@@ -232,4 +255,5 @@ class Settlement:
                 operations_dropped=getattr(client, "operations_dropped", 0),
                 dropped_by_reason=dict(getattr(client, "dropped_by_reason", {})),
                 shard_states=tuple(getattr(client, "shard_states", ())),
+                duplicate_outcomes=c["duplicates"],
             )

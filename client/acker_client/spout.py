@@ -25,6 +25,7 @@ from .columns import random_ids
 from .errors import AckerError, ShardUnavailable, SpoutFull
 from .ids import new_id
 from .pending import PendingTrees, default_backstop
+from .replica_outcomes import ReplicaOutcomes
 from .settling import Settlement, SpoutStats
 from .subscription import OutcomeSubscription
 from .tuples import MessageId, TrackedTuple
@@ -67,6 +68,12 @@ class Spout:
     them on resume, so the record gets the acker's outcome (ACKED, FAILED,
     TIMED_OUT), not LOST.
 
+    With a replicated cluster (``--replicas 2``) both ackers that keep a tree
+    report it: the first outcome settles the record, the second is counted in
+    ``stats.duplicate_outcomes`` and ignored. A tree's backstop then stands
+    still only while both its replicas' streams are down, and an init counts
+    as undelivered only when both replicas missed it.
+
     Records are emitted one at a time (:meth:`emit`, :meth:`try_emit`,
     :meth:`emit_to`) or a batch at a time (:meth:`emit_many`,
     :meth:`try_emit_many`, :meth:`emit_columns`): one draw of random ids, one
@@ -101,8 +108,11 @@ class Spout:
         self.timeout = timeout if timeout is not None else self._default_timeout()
         self._clock = clock
         self._check_interval = check_interval or min(1.0, max(self.timeout / 10, 0.05))
-        self._pending = PendingTrees(cluster.shard_count, self.timeout)
-        self._settlement = Settlement(self.name, self._pending, clock, self._call_back)
+        replicas = getattr(cluster, "replicas", 1)
+        self._pending = PendingTrees(cluster.shard_count, self.timeout, replicas)
+        self._settlement = Settlement(
+            self.name, self._pending, clock, self._call_back, ReplicaOutcomes(replicas, self.timeout)
+        )
         self._cond = self._settlement.cond  # guards the pending map and the counts
         self._counts = self._settlement.counts
         self._subscriptions: list[OutcomeSubscription] = []
@@ -334,7 +344,7 @@ class Spout:
     def _on_stream_state(self, shard: int, connected: bool) -> None:
         """A shard's outcome stream broke (pause its backstop clock) or is open again (resume it)."""
         with self._cond:
-            self._pending.clocks[shard].set_down(not connected, self._clock())
+            self._pending.set_stream_down(shard, not connected, self._clock())
 
     def _on_dropped(self, count: int) -> None:
         with self._cond:
@@ -342,7 +352,8 @@ class Spout:
         log.warning("spout %r: %d outcomes were dropped by an acker; the backstop will fail them", self.name, count)
 
     def _on_batch_error(self, error: AckerError) -> None:
-        # Inits that never reached an acker would wait for the backstop; fail them now.
+        # Inits that never reached an acker would wait for the backstop; fail them now
+        # (with replicas 2, those that reached neither replica: Settlement.lose).
         self._settlement.lose(getattr(error, "init_roots", ()))
 
     def _resolve(self, root: int, outcome: Outcome) -> bool:

@@ -61,6 +61,7 @@ def local_cluster(
     buckets: int = 3,
     processes: bool = False,
     clock: Callable[[], float] | None = None,
+    replicas: int = 1,
 ) -> Iterator[Any]:
     """Run ``count`` acker shards on free 127.0.0.1 ports for the duration of a ``with`` block.
 
@@ -70,6 +71,7 @@ def local_cluster(
     ``restart``). Either way the yielded object has ``addresses``. ``clock``
     (in-process only, e.g. a :class:`ManualClock`) drives the ackers' timeouts;
     call ``server.advance()`` on each of ``cluster.servers`` after moving it.
+    ``replicas=2`` starts them with ``--replicas 2`` (every tree on two shards).
 
     >>> from acker_client import ClusterClient
     >>> with local_cluster(3) as ackers, ClusterClient(ackers.addresses) as client:  # doctest: +SKIP
@@ -80,7 +82,10 @@ def local_cluster(
             raise ValueError("a clock can only drive in-process ackers (processes=False)")
         from acker_service.process_cluster import ProcessCluster
 
-        with ProcessCluster(count=count, message_timeout=message_timeout, buckets=buckets) as process_cluster:
+        extra = ("--replicas", str(replicas))
+        with ProcessCluster(
+            count=count, message_timeout=message_timeout, buckets=buckets, extra_args=extra
+        ) as process_cluster:
             yield process_cluster
         return
     from acker_service.config import ServerConfig
@@ -97,6 +102,7 @@ def local_cluster(
                 message_timeout=message_timeout,
                 buckets=buckets,
                 grace=0.5,
+                replicas=replicas,
             )
             cluster.servers.append(AckerServer(config, clock=clock).start())
         yield cluster
