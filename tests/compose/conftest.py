@@ -27,6 +27,7 @@ COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
 ACKER_IMAGE = os.environ.get("ACKER_IMAGE", "pyspark-acker:latest")
 PROMETHEUS_IMAGE = os.environ.get("ACKER_PROMETHEUS_IMAGE", "pyspark-acker-prometheus:latest")
 SHARDS = 3
+REPLICAS = 2
 # Short enough that a lost tree is failed within seconds, long enough for a busy
 # 2-core machine running three containers (the spout's backstop is about 7 s).
 MESSAGE_TIMEOUT = 4.0
@@ -82,6 +83,8 @@ class ComposeCluster:
             "PROMETHEUS_IMAGE": PROMETHEUS_IMAGE,
             "ACKER_PUBLISH_HOST": "127.0.0.1",
             "ACKER_MESSAGE_TIMEOUT": str(MESSAGE_TIMEOUT),
+            # Every tree on two ackers: the node-loss case expects no record replayed because of the crash.
+            "ACKER_REPLICAS": str(REPLICAS),
             "PROMETHEUS_PORT": str(self.prometheus_port),
             **{f"ACKER_{i}_PORT": str(port) for i, port in enumerate(self.ports)},
         }

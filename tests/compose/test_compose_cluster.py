@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from acker_client import ClusterClient
 
-from .conftest import SHARDS, ComposeCluster
+from .conftest import REPLICAS, SHARDS, ComposeCluster
 from .workload import Figures, Workload
 
 # Seconds of load before and after a fault: small, the whole suite stays at a few minutes.
@@ -81,11 +81,13 @@ def test_up_gives_three_healthy_ackers_that_ack_a_workload(compose_cluster: Comp
 
 
 def test_node_loss_under_load(compose_cluster: ComposeCluster) -> None:
-    """A crashed acker: its trees end LOST/TIMED_OUT within the backstop and are replayed; the restart policy
-    brings it back, load recovers; nothing lost, no false ack, one callback per emit."""
+    """A crashed acker under load, with every tree on two ackers (REPLICAS 2): the partner replicas settle its
+    trees, so no record is replayed because of the crash; the restart policy brings it back and load recovers;
+    nothing lost, no false ack, one callback per emit."""
     shard = 1
     restarts = compose_cluster.restart_count(shard)
     load = Workload(compose_cluster.addresses).start()
+    assert load.client.replicas == REPLICAS
     time.sleep(LOAD_SECONDS)
     compose_cluster.crash(shard)
     _wait(lambda: compose_cluster.restart_count(shard) > restarts, "restart: unless-stopped to restart it", 60)
@@ -93,13 +95,12 @@ def test_node_loss_under_load(compose_cluster: ComposeCluster) -> None:
     _wait(lambda: _reachable(compose_cluster.addresses, shard), "the restarted shard's published port", 30)
     _load_recovers(load)
     time.sleep(LOAD_SECONDS)
+    skipped = load.client.stats.dropped_by_reason.get("replica", 0)
     figures = load.finish(timeout=120)
     _assert_guarantees(figures, "node loss")
-    assert figures.failed_on_shard[shard] > 0, "the crash failed no tree: it did not happen under load"
-    assert figures.replayed >= figures.failed_on_shard[shard]
-    # Each failure came at the latest at the backstop (plus its check interval and a
-    # margin for a busy machine), never later.
-    assert figures.slowest_failure_seconds <= load.backstop + 5.0, figures.line("node loss")
+    # The crash happened under load: the client skipped the dead replica's copies of operations.
+    assert skipped > 0, figures.line("node loss")
+    assert figures.replayed == 0 and not figures.failed, figures.line("node loss")
 
 
 def test_partition_under_load(compose_cluster: ComposeCluster) -> None:

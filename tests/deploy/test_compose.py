@@ -88,7 +88,7 @@ def test_ackers_are_shards_zero_to_n_minus_one_of_n(ackers: dict[int, tuple[str,
 
 def test_acker_settings_agree_across_shards(ackers: dict[int, tuple[str, dict[str, Any]]]) -> None:
     """Every shard runs the same image with the same timeout, buckets and metrics port."""
-    shared = ("ACKER_MESSAGE_TIMEOUT", "ACKER_BUCKETS", "ACKER_METRICS_PORT", "ACKER_SHARD_COUNT")
+    shared = ("ACKER_MESSAGE_TIMEOUT", "ACKER_BUCKETS", "ACKER_METRICS_PORT", "ACKER_SHARD_COUNT", "ACKER_REPLICAS")
     settings = {tuple(s["environment"].get(k) for k in shared) for _, s in ackers.values()}
     assert len(settings) == 1, settings
     assert len({s.get("image") for _, s in ackers.values()}) == 1
@@ -130,6 +130,25 @@ def test_ports_are_published_on_loopback_unless_told_otherwise(
     moved = load_yaml(done.stdout)["services"]
     assert _port_mappings(moved["acker-1"]) == [("0.0.0.0", 17101, 7101)]
     assert _port_mappings(moved["prometheus"]) == [("0.0.0.0", 19090, 9090)]
+
+
+def test_replication_is_one_setting_for_every_acker(
+    docker_compose: str, repo: Path, ackers: dict[int, tuple[str, dict[str, Any]]], load_yaml: Callable[[str], Any]
+) -> None:
+    """ACKER_REPLICAS defaults to 1 and, set to 2, reaches every acker (the node-loss case runs that way)."""
+    assert {s["environment"]["ACKER_REPLICAS"] for _, s in ackers.values()} == {"1"}
+    done = subprocess.run(
+        [docker_compose, "-f", "deploy/docker-compose.yml", "config"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "ACKER_REPLICAS": "2"},
+    )
+    assert done.returncode == 0, done.stderr
+    services = load_yaml(done.stdout)["services"]
+    assert {services[name]["environment"]["ACKER_REPLICAS"] for name, _ in ackers.values()} == {"2"}
 
 
 def test_images_default_to_the_shipped_ones(

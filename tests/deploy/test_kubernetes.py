@@ -124,6 +124,16 @@ def test_memory_is_sized_from_the_measured_bytes_per_tree_and_runs_unprivileged(
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
 
 
+def test_trees_are_replicated_and_a_disruption_never_takes_both_copies() -> None:
+    """ACKER_REPLICAS 2 (fewer than the shards), and the budget takes fewer pods than a tree has copies."""
+    kinds = _by_kind()
+    sts, pdb = kinds["StatefulSet"], kinds["PodDisruptionBudget"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    replication = int(_env(container)["ACKER_REPLICAS"])
+    assert replication == 2 <= int(_env(container)["ACKER_SHARD_COUNT"])
+    assert pdb["spec"]["maxUnavailable"] < replication
+
+
 def test_disruption_budget_allows_one_shard_down() -> None:
     """Voluntary disruptions take at most one acker pod at a time."""
     kinds = _by_kind()
