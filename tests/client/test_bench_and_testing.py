@@ -53,6 +53,31 @@ def test_bench_apply_mode_streams_every_outcome(capsys):
     assert 0 < result["apply_p50_ms"] <= result["apply_p99_ms"]
 
 
+def test_bench_apply_with_replicas_two_applies_every_tree_on_both_replicas():
+    """With replicas 2 each batch goes to its shard and the next: both replicas stream every tree's outcome."""
+    from acker_bench.apply import ApplyBenchConfig, run_apply_bench
+
+    with local_cluster(3, message_timeout=30.0, replicas=2) as ackers:
+        config = ApplyBenchConfig(tuple(ackers.addresses), batch_ops=512, duration=0.5, processes=1, replicas=2)
+        result = run_apply_bench(config)
+    assert result["replicas"] == 2 and result["trees_sent"] == 256 * result["calls"] > 0
+    assert result["outcomes_streamed"] == 2 * result["trees_sent"]
+    assert abs(result["apply_ops_per_s"] - 4 * result["trees_per_s"]) < 1  # both copies applied, rounded
+
+
+def test_bench_compare_replicas_reports_both_factors(capsys):
+    """--compare-replicas runs replicas 1 and 2 in one run and reports trees/s, latency and memory for each."""
+    assert main(["--mode", "apply", "--compare-replicas", "--embedded-ackers", "2", "--batch-ops", "512",
+                 "--duration", "0.5", "--processes", "1", "--json"]) == 0  # fmt: skip
+    result = json.loads(capsys.readouterr().out)
+    assert result["mode"] == "apply-compare-replicas"
+    for r in (1, 2):
+        assert result[f"replicas{r}_trees_per_s"] > 0
+        assert result[f"replicas{r}_cluster_bytes_per_pending_tree"] is not None
+    assert "throughput_cost_percent" in result
+    assert main(["--mode", "apply", "--compare-replicas", "--ackers", "127.0.0.1:1"]) == 2
+
+
 def test_bench_memory_mode_reports_bytes_per_pending_tree(capsys):
     """--mode memory leaves the asked number of trees pending on a fresh acker per engine and reports RSS per tree."""
     assert main(["--mode", "memory", "--pending-trees", "50000", "--json"]) == 0

@@ -166,6 +166,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="apply mode: run the same load into embedded plaintext and TLS ackers, alternating, and report both",
     )
+    p.add_argument(
+        "--compare-replicas",
+        action="store_true",
+        help="apply mode: run the same load into embedded ackers with --replicas 1 and 2, alternating, and report "
+        "the throughput and memory cost of keeping every tree on two ackers",
+    )
     return p
 
 
@@ -207,6 +213,8 @@ def _main(args: argparse.Namespace) -> int:
         return _dataframe_mode(args)
     if args.compare_tls:
         return _compare_tls_mode(args)
+    if args.compare_replicas:
+        return _compare_replicas_mode(args)
     security = None
     if args.tls_ca or args.tls_cert:
         security = ChannelSecurity(
@@ -300,6 +308,28 @@ def _compare_tls_mode(args: argparse.Namespace) -> int:
         ]
         _print_rows(
             f"acker-bench --mode apply --compare-tls: {result['ackers']} acker(s), {result['rounds']} rounds", rows
+        )
+    return 0
+
+
+def _compare_replicas_mode(args: argparse.Namespace) -> int:
+    """Apply throughput and memory per pending tree with replicas 1 and 2, in the same run."""
+    from .replicas import compare_replicas
+
+    if args.mode != "apply" or args.ackers:
+        print(
+            "acker-bench: --compare-replicas runs --mode apply against embedded ackers (no --ackers)", file=sys.stderr
+        )
+        return 2
+    result = compare_replicas(
+        args.embedded_ackers, args.batch_ops, args.duration, args.processes, args.engine, _rss_from_proc
+    )
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_rows(
+            f"acker-bench --mode apply --compare-replicas: {result['ackers']} ackers, {result['rounds']} rounds",
+            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
         )
     return 0
 
