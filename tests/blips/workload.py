@@ -164,6 +164,7 @@ class Workload:
                 "emits_without_exactly_one_callback": not_once,
                 "false_acks": false_acks,
                 "late_outcomes": stats.late_outcomes,
+                "duplicate_outcomes": stats.duplicate_outcomes,
                 "emit_stalls": self.emit_stalls,
                 "bolt_errors": dict(self.bolt_errors),
                 "spout_client_dropped": client.operations_dropped,
