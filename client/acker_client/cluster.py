@@ -144,6 +144,8 @@ class ClusterClient:
         if replicas is not None:
             check_replicas(replicas, self._n)
         self._set_replicas(replicas or 1)
+        # Unverified and not told: learn it on first use (_new_state), from any shard.
+        self._learn_replicas = replicas is None and not verify
         if verify:
             try:
                 self._verify()
@@ -244,7 +246,32 @@ class ClusterClient:
                 self._abandoned.append(st)
             st = ProcessState(self._addresses, self._channel_options, self.security)
             self._proc = st
+            if self._learn_replicas:
+                self._learn_replicas = False
+                self._replicas_from_any_shard(st)
             return st
+
+    def _replicas_from_any_shard(self, st: ProcessState) -> None:
+        """Without verification, take the replication factor from the first shard that answers Describe.
+
+        An unverified client (a Spark executor's) must still send every operation
+        to both replicas of a replicated cluster; with no shard answering it keeps
+        one replica, which is safe (a replica missing updates never acks falsely)
+        but forgoes the second copy.
+        """
+        calls = [stub.Describe.future(acker_pb2.DescribeRequest(), timeout=self.deadline) for stub in st.stubs]
+        for call in calls:
+            try:
+                factor = call.result().replicas or 1
+            except grpc.RpcError:
+                continue
+            if factor <= self._n:
+                self._set_replicas(factor)
+            break
+        else:
+            log.warning("no acker answered Describe; sending every operation to one replica only")
+        for call in calls:
+            call.cancel()
 
     def _stub(self, shard: int) -> acker_pb2_grpc.AckerStub:
         return self._state().stubs[shard]

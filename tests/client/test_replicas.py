@@ -179,3 +179,13 @@ def test_both_replicas_lost_ends_in_lost(recorder):
             assert recorder.outcome(i) == expected, (i, root % 3)
         assert spout.stats.lost == sum(1 for r in roots.values() if r % 3 == 1) > 0
         spout.close()
+
+
+def test_unverified_client_learns_replication_on_first_use(make_ackers, make_client):
+    """A Spark executor's client (verify=False) still sends every operation to both replicas."""
+    servers = make_ackers(3, replicas=2)
+    client = make_client([s.address for s in servers], verify=False)
+    client.init(4, 9, "s")
+    client.flush()
+    assert client.replicas == 2
+    assert [4 in _pending_on(s) for s in servers] == [False, True, True]

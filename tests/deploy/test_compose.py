@@ -110,13 +110,10 @@ def test_published_ports_are_unique_and_only_the_needed_ones(
     assert set(compose["services"]) == {name for name, _ in ackers.values()} | {"prometheus", "grafana"}
 
 
-def test_ports_are_published_on_loopback_unless_told_otherwise(
-    docker_compose: str, repo: Path, compose: dict[str, Any], load_yaml: Callable[[str], Any]
-) -> None:
-    """By default every port is published on 127.0.0.1 only; ACKER_PUBLISH_HOST and the *_PORT variables move them."""
-    for name, service in compose["services"].items():
-        assert {ip for ip, _, _ in _port_mappings(service)} == {"127.0.0.1"}, name
-    env = {"ACKER_PUBLISH_HOST": "0.0.0.0", "ACKER_1_PORT": "17101", "PROMETHEUS_PORT": "19090"}
+def _resolved_with(
+    docker_compose: str, repo: Path, env: dict[str, str], load_yaml: Callable[[str], Any]
+) -> dict[str, Any]:
+    """The compose file as docker-compose resolves it with ``env`` added to the environment."""
     done = subprocess.run(
         [docker_compose, "-f", "deploy/docker-compose.yml", "config"],
         cwd=repo,
@@ -127,7 +124,17 @@ def test_ports_are_published_on_loopback_unless_told_otherwise(
         env={**os.environ, **env},
     )
     assert done.returncode == 0, done.stderr
-    moved = load_yaml(done.stdout)["services"]
+    return load_yaml(done.stdout)
+
+
+def test_ports_are_published_on_loopback_unless_told_otherwise(
+    docker_compose: str, repo: Path, compose: dict[str, Any], load_yaml: Callable[[str], Any]
+) -> None:
+    """By default every port is published on 127.0.0.1 only; ACKER_PUBLISH_HOST and the *_PORT variables move them."""
+    for name, service in compose["services"].items():
+        assert {ip for ip, _, _ in _port_mappings(service)} == {"127.0.0.1"}, name
+    env = {"ACKER_PUBLISH_HOST": "0.0.0.0", "ACKER_1_PORT": "17101", "PROMETHEUS_PORT": "19090"}
+    moved = _resolved_with(docker_compose, repo, env, load_yaml)["services"]
     assert _port_mappings(moved["acker-1"]) == [("0.0.0.0", 17101, 7101)]
     assert _port_mappings(moved["prometheus"]) == [("0.0.0.0", 19090, 9090)]
 
@@ -137,17 +144,7 @@ def test_replication_is_one_setting_for_every_acker(
 ) -> None:
     """ACKER_REPLICAS defaults to 1 and, set to 2, reaches every acker (the node-loss case runs that way)."""
     assert {s["environment"]["ACKER_REPLICAS"] for _, s in ackers.values()} == {"1"}
-    done = subprocess.run(
-        [docker_compose, "-f", "deploy/docker-compose.yml", "config"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "ACKER_REPLICAS": "2"},
-    )
-    assert done.returncode == 0, done.stderr
-    services = load_yaml(done.stdout)["services"]
+    services = _resolved_with(docker_compose, repo, {"ACKER_REPLICAS": "2"}, load_yaml)["services"]
     assert {services[name]["environment"]["ACKER_REPLICAS"] for name, _ in ackers.values()} == {"2"}
 
 
