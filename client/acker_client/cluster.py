@@ -506,7 +506,8 @@ class ClusterClient:
 
         Raises ShardUnavailable / RequestRefused naming every shard whose batch
         failed; when it returns, every operation buffered before the call was
-        applied.
+        applied (with replicas 2: by every live replica; a batch a live partner
+        covered is reported to the listeners, not raised).
         """
         st = self._state()
         with st.lock:

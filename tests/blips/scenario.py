@@ -8,7 +8,7 @@ workload (:mod:`tests.blips.workload`) runs while the scenario breaks things:
     .venv/bin/python -m tests.blips.scenario --mode cuts --cuts 3 --seconds 3
     .venv/bin/python -m tests.blips.scenario --mode restart --seconds 3
     .venv/bin/python -m tests.blips.scenario --mode kills --kills 7 --every 10 --seconds 2 \
-        --rate 300 --replicas 1,2
+        --rate 300 --hold 1 --message-timeout 5 --replicas 1,2
 
 ``--mode kills`` kill -9s one acker (shards in turn) every ``--every`` seconds and
 restarts it ``--seconds`` later; with ``--replicas 1,2`` it runs once per
@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("cuts", "half_open", "restart", "kills"), default="cuts")
     p.add_argument("--kills", type=int, default=7, help="kills mode: how many kill -9s")
     p.add_argument("--every", type=float, default=10.0, help="kills mode: seconds between kills")
+    p.add_argument("--hold", type=float, default=0.0, help="seconds each tree stays in flight before the bolts ack it")
     p.add_argument(
         "--replicas", default="1", help="the ackers' --replicas; a list such as 1,2 runs once per factor (kills mode)"
     )
@@ -248,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--message-timeout", type=float, default=10.0)
     p.add_argument("--shards", type=int, default=3, help="acker shards to start")
     args = p.parse_args(argv)
-    workload = WorkloadConfig(rate=args.rate)
+    workload = WorkloadConfig(
+        rate=args.rate, hold=args.hold, max_pending=max(5000, int(2 * args.rate * (args.hold + 1)))
+    )
     factors = [int(r) for r in args.replicas.split(",") if r]
     if args.mode == "kills":
         runs = []

@@ -36,6 +36,9 @@ class WorkloadConfig:
     bolt_threads: int = 2
     max_pending: int = 5000
     emit_timeout: float = 1.0
+    # Seconds between a record's emit and the bolts' work on it: how long each tree stays in flight,
+    # so that an acker killed under load holds trees (0: the bolts take each tuple at once).
+    hold: float = 0.0
 
 
 class Workload:
@@ -117,7 +120,7 @@ class Workload:
                 continue
             with self._lock:
                 self.emitted += 1
-            self._work.put((message_id, tup))
+            self._work.put((message_id, tup, time.monotonic() + self.config.hold))
             message_id += 1
 
     def _bolt_loop(self) -> None:
@@ -126,7 +129,10 @@ class Workload:
             item = self._work.get()
             if item is None:
                 return
-            message_id, tup = item
+            message_id, tup, due = item
+            wait = due - time.monotonic()
+            if wait > 0:  # the queue is in emit order, so in due order
+                time.sleep(wait)
             children = [collector.emit(("child", i), anchors=[tup]) for i in range(self.config.children)]
             for t in [*children, tup]:
                 if t is tup:

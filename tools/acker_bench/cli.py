@@ -86,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
         "--embedded-ackers", type=int, default=1, help="acker processes to start when --ackers is not given (default 1)"
     )
     p.add_argument("--message-timeout", type=float, default=30.0, help="embedded ackers' timeout (default 30)")
+    p.add_argument(
+        "--replicas", type=int, default=1, help="embedded ackers' --replicas (1, or 2: every tree on two ackers)"
+    )
     p.add_argument("--fan-out", type=int, default=2, help="children per tuple (default 2)")
     p.add_argument("--depth", type=int, default=2, help="levels below the spout tuple (default 2)")
     p.add_argument("--batch-size", type=int, default=512, help="client batch size (default 512)")
@@ -227,7 +230,8 @@ def _main(args: argparse.Namespace) -> int:
         metrics_urls = [u for u in (args.metrics_urls or "").split(",") if u]
         # Checked here, before any worker process starts: a wrong address list is one
         # clear error, not a traceback per process.
-        ClusterClient(addresses, security=security).close()
+        with ClusterClient(addresses, security=security) as checked:
+            replicas = checked.replicas
     else:
         from acker_service.process_cluster import ProcessCluster
 
@@ -235,15 +239,16 @@ def _main(args: argparse.Namespace) -> int:
             count=args.embedded_ackers,
             metrics_base_port=0,
             message_timeout=args.message_timeout,
-            extra_args=("--engine", args.engine),
+            extra_args=("--engine", args.engine, "--replicas", str(args.replicas)),
         ).start()
         addresses, metrics_urls = tuple(cluster.addresses), list(cluster.metrics_urls or [])
+        replicas = args.replicas
     try:
         if args.mode == "apply":
             cpu_before = _server_cpu(cluster)
             result = run_apply_bench(ApplyBenchConfig(
                 addresses=addresses, batch_ops=args.batch_ops, duration=args.duration, processes=args.processes,
-                security=security,
+                security=security, replicas=replicas,
             ))  # fmt: skip
             _add_server_cpu(result, cpu_before, _server_cpu(cluster))
         else:
