@@ -164,7 +164,10 @@ class PendingTrees:
     def restart_many(self, shard: int, roots: list[int], clock_now: float) -> int:
         """Give each pending root of ``shard`` a fresh deadline (moved last: deadline order holds); how many."""
         if self.replicas > 1:  # a shard also resets the roots it follows: each root has its owner's table
-            return sum(self.restart_many(owner, group, clock_now) for owner, group in self._by_owner(roots))
+            return sum(self._restart_in(owner, group, clock_now) for owner, group in self._by_owner(roots))
+        return self._restart_in(shard, roots, clock_now)
+
+    def _restart_in(self, shard: int, roots: list[int], clock_now: float) -> int:
         table = self.tables[shard]
         deadline = self.deadline(shard, clock_now)
         restarted = 0
