@@ -186,6 +186,11 @@ class PendingTrees:
 
     # -- outcome streams -------------------------------------------------------------
 
+    @property
+    def streams_down(self) -> int:
+        """How many shards' outcome streams are broken now."""
+        return len(self._streams_down)
+
     def set_stream_down(self, shard: int, down: bool, clock_now: float) -> None:
         """``shard``'s outcome stream broke (or is back): pause the backstop of the trees it alone could report.
 

@@ -52,7 +52,9 @@ class SpoutStats:
     outcomes_dropped: int = 0  # reported by ackers: evicted from retention before delivery
     reconnects: int = 0  # outcome streams re-opened
     timeout_resets: int = 0  # backstops restarted because a tree's acker timeout was reset
-    streams_down: int = 0  # shards whose outcome stream is broken now (their backstop is paused)
+    # Shards whose outcome stream is broken now (their trees' backstop is paused; with replicas 2,
+    # only the trees both of whose replicas' streams are down).
+    streams_down: int = 0
     backstop_paused_seconds: float = 0.0  # total time backstops stood still while streams were down
     # The ClusterClient's delivery figures (ClientStats), here so one place shows the spout's health:
     operations_waiting: int = 0  # in batches waiting for a shard's connection now
@@ -248,7 +250,7 @@ class Settlement:
                 outcomes_dropped=c["dropped"],
                 reconnects=sum(s.reconnects for s in subscriptions),
                 timeout_resets=c["timeout_resets"],
-                streams_down=sum(1 for sc in clocks if sc.down_since is not None),
+                streams_down=self.pending.streams_down,
                 backstop_paused_seconds=round(sum(sc.paused + sc.current_pause(clock_now) for sc in clocks), 3),
                 operations_waiting=getattr(client, "operations_waiting", 0),
                 operations_retried=getattr(client, "operations_retried", 0),
