@@ -7,6 +7,7 @@ sending and the age-based flusher in :mod:`.sender`.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -259,12 +260,15 @@ class ClusterClient:
         one replica, which is safe (a replica missing updates never acks falsely)
         but forgoes the second copy.
         """
+        answered: queue.SimpleQueue = queue.SimpleQueue()
         calls = [stub.Describe.future(acker_pb2.DescribeRequest(), timeout=self.deadline) for stub in st.stubs]
         for call in calls:
-            try:
-                factor = call.result().replicas or 1
-            except grpc.RpcError:
+            call.add_done_callback(answered.put)
+        for _ in calls:  # in the order they answer: one dead shard does not hold up the others
+            call = answered.get()
+            if call.cancelled() or call.exception() is not None:
                 continue
+            factor = call.result().replicas or 1
             if factor <= self._n:
                 self._set_replicas(factor)
             break

@@ -189,3 +189,15 @@ def test_unverified_client_learns_replication_on_first_use(make_ackers, make_cli
     client.flush()
     assert client.replicas == 2
     assert [4 in _pending_on(s) for s in servers] == [False, True, True]
+
+
+def test_unverified_client_learns_replication_from_a_live_shard_when_one_is_dead(make_ackers, make_client):
+
+    servers = make_ackers(3, replicas=2)
+    addresses = [s.address for s in servers]
+    servers[0].stop(0)
+    client = make_client(addresses, verify=False, deadline=30.0, wait_for_shard=0.0)
+    client.init(4, 9, "s")  # shards 1 and 2 keep root 4
+    client.flush()
+    assert client.replicas == 2
+    assert [4 in _pending_on(s) for s in servers[1:]] == [True, True]
