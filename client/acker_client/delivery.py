@@ -23,8 +23,8 @@ The rules (the API docs in ``docs/client.md`` repeat them):
   in that shard's own batch with its own dedup key and retries. An attempt does
   not wait for a reconnecting channel (no ``wait_for_ready``), and a batch whose
   shard failed a transient way while the shards that hold the other copies of
-  its trees are reachable is dropped at once (reason ``replica``) rather than
-  retried: the live replica has the operations, and a replica that misses
+  its trees are reachable (and dropped no batch since its operations were
+  buffered) is dropped at once (reason ``replica``) rather than retried: the live replica has the operations, and a replica that misses
   updates can never reach a false zero (``docs/acker-semantics.md``). So an
   unreachable replica blocks no caller. When a partner is unreachable too, the
   batch is retried as with one replica.
@@ -149,6 +149,9 @@ class ConnectionMonitor:
 
     def __init__(self, shards: int) -> None:
         self._states = [self.UNKNOWN] * shards
+        # Monotonic time each shard last had a batch dropped (any reason): a replica may skip its copy of
+        # an operation only if no partner dropped a batch since that operation was buffered.
+        self._dropped_at = [float("-inf")] * shards
         self._lock = threading.Lock()
 
     def set(self, shard: int, state: str) -> None:
@@ -166,17 +169,31 @@ class ConnectionMonitor:
         with self._lock:
             return tuple(self._states)
 
-    def fall_back(self, shard: int, partners: tuple[int, ...]) -> bool:
-        """Mark ``shard`` WAITING; True if every partner is READY (or not yet called), so its batch may be dropped.
+    def dropped(self, shard: int, unreachable: bool = True) -> None:
+        """Record that a batch of ``shard`` was given up on (UNREACHABLE unless it was refused)."""
+        with self._lock:
+            self._dropped_at[shard] = time.monotonic()
+            if unreachable:
+                self._states[shard] = self.UNREACHABLE
 
-        Marking and checking under one lock: when two partners fail at once, the
-        second sees the first WAITING and keeps retrying, so an operation is never
-        dropped by both of its replicas for being covered by the other.
+    def fall_back(self, shard: int, partners: tuple[int, ...], since: float) -> bool:
+        """Mark ``shard`` WAITING; True if its batch, buffered from ``since`` on, may be dropped as covered.
+
+        Covered: every partner is READY (or not yet called) and dropped no batch
+        since ``since``, so the partners' copies of the batch's operations were
+        not given up on (a copy is buffered with the operation, at or after
+        ``since``). A True answer counts as a drop. Marking and checking under
+        one lock: when two partners fail at once, the second sees the first
+        WAITING and keeps retrying; so no operation is dropped by both of its
+        replicas for being covered by the other.
         """
         with self._lock:
             self._states[shard] = self.WAITING
             live = (self.READY, self.UNKNOWN)
-            return bool(partners) and all(self._states[p] in live for p in partners)
+            covered = bool(partners) and all(self._states[p] in live and self._dropped_at[p] < since for p in partners)
+            if covered:
+                self._dropped_at[shard] = time.monotonic()
+            return covered
 
 
 # failure_of(shard, exc, operations, init_roots) and on_sent(state, buffer, operations, response):
@@ -188,11 +205,14 @@ OnSent = Callable[[Any, OpBuffer, int, acker_pb2.ApplyResponse], None]
 class _Delivery:
     """One shard's batch on its way: the request (sent again unchanged on a retry) and its current attempt."""
 
-    __slots__ = ("shard", "buf", "request", "safe", "count", "future", "sent_at", "waiting")
+    __slots__ = ("shard", "buf", "request", "safe", "count", "future", "sent_at", "waiting", "buffered_since")
 
     def __init__(self, shard: int, buf: OpBuffer, request: acker_pb2.ApplyRequest, safe: bool) -> None:
         self.shard = shard
         self.buf = buf
+        # When its first operation was buffered (monotonic); unknown: the beginning of time, so that
+        # any partner's drop forbids skipping this batch (the cautious answer).
+        self.buffered_since = buf.started if buf.started is not None else float("-inf")
         self.request = request
         self.safe = safe  # retry_safe(request), known from the buffer without reading every operation
         self.count = len(request.kinds)
@@ -261,11 +281,11 @@ def _settle(
                 now = time.monotonic()
                 if reason is None and give_up_at - now <= 0:
                     reason = DROP_TIMEOUT
-                if reason is None and st.connections.fall_back(delivery.shard, policy.partners(delivery.shard)):
+                partners = policy.partners(delivery.shard)
+                if reason is None and st.connections.fall_back(delivery.shard, partners, delivery.buffered_since):
                     reason = DROP_REPLICA
                 if reason is not None:
-                    if reason != DROP_REFUSED:
-                        st.connections.set(delivery.shard, ConnectionMonitor.UNREACHABLE)
+                    st.connections.dropped(delivery.shard, unreachable=reason != DROP_REFUSED)
                     return dataclasses.replace(failure, reason=reason)
                 st.connections.set(delivery.shard, ConnectionMonitor.WAITING)
                 log.debug("retrying %d operations for shard %d: %s", delivery.count, delivery.shard, failure.describe())

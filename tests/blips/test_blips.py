@@ -189,3 +189,13 @@ def test_acker_killed_under_load_with_replicas_two_replays_nothing():
         result = run_kills(cluster, kills=2, every=6.0, down=1.0, workload=workload)
     _check(result)
     assert result["replicas"] == 2 and result["lost"] == result["timed_out"] == 0
+
+
+@pytest.mark.parametrize("fault", ["cut", "half_open"])
+def test_every_replica_cut_at_once_replays_nothing(fault):
+    """Replicas 2, every connection of spout and bolts broken at once: no replica covers another, so each
+    batch waits for its shard as with one replica; no copy is skipped on both replicas, nothing replayed."""
+    workload = WorkloadConfig(rate=300.0, bolt_threads=2, hold=0.5)
+    with local_cluster(3, message_timeout=10.0, replicas=2) as ackers:
+        result = run_cuts(ackers.addresses, cuts=CUTS, seconds=SECONDS, side="both", workload=workload, fault=fault)
+    _check(result)

@@ -88,3 +88,22 @@ def test_backstop_pauses_only_while_both_replicas_streams_are_down():
     assert pending.pop_expired(clock()) == []
     clock.advance(1.0)
     assert pending.pop_expired(clock()) == ["m4"]
+
+
+def test_a_replica_skips_its_copy_only_if_no_partner_dropped_one_since():
+    """Shard 0 dropped its copy while shard 1 looked live; shard 1's batch of the same moment, failing later
+    while shard 0 is READY again, must retry: skipping it would lose the operations on both replicas."""
+    import time
+
+    from acker_client.delivery import ConnectionMonitor
+
+    monitor = ConnectionMonitor(2)
+    monitor.set(0, ConnectionMonitor.READY)
+    monitor.set(1, ConnectionMonitor.READY)
+    buffered = time.monotonic()
+    assert monitor.fall_back(0, (1,), since=buffered)  # shard 0's copy: covered by shard 1, dropped
+    monitor.set(0, ConnectionMonitor.READY)  # shard 0 answers again
+    assert not monitor.fall_back(1, (0,), since=buffered)  # shard 1's copy of the same operations
+    monitor.set(1, ConnectionMonitor.READY)
+    later = time.monotonic() + 1e-3
+    assert monitor.fall_back(1, (0,), since=later)  # operations buffered after shard 0's drop: covered
