@@ -22,10 +22,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
-
-from .reference_ledger import Resolution
-
 if TYPE_CHECKING:
     from .outcome_columns import OutcomeColumns
 
@@ -169,29 +165,8 @@ class OutcomeHub:
             log = self._logs[spout] = _SpoutLog(self._sequence_floor + 1, self._clock())
         return log
 
-    def publish(self, resolutions: Sequence[Resolution]) -> None:
-        """Append each resolution to its spout's log, evict over the count bound, wake subscribers."""
-        if not resolutions:
-            return
-        now = self._clock()
-        spouts, roots, outcomes, latencies = zip(*resolutions)
-        micros = np.rint(np.asarray(latencies, dtype=np.float64) * 1e6).astype(np.int64).tolist()
-        if spouts.count(spouts[0]) == len(spouts):
-            # The common case, one spout per batch: extend the columns in C.
-            touched = [self._append(spouts[0], roots, outcomes, micros, now)]
-        else:
-            groups: dict[str, list[int]] = {}
-            for i, spout in enumerate(spouts):
-                groups.setdefault(spout, []).append(i)
-            touched = [
-                self._append(spout, [roots[i] for i in idx], [outcomes[i] for i in idx], [micros[i] for i in idx], now)
-                for spout, idx in groups.items()
-            ]
-        self.retained += len(resolutions)
-        self._bound_and_wake(touched)
-
-    def publish_columns(self, columns: OutcomeColumns) -> None:
-        """:meth:`publish` for outcome columns (the native engine's output): one list extend per spout."""
+    def publish(self, columns: OutcomeColumns) -> None:
+        """Append each outcome to its spout's log, evict over the count bound, wake subscribers."""
         if not len(columns):
             return
         now = self._clock()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from acker_protocol.wire import Outcome
 
+from acker_service.outcome_columns import OutcomeColumns, Resolution
 from acker_service.outcome_hub import OUTCOME_BYTES, OutcomeHub
-from acker_service.reference_ledger import Resolution
 
 INC = 0xABCDEF
 
@@ -24,7 +24,7 @@ def make_hub(clock, retain=100, seconds=60.0, buffer_bytes=0) -> OutcomeHub:
 
 def publish(hub, roots, spout="s", outcome=Outcome.ACKED, latency=0.25):
     """Publish one resolution per root for one spout."""
-    hub.publish([Resolution(spout, r, outcome, latency) for r in roots])
+    hub.publish(OutcomeColumns.from_resolutions([Resolution(spout, r, outcome, latency) for r in roots]))
 
 
 class Waker:
@@ -50,11 +50,13 @@ def test_sequences_start_at_one_per_spout(clock):
     """Each spout numbers its outcomes 1, 2, 3 independently of other spouts."""
     hub = make_hub(clock)
     hub.publish(
-        [
-            Resolution("a", 1, Outcome.ACKED, 0.0),
-            Resolution("b", 2, Outcome.FAILED, 0.0),
-            Resolution("a", 3, Outcome.TIMED_OUT, 1.5),
-        ]
+        OutcomeColumns.from_resolutions(
+            [
+                Resolution("a", 1, Outcome.ACKED, 0.0),
+                Resolution("b", 2, Outcome.FAILED, 0.0),
+                Resolution("a", 3, Outcome.TIMED_OUT, 1.5),
+            ]
+        )
     )
     a = hub.subscribe("a", incarnation=0, after_sequence=0, wake=Waker())
     chunk = hub.take(a)
