@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import numpy as np
+from acker_protocol.packed import ApplyHeader, decode_apply_header
 from acker_protocol.text import clip
 from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import OpKind
@@ -174,19 +176,34 @@ class Authenticator:
         return rights
 
 
-def _apply_spouts(request) -> tuple[set[str], bool]:
-    """(spouts named by INIT operations, whether any operation is ACK / FAIL / RESET_TIMEOUT)."""
-    kinds = list(request.kinds)
-    names = list(request.spouts)
-    inits = [i for i, k in enumerate(kinds) if k == OpKind.INIT]
+def _apply_header(request: bytes | acker_pb2.ApplyRequest) -> ApplyHeader | None:
+    """The fields the check reads: from the bytes without decoding the id arrays; None if they do not decode."""
+    if isinstance(request, bytes):
+        try:
+            return decode_apply_header(request)
+        except ValueError:
+            # Let protobuf have the last word, so the check never reads less than the ledger will.
+            try:
+                request = acker_pb2.ApplyRequest.FromString(request)
+            except Exception:  # undecodable: the servicer refuses it with INVALID_ARGUMENT
+                return None
+    return ApplyHeader(
+        np.asarray(request.kinds, dtype=np.int64), list(request.spouts), np.asarray(request.spout_index, np.uint64)
+    )
+
+
+def _apply_spouts(header: ApplyHeader) -> tuple[set[str], bool]:
+    """(spouts named by INIT operations, whether any operation is ACK / FAIL / RESET_TIMEOUT or unknown)."""
+    kinds, names, index = header.kinds, header.spouts, header.spout_index
+    inits = np.flatnonzero(kinds == OpKind.INIT)
     others = len(inits) != len(kinds)
-    if not inits:
+    if not len(inits):
         return set(), others
-    index = list(request.spout_index)
-    if not index:
+    if not len(index):
         return set(names[:1]), others
     # Out-of-range indexes are refused by validation afterwards; they name no spout here.
-    return {names[index[i]] for i in inits if i < len(index) and index[i] < len(names)}, others
+    named = index[inits[inits < len(index)]]
+    return {names[i] for i in np.unique(named[named < len(names)]).tolist()}, others
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -229,14 +246,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             if not rights.describe:
                 raise Refused(grpc.StatusCode.PERMISSION_DENIED, "describe", f"{clip(principal)} may not call Describe")
             return
-        if isinstance(request, bytes):
-            # The native engine's Apply takes the raw bytes and decodes them itself; the
-            # check needs the fields, so they are decoded once more here (only with a policy).
-            try:
-                request = acker_pb2.ApplyRequest.FromString(request)
-            except Exception:  # undecodable: the servicer refuses it with INVALID_ARGUMENT
-                return
-        spouts, others = _apply_spouts(request)
+        # Apply takes the raw bytes (the ledger decodes them); the check reads only the
+        # kinds, spout names and spout index of them, stepping over the id arrays.
+        header = _apply_header(request)
+        if header is None:
+            return
+        spouts, others = _apply_spouts(header)
         if others and not rights.executor:
             raise Refused(
                 grpc.StatusCode.PERMISSION_DENIED,

@@ -47,7 +47,7 @@ def test_apply_and_advance_route_outcomes_to_the_spout(clock):
         assert shard.advance() == 1
         async with contextlib.aclosing(shard.subscribe("s", incarnation=0, after_sequence=0, limit=10)) as chunks:
             chunk = await _next(chunks)
-        return list(zip(chunk.roots, chunk.outcomes))
+        return list(zip(chunk.roots.tolist(), chunk.outcomes.tolist()))
 
     assert asyncio.run(run()) == [(1, Outcome.ACKED), (2, Outcome.TIMED_OUT)]
     assert shard.metrics.sample("acker_subscribers") == 0  # released by aclosing
@@ -62,7 +62,7 @@ def test_subscribe_refusals(clock):
             await _next(shard.subscribe("", incarnation=0, after_sequence=0, limit=10))
         shard.apply_request(_request([INIT, ACK], [1, 1], [7, 7], spouts=["s"]))
         first = shard.subscribe("s", incarnation=0, after_sequence=0, limit=10)
-        assert (await _next(first)).roots == [1]
+        assert (await _next(first)).roots.tolist() == [1]
         second = shard.subscribe("s", incarnation=0, after_sequence=0, limit=10)
         assert (await _next(second)).roots == [1]  # not acknowledged by a position: sent again
         with pytest.raises(Superseded):
