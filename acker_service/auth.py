@@ -27,7 +27,7 @@ import hashlib
 import hmac
 import logging
 import tomllib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +38,8 @@ from acker_protocol.text import clip
 from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import OpKind
 from prometheus_client import CollectorRegistry, Counter
+
+from .handlers import HandlerInterceptor, HandlerKind, around, rewrap
 
 __all__ = ["Authenticator", "AuthInterceptor", "Policy", "Rights", "load_tokens", "hash_token", "REASONS"]
 
@@ -206,34 +208,24 @@ def _apply_spouts(header: ApplyHeader) -> tuple[set[str], bool]:
     return {names[i] for i in np.unique(named[named < len(names)]).tolist()}, others
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+class AuthInterceptor(HandlerInterceptor):
     """Checks every Acker call (not health or reflection) before the servicer sees it."""
 
     def __init__(self, auth: Authenticator) -> None:
         self.auth = auth
         self._owners: dict[str, tuple[str, int]] = {}  # spout -> (principal, open streams): takeover check
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or not method.startswith(ACKER_METHODS):
+    def wrap_handler(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """Acker methods checked against the policy first; health and reflection as they are."""
+        if not method.startswith(ACKER_METHODS):
             return handler
         name = method[len(ACKER_METHODS) :]
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                self._guard_stream(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return grpc.unary_unary_rpc_method_handler(
-            self._guard_unary(handler.unary_unary, name),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+
+        def wrap(behavior: Callable, kind: HandlerKind) -> Callable:
+            # The Acker service has unary requests only: Subscribe streams, Apply and Describe answer once.
+            return self._guard_stream(behavior) if kind.response_streaming else self._guard_unary(behavior, name)
+
+        return rewrap(handler, wrap)
 
     async def _refuse(self, context: grpc.aio.ServicerContext, refused: Refused) -> None:
         self.auth.refusals.labels(refused.reason).inc()
@@ -267,17 +259,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 )
 
     def _guard_unary(self, behavior: Callable, name: str) -> Callable:
-        async def unary(request, context):
+        async def check(request, context) -> None:
             try:
                 self._check_unary(name, request, context)
             except Refused as refused:
                 await self._refuse(context, refused)
-            return await behavior(request, context)
 
-        return unary
+        return around(behavior, check)
 
     def _guard_stream(self, behavior: Callable) -> Callable:
-        async def stream(request, context):
+        async def start(request, context) -> str:
             spout = request.spout
             try:
                 principal = self.auth.principal(context)
@@ -297,14 +288,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             except Refused as refused:
                 await self._refuse(context, refused)
             self._owners[spout] = (principal, (owner[1] if owner else 0) + 1)
-            try:
-                async for response in behavior(request, context):
-                    yield response
-            finally:
-                held_by, count = self._owners[spout]
-                if count <= 1:
-                    del self._owners[spout]
-                else:
-                    self._owners[spout] = (held_by, count - 1)
+            return spout
 
-        return stream
+        def finish(spout: str, context, error) -> None:
+            held_by, count = self._owners[spout]
+            if count <= 1:
+                del self._owners[spout]
+            else:
+                self._owners[spout] = (held_by, count - 1)
+
+        return around(behavior, start, finish)

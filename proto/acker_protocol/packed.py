@@ -224,6 +224,15 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+def _repeated_varint(columns: dict[int, list[np.ndarray]], number: int, wire: int, value: int | memoryview) -> bool:
+    """Add a repeated varint field's values, packed or not, to ``columns[number]``; False if not one of them."""
+    parts = columns.get(number)
+    if parts is None or wire not in (_VARINT, _LENGTH_DELIMITED):
+        return False
+    parts.append(np.array([value], np.uint64) if isinstance(value, int) else decode_varints(value))
+    return True
+
+
 def decode_outcome_batch(data: bytes) -> OutcomeBatchColumns:
     """Parse ``OutcomeBatch`` bytes into columns; packed and unpacked repeated fields both decode.
 
@@ -232,39 +241,28 @@ def decode_outcome_batch(data: bytes) -> OutcomeBatchColumns:
     """
     incarnation = first_sequence = dropped = 0
     roots: list[np.ndarray] = []
-    outcomes: list[np.ndarray] = []
-    micros: list[np.ndarray] = []
+    varint_columns: dict[int, list[np.ndarray]] = {_OUTCOMES: [], _LATENCY_MICROS: []}
     for number, wire, value in _scan(data):
+        if _repeated_varint(varint_columns, number, wire, value):
+            continue
         if isinstance(value, int):
             if number == _FIRST_SEQUENCE:
                 first_sequence = value
             elif number == _DROPPED:
                 dropped = value
-            elif number == _OUTCOMES:
-                outcomes.append(np.array([value], np.uint64))
-            elif number == _LATENCY_MICROS:
-                micros.append(np.array([value], np.uint64))
-        elif wire == _FIXED64:
-            if number == _INCARNATION:
-                incarnation = int.from_bytes(value, "little")
-            elif number == _OUT_ROOT_IDS:
-                roots.append(np.frombuffer(value, _LE_U64).astype(np.uint64))
-        elif wire == _LENGTH_DELIMITED:
-            if number == _OUT_ROOT_IDS:
-                if len(value) % 8:
-                    raise ValueError("packed fixed64 field of a length not a multiple of 8")
-                roots.append(np.frombuffer(value, _LE_U64).astype(np.uint64))
-            elif number == _OUTCOMES:
-                outcomes.append(decode_varints(value))
-            elif number == _LATENCY_MICROS:
-                micros.append(decode_varints(value))
+        elif number == _INCARNATION and wire == _FIXED64:
+            incarnation = int.from_bytes(value, "little")
+        elif number == _OUT_ROOT_IDS and wire in (_FIXED64, _LENGTH_DELIMITED):
+            if len(value) % 8:
+                raise ValueError("packed fixed64 field of a length not a multiple of 8")
+            roots.append(np.frombuffer(value, _LE_U64).astype(np.uint64))
     return OutcomeBatchColumns(
         incarnation,
         first_sequence,
         _joined(roots),
         # Enum values are int32 on the wire (negative ones as 10-byte varints).
-        _joined(outcomes).view(np.int64),
-        _joined(micros),
+        _joined(varint_columns[_OUTCOMES]).view(np.int64),
+        _joined(varint_columns[_LATENCY_MICROS]),
         dropped,
     )
 
@@ -283,25 +281,17 @@ def decode_apply_header(data: bytes) -> ApplyHeader:
     The root ids, values and dedup keys (24 of every operation's ~25 bytes) are
     stepped over, not decoded. Raises ValueError for bytes that are not a message.
     """
-    kinds: list[np.ndarray] = []
     spouts: list[str] = []
-    index: list[np.ndarray] = []
+    varint_columns: dict[int, list[np.ndarray]] = {_KINDS: [], _SPOUT_INDEX: []}
     for number, wire, value in _scan(data):
-        if isinstance(value, int):
-            if number == _KINDS:
-                kinds.append(np.array([value], np.uint64))
-            elif number == _SPOUT_INDEX:
-                index.append(np.array([value], np.uint64))
-        elif wire == _LENGTH_DELIMITED:
-            if number == _KINDS:
-                kinds.append(decode_varints(value))
-            elif number == _SPOUT_INDEX:
-                index.append(decode_varints(value))
-            elif number == _SPOUTS:
-                try:
-                    spouts.append(str(value, "utf-8"))
-                except UnicodeDecodeError as exc:
-                    raise ValueError(f"a spout name is not UTF-8 ({exc})") from None
+        if _repeated_varint(varint_columns, number, wire, value):
+            continue
+        if number == _SPOUTS and wire == _LENGTH_DELIMITED and isinstance(value, memoryview):
+            try:
+                spouts.append(str(value, "utf-8"))
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"a spout name is not UTF-8 ({exc})") from None
+    kinds, index = _joined(varint_columns[_KINDS]), _joined(varint_columns[_SPOUT_INDEX])
     # Wider varints are cut to 32 bits, as protobuf and prost do for int32 / uint32 fields.
-    kinds32 = (_joined(kinds) & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
-    return ApplyHeader(kinds32.astype(np.int64), spouts, _joined(index) & np.uint64(0xFFFFFFFF))
+    kinds32 = (kinds & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32)
+    return ApplyHeader(kinds32.astype(np.int64), spouts, index & np.uint64(0xFFFFFFFF))

@@ -118,12 +118,7 @@ def test_random_bytes_either_refused_or_read_as_protobuf_reads_them(data):
 
 
 def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
+    return varints(np.array([value], dtype=np.uint64))
 
 
 @settings(max_examples=200)
