@@ -183,6 +183,8 @@ def decode_varints(data: bytes | memoryview) -> np.ndarray:
     width = ends - starts + 1
     if int(width.max()) > 10:
         raise ValueError("overlong varint in a packed field")
+    # One pass per byte position (at most 10): faster than per-byte indexing for thousands of values.
+    # Bits past 64 fall off, as protobuf cuts a 10-byte varint to 64 bits.
     out = np.zeros(ends.size, np.uint64)
     for byte in range(int(width.max())):
         has = width > byte
