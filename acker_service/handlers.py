@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import grpc
 
@@ -77,33 +77,34 @@ def around(
     if inspect.isasyncgenfunction(behavior):
 
         async def stream(request, context):
-            state = await start(request, context)
-            error = None
-            try:
+            with _Finishing(finish, await start(request, context), context):
                 async for response in behavior(request, context):
                     yield response
-            except BaseException as exc:  # seen by finish, then re-raised unchanged
-                error = exc
-                raise
-            finally:
-                if finish is not None:
-                    finish(state, context, error)
 
         return stream
 
     async def unary(request, context):
-        state = await start(request, context)
-        error = None
-        try:
+        with _Finishing(finish, await start(request, context), context):
             return await call_behavior(behavior, request, context)
-        except BaseException as exc:  # seen by finish, then re-raised unchanged
-            error = exc
-            raise
-        finally:
-            if finish is not None:
-                finish(state, context, error)
 
     return unary
+
+
+class _Finishing:
+    """Calls ``finish(state, context, error)`` when the block ends, however it ends; the error propagates."""
+
+    __slots__ = ("_finish", "_state", "_context")
+
+    def __init__(self, finish: Callable | None, state: Any, context: grpc.aio.ServicerContext) -> None:
+        self._finish, self._state, self._context = finish, state, context
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: Any) -> Literal[False]:
+        if self._finish is not None:
+            self._finish(self._state, self._context, error)
+        return False  # never swallows: the error is re-raised unchanged
 
 
 class HandlerInterceptor(grpc.aio.ServerInterceptor):
