@@ -52,6 +52,9 @@ class Workload:
     batch_mean: int
     dt_scale: float  # clock step between batches, in rotation periods
     jump: float  # chance a step is a jump past the whole window
+    mode: str  # timeout mode: fixed, or progress (every applied ack restarts the timeout)
+    cap: float  # lifetime cap in timeouts (0: none)
+    force: float  # chance per step of a force-fail of some roots (or, rarely, of a spout)
 
 
 workloads = st.builds(
@@ -70,6 +73,9 @@ workloads = st.builds(
     batch_mean=st.sampled_from([1, 7, 64, 500]),
     dt_scale=st.sampled_from([0.0, 0.01, 0.3, 1.0]),
     jump=st.sampled_from([0.0, 0.02]),
+    mode=st.sampled_from(["fixed", "progress"]),
+    cap=st.sampled_from([0.0, 0.7, 2.5]),
+    force=st.sampled_from([0.0, 0.05]),
 )
 
 
@@ -158,6 +164,11 @@ def assert_same_state(ref: ReferenceLedger, nat: NativeLedger, what: str, roots:
     assert ref.seconds_until_rotation() == nat.seconds_until_rotation(), what
     if roots:
         assert sorted(ref.pending_roots()) == sorted(nat.pending_roots()), what
+        sample = sorted(ref.pending_roots())[:50] + [1, 2**64 - 1]
+        assert ref.inspect(sample) == nat.inspect(sample), what + " (inspect)"
+        assert ref.oldest(5) == nat.oldest(5), what + " (oldest)"
+        bounds = [ref.message_timeout / 4, ref.message_timeout]
+        assert ref.age_histogram(bounds)[0] == nat.age_histogram(bounds)[0], what + " (age histogram)"
 
 
 @settings(
@@ -169,8 +180,9 @@ def assert_same_state(ref: ReferenceLedger, nat: NativeLedger, what: str, roots:
 def test_native_ledger_agrees_with_reference(trees_checked, w: Workload):
     """Same outcomes, counters, pending trees, orphans and entries as the reference, after every step."""
     clock = ManualClock()
-    ref = ReferenceLedger(w.timeout, w.buckets, clock)
-    nat = NativeLedger(w.timeout, w.buckets, clock)
+    rules = {"timeout_mode": w.mode, "max_tree_lifetime": w.cap * w.timeout}
+    ref = ReferenceLedger(w.timeout, w.buckets, clock, **rules)
+    nat = NativeLedger(w.timeout, w.buckets, clock, **rules)
     rng = random.Random(w.seed ^ 0x5EED)
     msgs = traffic(w, FOREST)
     period = w.timeout / (w.buckets - 1)
@@ -193,10 +205,20 @@ def test_native_ledger_agrees_with_reference(trees_checked, w: Workload):
         assert (a.applied, a.deduplicated, a.ignored) == (b.applied, b.deduplicated, b.ignored), what
         assert_same_outcomes(a.resolutions, b.resolutions, what)
         assert_same_outcomes(a.timeout_resets, b.timeout_resets, what + " (timeout resets)")
+        if rng.random() < w.force:
+            if rng.random() < 0.1:
+                spout = f"spout-{rng.randrange(w.spouts)}"
+                assert_same_outcomes(ref.force_fail_spout(spout).resolutions(), nat.force_fail_spout(spout).resolutions(), what + " (force-fail spout)")
+            else:
+                roots = [m[1] for m in rng.sample(msgs[lo:hi], min(3, hi - lo))]
+                assert_same_outcomes(ref.force_fail(roots).resolutions(), nat.force_fail(roots).resolutions(), what + " (force-fail)")
+            event("force-fail")
         assert_same_state(ref, nat, what, roots=step % 8 == 0 or hi == len(msgs))
         lo, step = hi, step + 1
     # Then silence: everything left must drain identically within one window.
     clock.advance(w.timeout + period + 1e-9)
+    if w.cap:
+        event(f"lifetime cap, {w.mode} mode: {ref.stats.outlived > 0} trees outlived")
     assert_same_outcomes(ref.advance(), nat.advance(), "final drain")
     assert_same_state(ref, nat, "after the final drain", roots=True)
     assert (nat.pending_trees, nat.orphan_entries) == (0, 0)

@@ -15,6 +15,9 @@ use hashbrown::{HashMap, HashSet};
 use crate::spouts::{Spouts, MAX_SPOUTS};
 use crate::table::{Entry, Table, GEN_MASK, STARTED_MASK};
 
+mod admin;
+pub use admin::{TimeoutRules, TreeInfo, TreeStatus};
+
 /// Operation kinds (the proto enum's wire values).
 pub const INIT: i32 = 1;
 /// See [`INIT`].
@@ -32,6 +35,8 @@ pub const FAILED: u8 = 2;
 pub const TIMED_OUT: u8 = 3;
 /// Not an end: a RESET_TIMEOUT gave a tree with a known spout a fresh timeout.
 pub const TIMEOUT_RESET: u8 = 4;
+/// The tree reached the maximum lifetime (`--max-tree-lifetime`): a timeout the spout can tell apart.
+pub const LIFETIME_EXCEEDED: u8 = 7;
 
 /// Most buckets: generations are stored modulo 64, and an expired entry must be
 /// collected before its age could wrap (ages stay below `2 * buckets`).
@@ -120,6 +125,10 @@ pub struct Stats {
     pub orphaned: u64,
     pub duplicate_inits: u64,
     pub deduplicated: u64,
+    /// Trees ended LIFETIME_EXCEEDED (also counted in `timed_out`).
+    pub outlived: u64,
+    /// Trees ended FAILED by `force_fail` (also counted in `failed`).
+    pub force_failed: u64,
 }
 
 /// Why a ledger refuses a whole call.
@@ -144,6 +153,10 @@ pub struct Ledger {
     generation: u64,
     open_trees: u64,
     stats: Stats,
+    /// Progress timeouts and the lifetime cap (see `admin`).
+    rules: TimeoutRules,
+    /// Reset counts of roots whose entry has the notes bit (most trees have none).
+    notes: HashMap<u64, u32>,
 }
 
 /// CPython's float floor division (`a // b`), so rotation counts match the reference
@@ -199,6 +212,8 @@ impl Ledger {
             generation: 0,
             open_trees: 0,
             stats: Stats::default(),
+            rules: TimeoutRules::default(),
+            notes: HashMap::new(),
         })
     }
 
@@ -263,7 +278,7 @@ impl Ledger {
 
     #[inline]
     fn is_expired(&self, e: &Entry) -> bool {
-        (self.generation.wrapping_sub(e.gen()) & GEN_MASK) >= self.buckets
+        (self.generation.wrapping_sub(e.gen()) & GEN_MASK) >= self.buckets || self.outlived(e)
     }
 
     /// Rotate as many times as the clock says are due; return whether any rotation happened.
@@ -279,6 +294,8 @@ impl Ledger {
         // After `buckets` rotations everything has expired; more would change nothing.
         let steps = if due >= self.buckets as f64 { self.buckets } else { due as u64 };
         self.generation = self.generation.wrapping_add(steps);
+        // The lifetime cap is judged at rotations, like the timeout, so slicing changes nothing.
+        self.rules.rotated_at_us = self.micros(now);
         if !self.table.is_empty() {
             // (Re)start the collecting scan: the expired set only grows, so one full pass suffices.
             self.table.scan_pos = Some(0);
@@ -323,9 +340,7 @@ impl Ledger {
     }
 
     fn settle_expired(&mut self, e: &Entry, now_us: u64, out: &mut Outcomes) {
-        if e.has_dedup() {
-            self.dedup.forget(e.root);
-        }
+        self.forget_side_state(e);
         let spout = e.spout();
         if spout == 0 {
             self.stats.orphaned += 1;
@@ -333,8 +348,25 @@ impl Ledger {
         }
         self.open_trees -= 1;
         self.stats.timed_out += 1;
-        out.push(spout, e.root, TIMED_OUT, Self::latency(now_us, e));
+        let outcome = if self.outlived(e) {
+            self.stats.outlived += 1;
+            LIFETIME_EXCEEDED
+        } else {
+            TIMED_OUT
+        };
+        out.push(spout, e.root, outcome, Self::latency(now_us, e));
         self.spouts.release(spout);
+    }
+
+    /// Drop what the side tables hold for an entry that leaves the ledger.
+    #[inline]
+    fn forget_side_state(&mut self, e: &Entry) {
+        if e.has_dedup() {
+            self.dedup.forget(e.root);
+        }
+        if e.has_notes() {
+            self.notes.remove(&e.root);
+        }
     }
 
     /// Refuse a batch that would need more distinct pending spouts than ids exist.
@@ -419,7 +451,12 @@ impl Ledger {
                         out.deduplicated += 1;
                         continue;
                     }
-                    self.table.get_mut(s).val ^= value;
+                    let e = self.table.get_mut(s);
+                    e.val ^= value;
+                    if self.rules.progress {
+                        // Progress mode: an applied ack is progress, the tree gets a fresh timeout.
+                        e.set_gen(generation);
+                    }
                     acks += 1;
                 }
                 INIT => {
@@ -456,7 +493,9 @@ impl Ledger {
                     // reset_timeout: back to the nursery, a fresh timeout for slow work.
                     let e = self.table.get_mut(s);
                     e.set_gen(generation);
+                    e.set_notes();
                     let e = *e;
+                    *self.notes.entry(root).or_insert(0) += 1;
                     resets += 1;
                     out.applied += 1;
                     if e.spout() != 0 {
@@ -479,9 +518,7 @@ impl Ledger {
                     continue;
                 };
                 self.table.remove_at(s);
-                if e.has_dedup() {
-                    self.dedup.forget(root);
-                }
+                self.forget_side_state(&e);
                 out.ended.push(e.spout(), root, outcome, Self::latency(now_us, &e));
                 self.spouts.release(e.spout());
             }
@@ -538,6 +575,12 @@ impl DedupKeys {
         if self.first.remove(&root).is_some() {
             self.more.remove(&root);
         }
+    }
+
+    /// Keys held for `root` (whose entry has the dedup bit).
+    fn count(&self, root: u64) -> u32 {
+        let first = u32::from(self.first.contains_key(&root));
+        first + self.more.get(&root).map_or(0, |m| m.len() as u32)
     }
 
     #[cfg(test)]
