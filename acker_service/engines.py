@@ -92,11 +92,14 @@ def new_ledger(
 
     ``timeout_mode`` and ``max_tree_lifetime`` (0: no cap) are the progress-timeout rules (issue 21).
     """
-    rules = {"timeout_mode": timeout_mode, "max_tree_lifetime": max_tree_lifetime}
     if engine == "native":
         from .native_ledger import NativeLedger  # only this engine needs the extension
 
-        return NativeLedger(message_timeout, buckets, clock, **rules)
+        return NativeLedger(
+            message_timeout, buckets, clock, timeout_mode=timeout_mode, max_tree_lifetime=max_tree_lifetime
+        )
     if engine == "reference":
-        return ReferenceEngine(message_timeout, buckets, clock, **rules)
+        return ReferenceEngine(
+            message_timeout, buckets, clock, timeout_mode=timeout_mode, max_tree_lifetime=max_tree_lifetime
+        )
     raise ValueError(f"unknown ledger engine {engine!r}; choose one of {', '.join(ENGINES)}")

@@ -345,7 +345,9 @@ class ReferenceLedger:
                 stats.orphaned += 1
                 continue
             timed_out += 1
-            resolutions.append(Resolution(entry.spout, root, self._timeout_outcome(entry), max(0.0, now - entry.started)))
+            resolutions.append(
+                Resolution(entry.spout, root, self._timeout_outcome(entry), max(0.0, now - entry.started))
+            )
         self._open_trees -= timed_out
         stats.timed_out += timed_out
         return len(items)

@@ -43,6 +43,8 @@ _TIMEOUT_RESET = int(Outcome.TIMEOUT_RESET)
 # codes, so telling them apart costs two comparisons per batch (np.isin costs microseconds on small batches).
 _FIRST_END, _LAST_END = int(Outcome.ACKED), int(Outcome.TIMED_OUT)
 assert {Outcome.ACKED, Outcome.FAILED, Outcome.TIMED_OUT} == {Outcome(c) for c in range(_FIRST_END, _LAST_END + 1)}
+# The one end outside that range, checked only in batches that hold something other than the range.
+_LIFETIME_EXCEEDED = int(Outcome.LIFETIME_EXCEEDED)
 
 
 class Spout:
@@ -119,7 +121,14 @@ class Spout:
             except ShardUnavailable as exc:
                 log.warning("backstop: %s", exc)
                 continue
-            timeouts.append(default_backstop(info.message_timeout_seconds, info.buckets))
+            timeouts.append(
+                default_backstop(
+                    info.message_timeout_seconds,
+                    info.buckets,
+                    timeout_mode=info.timeout_mode or "fixed",  # "" from an acker older than the field
+                    max_tree_lifetime=info.max_tree_lifetime_seconds,
+                )
+            )
         if not timeouts:
             raise ShardUnavailable([], "no acker answered Describe; cannot choose the spout's backstop timeout")
         return max(timeouts)
@@ -319,6 +328,7 @@ class Spout:
         """One batch streamed by ``shard``'s acker: restart the backstops it asks for, settle the trees it ended."""
         ends = (outcomes >= _FIRST_END) & (outcomes <= _LAST_END)
         if not ends.all():
+            ends |= outcomes == _LIFETIME_EXCEEDED
             resets = outcomes == _TIMEOUT_RESET
             # Before the ends: an acker never reports a reset after the end of the same tree.
             if resets.any():

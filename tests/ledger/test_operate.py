@@ -139,7 +139,9 @@ def test_force_fail_spout_ends_only_that_spouts_trees(ledger_cls, clock):
     """Every pending tree of the spout, none of another's; an unknown spout fails nothing."""
     ledger = ledger_cls(30.0, clock=clock)
     roots = list(range(1, 2001))
-    ledger.apply_batch(Batch.of([INIT] * 2000, roots, [1] * 2000, spouts=["a", "b"], spout_index=[r % 2 for r in roots]))
+    ledger.apply_batch(
+        Batch.of([INIT] * 2000, roots, [1] * 2000, spouts=["a", "b"], spout_index=[r % 2 for r in roots])
+    )
     ended = ledger.force_fail_spout("b")
     assert ends(ended) == [(r, Outcome.FAILED) for r in roots if r % 2]
     assert ledger.pending_trees == 1000

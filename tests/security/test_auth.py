@@ -12,7 +12,9 @@ from acker_service.auth import hash_token
 from acker_service.config import ServerConfig
 from acker_service.server import AckerServer
 
-TOKENS = {"orders-spout": "t-orders-0123", "executors": "t-exec-4567", "other-spout": "t-other-89ab"}
+TOKENS = {
+    "orders-spout": "t-orders-0123", "executors": "t-exec-4567", "other-spout": "t-other-89ab", "oncall": "t-oncall-cd",
+}  # fmt: skip
 SPOUT_CERT_SUBJECT = "CN=orders-spout,O=acker-tests"
 POLICY = f"""
 [principals."token:orders-spout"]
@@ -22,6 +24,10 @@ spout_prefixes = ["orders-"]
 [principals."token:executors"]
 executor = true
 describe = true
+
+[principals."token:oncall"]
+describe = true
+admin = true
 
 [principals."token:other-spout"]
 spouts = ["other", "orders"]
@@ -139,6 +145,22 @@ def test_only_executors_send_acks_and_describe(secured, stub_for):
     assert _pending(secured) == 0
     assert executor.Describe(acker_pb2.DescribeRequest(), timeout=5).shard_count == 1
     assert (_refusals(secured, "executor"), _refusals(secured, "describe")) == (1, 1)
+
+
+def test_force_fail_needs_admin_and_inspect_needs_describe(secured, stub_for):
+    """Executors may Inspect (like Describe) but not ForceFail; the admin may; a spout may do neither."""
+    spout, executor, oncall = stub_for("orders-spout"), stub_for("executors"), stub_for("oncall")
+    spout.Apply(_inits("orders"), timeout=5)
+    inspect = acker_pb2.InspectRequest(root_ids=[10], oldest=1)
+    fail = acker_pb2.ForceFailRequest(root_ids=[10])
+    assert _code(lambda: spout.Inspect(inspect, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    assert executor.Inspect(inspect, timeout=5).trees[0].status == acker_pb2.TREE_STATUS_PENDING
+    assert _code(lambda: executor.ForceFail(fail, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    assert _code(lambda: spout.ForceFail(fail, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    assert _pending(secured) == 1, "a refused ForceFail fails nothing"
+    assert (_refusals(secured, "admin"), _refusals(secured, "describe")) == (2, 1)
+    assert oncall.ForceFail(fail, timeout=5).failed == 1
+    assert _pending(secured) == 0
 
 
 def test_subscribe_needs_rights_and_takeover_needs_the_same_principal(secured, stub_for):
