@@ -9,7 +9,7 @@ The reference engine does in Python what the native core does in Rust.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, TypeAlias
 
 from acker_protocol.v1 import acker_pb2
@@ -73,6 +73,14 @@ class ReferenceEngine(ReferenceLedger):
         """:meth:`advance_some` with the timed-out trees as columns."""
         resolutions, more = self.advance_some(max_expired)
         return OutcomeColumns.from_resolutions(resolutions), more
+
+    def force_fail_columns(self, roots: Iterable[int]) -> OutcomeColumns:
+        """:meth:`force_fail` with the ended trees as columns."""
+        return OutcomeColumns.from_resolutions(self.force_fail(roots))
+
+    def force_fail_spout_columns(self, spout: str) -> OutcomeColumns:
+        """:meth:`force_fail_spout` with the ended trees as columns."""
+        return OutcomeColumns.from_resolutions(self.force_fail_spout(spout))
 
 
 # What the server holds: either engine (they share the ledger interface and the hot-path calls).

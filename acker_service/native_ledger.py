@@ -207,17 +207,25 @@ class NativeLedger:
         counts, total_us = self._core.age_histogram([round(b * 1e6) for b in bounds], self._clock())
         return list(counts), total_us / 1e6
 
-    def force_fail(self, roots: Iterable[int]) -> OutcomeColumns:
+    def force_fail_columns(self, roots: Iterable[int]) -> OutcomeColumns:
         """Fail the pending trees among ``roots`` now (FAILED to their spouts); a due one times out instead."""
         raw = self._core.force_fail(np.fromiter(roots, dtype=np.uint64), self._clock())
         self._sync()
         return _columns(raw)
 
-    def force_fail_spout(self, spout: str) -> OutcomeColumns:
+    def force_fail(self, roots: Iterable[int]) -> list[Resolution]:
+        """:meth:`force_fail_columns`, as :meth:`ReferenceLedger.force_fail` returns it."""
+        return self.force_fail_columns(roots).resolutions()
+
+    def force_fail_spout_columns(self, spout: str) -> OutcomeColumns:
         """Fail every pending tree of ``spout`` now; its trees already due time out instead."""
         raw = self._core.force_fail_spout(spout, self._clock())
         self._sync()
         return _columns(raw)
+
+    def force_fail_spout(self, spout: str) -> list[Resolution]:
+        """:meth:`force_fail_spout_columns`, as :meth:`ReferenceLedger.force_fail_spout` returns it."""
+        return self.force_fail_spout_columns(spout).resolutions()
 
 
 def _info(row) -> TreeInfo:

@@ -22,16 +22,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from acker_protocol.wire import OpKind, Outcome
 
 from .batch import Batch
 from .rotating_map import RotatingMap
 from .tree_info import TIMEOUT_MODES, TreeInfo, TreeStatus, check_timeout_rules
-
-if TYPE_CHECKING:
-    from .outcome_columns import OutcomeColumns
 
 __all__ = ["ReferenceLedger", "LedgerStats", "Resolution", "BatchResult"]
 
@@ -461,7 +458,7 @@ class ReferenceLedger:
         self.stats.force_failed += 1
         resolutions.append(Resolution(entry.spout, root, _FAILED, now - entry.started))
 
-    def force_fail(self, roots: Iterable[int]) -> OutcomeColumns:
+    def force_fail(self, roots: Iterable[int]) -> list[Resolution]:
         """Fail the pending trees among ``roots`` now (FAILED to their spouts); a due one times out instead.
 
         Roots that are absent or still awaiting their init are left alone.
@@ -480,9 +477,9 @@ class ReferenceLedger:
                 timed_out = self._expire_touched(root, now, resolutions)
                 self._open_trees -= timed_out
                 self.stats.timed_out += timed_out
-        return _columns(resolutions)
+        return resolutions
 
-    def force_fail_spout(self, spout: str) -> OutcomeColumns:
+    def force_fail_spout(self, spout: str) -> list[Resolution]:
         """Fail every pending tree of ``spout`` now; its trees already due time out instead."""
         resolutions, _ = self.advance_some(0)
         now = self._clock()
@@ -494,15 +491,9 @@ class ReferenceLedger:
                 timed_out = self._expire_touched(root, now, resolutions)
                 self._open_trees -= timed_out
                 self.stats.timed_out += timed_out
-        return _columns(resolutions)
+        return resolutions
 
 
 def _micros(seconds: float) -> int:
     """Seconds as whole microseconds, rounded half away from zero as Rust's ``f64::round``."""
     return int(math.copysign(math.floor(abs(seconds) * 1e6 + 0.5), seconds))
-
-
-def _columns(resolutions: list[Resolution]) -> OutcomeColumns:
-    from .outcome_columns import OutcomeColumns  # outcome_columns imports this module
-
-    return OutcomeColumns.from_resolutions(resolutions)

@@ -92,12 +92,17 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             trees, oldest = self._shard.inspect(list(request.root_ids), request.oldest)
         except BatchError as exc:
             await context.abort(_STATUS_OF[type(exc)], str(exc))
+        stats = self._shard.ledger.stats
         return acker_pb2.InspectResponse(
             trees=[_tree_state(t) for t in trees],
             oldest=[_tree_state(t) for t in oldest],
             shard_index=self._shard.config.shard_index,
             incarnation=self._shard.incarnation,
             pending_trees=self._shard.pending_trees,
+            trees_initialized=stats.inits,
+            trees_acked=stats.acked,
+            trees_failed=stats.failed,
+            trees_timed_out=stats.timed_out,
         )
 
     async def ForceFail(self, request: acker_pb2.ForceFailRequest, context: grpc.aio.ServicerContext):

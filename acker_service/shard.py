@@ -225,7 +225,7 @@ class Shard:
     def force_fail(self, roots: list[int]) -> OutcomeColumns:
         """End the pending trees among ``roots`` FAILED now and route the outcomes; a BatchError refuses bad input."""
         check_roots(roots, shard_index=self.config.shard_index, shard_count=self.config.shard_count)
-        ended = self.ledger.force_fail(roots)
+        ended = self.ledger.force_fail_columns(roots)
         self._settle(ended)
         return ended
 
@@ -235,7 +235,7 @@ class Shard:
             check_spout_name(spout)
         except ValueError as exc:
             raise BadSpoutName(str(exc)) from None
-        ended = self.ledger.force_fail_spout(spout)
+        ended = self.ledger.force_fail_spout_columns(spout)
         self._settle(ended)
         return ended
 

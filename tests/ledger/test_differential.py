@@ -209,15 +209,13 @@ def test_native_ledger_agrees_with_reference(trees_checked, w: Workload):
             if rng.random() < 0.1:
                 spout = f"spout-{rng.randrange(w.spouts)}"
                 assert_same_outcomes(
-                    ref.force_fail_spout(spout).resolutions(),
-                    nat.force_fail_spout(spout).resolutions(),
+                    ref.force_fail_spout(spout),
+                    nat.force_fail_spout(spout),
                     what + " (force-fail spout)",
                 )
             else:
                 roots = [m[1] for m in rng.sample(msgs[lo:hi], min(3, hi - lo))]
-                assert_same_outcomes(
-                    ref.force_fail(roots).resolutions(), nat.force_fail(roots).resolutions(), what + " (force-fail)"
-                )
+                assert_same_outcomes(ref.force_fail(roots), nat.force_fail(roots), what + " (force-fail)")
             event("force-fail")
         assert_same_state(ref, nat, what, roots=step % 8 == 0 or hi == len(msgs))
         lo, step = hi, step + 1

@@ -11,9 +11,9 @@ from acker_service.tree_info import TreeStatus
 INIT, ACK, FAIL, RESET = (int(k) for k in OpKind)
 
 
-def ends(columns) -> list[tuple[int, Outcome]]:
-    """(root, outcome) of outcome columns, sorted."""
-    return sorted((r.root, r.outcome) for r in columns.resolutions())
+def ends(resolutions) -> list[tuple[int, Outcome]]:
+    """(root, outcome) of resolutions, sorted."""
+    return sorted((r.root, r.outcome) for r in resolutions)
 
 
 def test_progress_mode_restarts_the_timeout_on_every_applied_ack(ledger_cls, clock):
@@ -120,7 +120,7 @@ def test_force_fail_ends_pending_trees_failed_and_leaves_the_rest(ledger_cls, cl
     clock.advance(1.5)
     ended = ledger.force_fail([1, 3, 4, 1])
     assert ends(ended) == [(1, Outcome.FAILED)]
-    assert ended.latency_seconds().tolist() == [1.5]
+    assert [r.latency_seconds for r in ended] == [1.5]
     assert (ledger.pending_trees, ledger.orphan_entries) == (1, 1)
     stats = ledger.stats
     assert (stats.failed, stats.force_failed, stats.inits) == (1, 1, 2)

@@ -254,3 +254,21 @@ def test_sighup_reloads_the_tokens_of_a_running_acker_server(pki, tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+def test_acker_ctl_over_tls_with_an_admin_token(secured, stub_for, pki, tmp_path, capsys):
+    """acker-ctl speaks TLS with a token file: the admin's token fails a tree; an executor's is refused."""
+    from acker_ctl.cli import main
+
+    stub_for("orders-spout").Apply(_inits("orders"), timeout=5)
+    tokens = {}
+    for name in ("oncall", "executors"):
+        tokens[name] = tmp_path / f"{name}.token"
+        tokens[name].write_text(TOKENS[name] + "\n")
+    base = ["--ackers", secured.address, "--tls-ca", pki.ca, "--json"]
+    assert main([*base, "--token-file", str(tokens["executors"]), "fail", "10"]) == 1
+    assert "PERMISSION_DENIED" in capsys.readouterr().err
+    assert main([*base, "--token-file", str(tokens["executors"]), "inspect", "10"]) == 0
+    assert '"status": "pending"' in capsys.readouterr().out
+    assert main([*base, "--token-file", str(tokens["oncall"]), "fail", "10"]) == 0
+    assert _pending(secured) == 0

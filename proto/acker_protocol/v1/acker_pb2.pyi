@@ -502,9 +502,18 @@ class InspectResponse(_message.Message):
     SHARD_INDEX_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     PENDING_TREES_FIELD_NUMBER: _builtins.int
+    TREES_INITIALIZED_FIELD_NUMBER: _builtins.int
+    TREES_ACKED_FIELD_NUMBER: _builtins.int
+    TREES_FAILED_FIELD_NUMBER: _builtins.int
+    TREES_TIMED_OUT_FIELD_NUMBER: _builtins.int
     shard_index: _builtins.int
     incarnation: _builtins.int
     pending_trees: _builtins.int
+    trees_initialized: _builtins.int
+    """Counters since this incarnation started (two answers apart give rates)."""
+    trees_acked: _builtins.int
+    trees_failed: _builtins.int
+    trees_timed_out: _builtins.int
     @_builtins.property
     def trees(self) -> _containers.RepeatedCompositeFieldContainer[Global___TreeState]:
         """One per requested root, in request order."""
@@ -521,10 +530,14 @@ class InspectResponse(_message.Message):
         shard_index: _builtins.int = ...,
         incarnation: _builtins.int = ...,
         pending_trees: _builtins.int = ...,
+        trees_initialized: _builtins.int = ...,
+        trees_acked: _builtins.int = ...,
+        trees_failed: _builtins.int = ...,
+        trees_timed_out: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "oldest", b"oldest", "pending_trees", b"pending_trees", "shard_index", b"shard_index", "trees", b"trees"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "oldest", b"oldest", "pending_trees", b"pending_trees", "shard_index", b"shard_index", "trees", b"trees", "trees_acked", b"trees_acked", "trees_failed", b"trees_failed", "trees_initialized", b"trees_initialized", "trees_timed_out", b"trees_timed_out"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
