@@ -35,7 +35,7 @@ def tree(state: acker_pb2.TreeState, shard: int) -> dict[str, Any]:
         "root": state.root_id,
         "shard": shard,
         "status": _STATUS_NAMES.get(state.status, str(state.status)),
-        "age_seconds": round(state.age_seconds, 6),
+        "age_seconds": round(state.age_seconds, 3),
         "spout": state.spout or None,
         "failed": state.failed,
         "resets": state.resets,

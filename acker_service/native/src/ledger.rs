@@ -268,7 +268,7 @@ impl Ledger {
     }
 
     fn micros(&self, now: f64) -> u64 {
-        // Wrapping: start times are kept modulo 2^40 microseconds (see `table`).
+        // Wrapping: start times are kept modulo 2^39 microseconds (see `table`).
         (((now - self.epoch) * 1e6).round() as i64 as u64) & STARTED_MASK
     }
 

@@ -44,7 +44,7 @@ impl Entry {
         }
     }
 
-    /// Microseconds since the ledger epoch (modulo 2^40) when the tree started.
+    /// Microseconds since the ledger epoch (modulo 2^39) when the tree started.
     pub fn started(&self) -> u64 {
         self.meta & STARTED_MASK
     }
