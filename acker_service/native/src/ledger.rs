@@ -599,7 +599,8 @@ mod tests {
         vec!["s".to_owned()]
     }
 
-    fn run(l: &mut Ledger, now: f64, kinds: &[i32], roots: &[u64], values: &[u64], keys: &[u64]) -> BatchOutput {
+    /// Apply one batch of spout "s" and check conservation (also used by `admin`'s tests).
+    pub(super) fn run(l: &mut Ledger, now: f64, kinds: &[i32], roots: &[u64], values: &[u64], keys: &[u64]) -> BatchOutput {
         run_limited(l, now, kinds, roots, values, keys, usize::MAX)
     }
 

@@ -243,25 +243,9 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{BatchOutput, Ops, ACK, ACKED, INIT, LIFETIME_EXCEEDED, RESET_TIMEOUT, TIMED_OUT};
+    use super::super::tests::run as apply;
+    use super::super::{ACK, ACKED, INIT, LIFETIME_EXCEEDED, RESET_TIMEOUT, TIMED_OUT};
     use super::*;
-
-    fn apply(l: &mut Ledger, now: f64, kinds: &[i32], roots: &[u64], values: &[u64], keys: &[u64]) -> BatchOutput {
-        let names = vec!["s".to_owned()];
-        let ops = Ops {
-            kinds,
-            roots,
-            values,
-            dedup_keys: keys,
-            spouts: &names,
-            spout_index: &[],
-        };
-        let mut out = BatchOutput::default();
-        l.apply(&ops, now, &mut out).unwrap();
-        let s = l.stats();
-        assert_eq!(s.inits, s.acked + s.failed + s.timed_out + l.pending_trees(), "conservation");
-        out
-    }
 
     #[test]
     fn progress_mode_restarts_the_timeout_on_every_ack() {
