@@ -146,3 +146,12 @@ def test_timeout_flags_and_environment(monkeypatch):
         ServerConfig(timeout_mode="sometimes")
     with pytest.raises(ConfigError, match="at least the message timeout"):
         ServerConfig(message_timeout=30.0, max_tree_lifetime=10.0)
+
+
+def test_force_fail_refuses_a_bad_spout_name(make_server, connect):
+    """A spout name longer than the wire allows is INVALID_ARGUMENT, as in Subscribe."""
+    stub = connect(make_server())
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.ForceFail(acker_pb2.ForceFailRequest(spout="x" * 300))
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "spout name" in refused.value.details()
