@@ -33,7 +33,7 @@ __all__ = ["Spout", "SpoutStats", "OnOutcomes", "default_backstop"]
 
 OnOutcomes = Callable[[list[Any], list[tuple[Any, Outcome]]], None]
 """``on_outcomes(acked, failed)``: ``acked`` lists the message ids of records whose tree completed,
-``failed`` holds ``(message_id, reason)`` pairs, ``reason`` being FAILED, TIMED_OUT or LOST."""
+``failed`` holds ``(message_id, reason)`` pairs, ``reason`` being FAILED, TIMED_OUT, LIFETIME_EXCEEDED or LOST."""
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,8 @@ class Spout:
     its own backstop timeout fails the record with
     :attr:`Outcome.LOST <acker_protocol.wire.Outcome.LOST>`. ``reason`` is the
     :class:`~acker_protocol.wire.Outcome`: FAILED (a tuple was failed),
-    TIMED_OUT (the acker's timeout) or LOST.
+    TIMED_OUT (the acker's timeout), LIFETIME_EXCEEDED (the acker's lifetime
+    cap: a tree kept alive that long still did not finish) or LOST.
 
     The backstop restarts when an acker reports that a tree's timeout was
     reset. It counts time per shard, and stands still while that shard's
