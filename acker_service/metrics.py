@@ -3,7 +3,9 @@
 The ledger and the outcome hub live on the server's event loop; scrapes come
 from the metrics HTTP thread. The collector below therefore reads only plain
 ints (ledger stats, hub counters, a pending/orphan snapshot the loop refreshes)
-and copies of small numpy arrays; it never iterates a ledger structure.
+and copies of small numpy arrays; it never iterates a ledger structure. The one
+count over the pending trees (their ages) is handed to the event loop as a call
+and awaited with a bound (see ``AckerMetrics.tree_ages``).
 """
 
 from __future__ import annotations
