@@ -27,8 +27,8 @@ from grpc_reflection.v1alpha import reflection
 from .auth import Authenticator, AuthInterceptor
 from .config import ServerConfig
 from .decode_guard import DecodeGuardInterceptor
-from .engines import Engine
 from .interceptors import MetricsInterceptor
+from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
 from .operate import AGE_BUCKETS
 from .outcome_hub import OutcomeHub
@@ -122,7 +122,7 @@ class AckerServer:
         return self.shard.incarnation
 
     @property
-    def ledger(self) -> Engine:
+    def ledger(self) -> Ledger:
         """The shard's ledger (touch it only through :meth:`call`)."""
         return self.shard.ledger
 

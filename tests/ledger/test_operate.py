@@ -59,6 +59,17 @@ def test_no_tree_outlives_the_cap(ledger_cls, clock, mode):
     assert (ledger.stats.timed_out, ledger.stats.outlived, ledger.pending_trees) == (1, 1, 0)
 
 
+def test_a_timeout_collected_after_a_later_rotation_keeps_its_outcome(ledger_cls, clock):
+    """Sliced expiry changes no outcome: a tree due under the cap ends TIMED_OUT even if collected past it."""
+    ledger = ledger_cls(2.0, clock=clock, max_tree_lifetime=3.5)  # a rotation each second
+    ledger.apply_batch(Batch.of([INIT], [7], [3], spouts=["s"]))
+    clock.advance(3.0)  # due now, at age 3 s: under the cap
+    assert ledger.advance_some(0) == ([], True)
+    clock.advance(1.0)  # collected after the next rotation, at age 4 s: over the cap
+    assert ends(ledger.advance()) == [(7, Outcome.TIMED_OUT)]
+    assert (ledger.stats.timed_out, ledger.stats.outlived) == (1, 0)
+
+
 def test_inspect_reports_every_field(ledger_cls, clock):
     """Status, spout, age, failed flag, resets and dedup keys of each root; absent roots say so."""
     ledger = ledger_cls(30.0, clock=clock)

@@ -155,6 +155,9 @@ pub struct Ledger {
     stats: Stats,
     /// Progress timeouts and the lifetime cap (see `admin`).
     rules: TimeoutRules,
+    /// Ledger time (µs) of the rotation that began each generation, by generation modulo 64:
+    /// a due tree's lifetime is judged at the rotation that made it due, however late it is collected.
+    rotations_us: [u64; GEN_MASK as usize + 1],
     /// Reset counts of roots whose entry has the notes bit (most trees have none).
     notes: HashMap<u64, u32>,
 }
@@ -213,6 +216,7 @@ impl Ledger {
             open_trees: 0,
             stats: Stats::default(),
             rules: TimeoutRules::default(),
+            rotations_us: [0; GEN_MASK as usize + 1],
             notes: HashMap::new(),
         })
     }
@@ -293,9 +297,13 @@ impl Ledger {
         self.next_rotation += due * self.period;
         // After `buckets` rotations everything has expired; more would change nothing.
         let steps = if due >= self.buckets as f64 { self.buckets } else { due as u64 };
-        self.generation = self.generation.wrapping_add(steps);
         // The lifetime cap is judged at rotations, like the timeout, so slicing changes nothing.
-        self.rules.rotated_at_us = self.micros(now);
+        let now_us = self.micros(now);
+        for step in 1..=steps {
+            self.rotations_us[(self.generation.wrapping_add(step) & GEN_MASK) as usize] = now_us;
+        }
+        self.generation = self.generation.wrapping_add(steps);
+        self.rules.rotated_at_us = now_us;
         if !self.table.is_empty() {
             // (Re)start the collecting scan: the expired set only grows, so one full pass suffices.
             self.table.scan_pos = Some(0);
@@ -334,9 +342,14 @@ impl Ledger {
 
     /// Rotate and collect everything due (the reference model's `advance`).
     pub fn advance(&mut self, now: f64, out: &mut Outcomes) {
+        self.advance_at_most(now, usize::MAX, out);
+    }
+
+    /// Rotate as due, then collect at most `limit` expired trees; true if more are due.
+    pub fn advance_at_most(&mut self, now: f64, limit: usize, out: &mut Outcomes) -> bool {
         self.spouts.collect();
         self.advance_clock(now);
-        self.expire_some(now, usize::MAX, out);
+        self.expire_some(now, limit, out)
     }
 
     fn settle_expired(&mut self, e: &Entry, now_us: u64, out: &mut Outcomes) {
@@ -348,7 +361,7 @@ impl Ledger {
         }
         self.open_trees -= 1;
         self.stats.timed_out += 1;
-        let outcome = if self.outlived(e) {
+        let outcome = if self.ended_outlived(e) {
             self.stats.outlived += 1;
             LIFETIME_EXCEEDED
         } else {

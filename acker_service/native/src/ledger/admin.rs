@@ -10,7 +10,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::{Ledger, LedgerError, Outcomes, FAILED};
-use crate::table::{Entry, STARTED_MASK};
+use crate::table::{Entry, GEN_MASK, STARTED_MASK};
 
 /// Ages are start times modulo 2^39 µs: differences below half of that are ages,
 /// above it they are entries that started after the reference time.
@@ -95,6 +95,24 @@ impl Ledger {
             return false;
         }
         let age = self.rules.rotated_at_us.wrapping_sub(e.started()) & STARTED_MASK;
+        age >= cap && age < HALF_RANGE_US
+    }
+
+    /// Whether a due entry ends LIFETIME_EXCEEDED: it had reached the cap at the rotation that
+    /// made it due (the one that expired its generation, else the last one), so an expiry
+    /// collected late, after further rotations, ends the same as one collected at once.
+    #[inline]
+    pub(super) fn ended_outlived(&self, e: &Entry) -> bool {
+        let cap = self.rules.cap_us;
+        if cap == 0 {
+            return false;
+        }
+        let judged_at = if (self.generation.wrapping_sub(e.gen()) & GEN_MASK) >= self.buckets {
+            self.rotations_us[(e.gen().wrapping_add(self.buckets) & GEN_MASK) as usize]
+        } else {
+            self.rules.rotated_at_us
+        };
+        let age = judged_at.wrapping_sub(e.started()) & STARTED_MASK;
         age >= cap && age < HALF_RANGE_US
     }
 
@@ -328,6 +346,20 @@ mod tests {
         assert_eq!(l.stats().force_failed, 500);
         l.force_fail_spout("nobody", 1.0, &mut out);
         assert_eq!(out.len(), 499);
+    }
+
+    #[test]
+    fn a_timeout_collected_after_a_later_rotation_keeps_its_outcome() {
+        // Timeout 2 s, 3 buckets (a rotation each second), cap 3.5 s: the tree is due at
+        // t = 3 (age 3 s, under the cap); collected only after the rotation at t = 4 (age 4 s).
+        let mut late = Ledger::new(2.0, 3, 0.0, 1).unwrap();
+        late.set_timeout_rules(false, 3.5).unwrap();
+        apply(&mut late, 0.0, &[INIT], &[7], &[3], &[]);
+        let mut out = Outcomes::default();
+        assert!(late.advance_at_most(3.0, 0, &mut out), "due, not collected");
+        late.advance(4.0, &mut out);
+        assert_eq!(out.outcome, vec![TIMED_OUT], "judged at the rotation that made it due");
+        assert_eq!(late.stats().outlived, 0);
     }
 
     #[test]
