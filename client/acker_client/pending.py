@@ -23,10 +23,22 @@ from .columns import shard_slices
 __all__ = ["PendingTrees", "ShardClock", "default_backstop"]
 
 
-def default_backstop(message_timeout: float, buckets: int) -> float:
-    """The spout's timeout: the latest an acker can expire a tree, plus a margin for delivery."""
-    # An acker expires a tree between T and T + T/(b-1) after its init.
-    latest = message_timeout + message_timeout / max(buckets - 1, 1)
+def default_backstop(
+    message_timeout: float, buckets: int, *, timeout_mode: str = "fixed", max_tree_lifetime: float = 0.0
+) -> float:
+    """The spout's timeout: the latest an acker can expire a tree, plus a margin for delivery.
+
+    With the acker's ``progress`` timeout mode every ack restarts a tree's timeout,
+    and the spout sees no acks: only the acker's lifetime cap bounds the tree, so
+    the backstop follows the cap instead of the message timeout.
+    """
+    period = message_timeout / max(buckets - 1, 1)
+    # An acker expires a tree between T and T + T/(b-1) after its init (or its
+    # last restart), and a capped tree within one period after the cap.
+    if timeout_mode == "progress" and max_tree_lifetime > 0:
+        latest = max_tree_lifetime + period
+    else:
+        latest = message_timeout + period
     return latest + max(1.0, 0.2 * message_timeout)
 
 

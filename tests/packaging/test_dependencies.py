@@ -38,6 +38,7 @@ PROJECT = {
     "acker_cluster",
     "acker_bench",
     "acker_demo",
+    "acker_ctl",
 }
 # Package -> (folder, the extras a user installs for it).
 PACKAGES = {
@@ -48,6 +49,7 @@ PACKAGES = {
     "acker_cluster": ("tools/acker_cluster", ("tools",)),
     "acker_bench": ("tools/acker_bench", ("tools",)),
     "acker_demo": ("tools/acker_demo", ("tools",)),
+    "acker_ctl": ("tools/acker_ctl", ()),
 }
 
 
