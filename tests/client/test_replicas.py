@@ -196,7 +196,7 @@ def test_unverified_client_learns_replication_from_a_live_shard_when_one_is_dead
     servers = make_ackers(3, replicas=2)
     addresses = [s.address for s in servers]
     servers[0].stop(0)
-    client = make_client(addresses, verify=False, deadline=30.0, wait_for_shard=0.0)
+    client = make_client(addresses, verify=False, deadline=30.0)
     client.init(4, 9, "s")  # shards 1 and 2 keep root 4
     client.flush()
     assert client.replicas == 2
