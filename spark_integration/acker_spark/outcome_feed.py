@@ -45,6 +45,7 @@ class OutcomeFeed:
         self._stop = threading.Event()
         self._wake = threading.Condition()
         self._subs: list[OutcomeSubscription] = []
+        self._saved: dict[int, tuple[int, int]] | None = None  # the positions last written
         self._thread = threading.Thread(target=self._loop, name="acker-outcome-journal", daemon=True)
 
     def start(self) -> OutcomeFeed:
@@ -92,7 +93,9 @@ class OutcomeFeed:
                 self._journal.append(roots, outcomes)
                 with self._lock:
                     self._ready.append((roots, outcomes))
-            self.checkpoint.save_positions(positions)
+            if positions != self._saved:  # an idle stream costs no write
+                self.checkpoint.save_positions(positions)
+                self._saved = positions
 
     def record(self, roots: np.ndarray, outcome: Outcome) -> None:
         """Journal the driver's own verdicts (LOST, a failed job's trees) before it acts on them."""
