@@ -64,7 +64,9 @@ def test_driver_killed_mid_run_resumes_from_checkpoint(ackers: Any, tmp_path: Pa
     try:
         deadline = time.monotonic() + RUN_CAP_SECONDS
         while acked_outcomes(checkpoint) < 50:
-            assert first.poll() is None, f"the first driver ended before it was killed: {first.communicate()[1][-3000:]}"
+            assert first.poll() is None, (
+                f"the first driver ended before it was killed: {first.communicate()[1][-3000:]}"
+            )
             assert time.monotonic() < deadline, "no outcome journaled in time"
             time.sleep(0.1)
     finally:
