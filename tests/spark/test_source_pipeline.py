@@ -150,3 +150,38 @@ def test_changed_source_files_refuse_the_checkpoint(
     again = SourcePipeline(spark, client, tmp_path / "checkpoint", policy=FAST)
     with pytest.raises(UnstableIdentity, match="files changed"):
         again.run(spark.read.text(str(tmp_path / "in")), job)
+
+
+class CrashingSplit:
+    """The split bolt, whose first attempt of partition 0 dies after emitting: Spark re-runs the reading task."""
+
+    def __call__(self, batch: Any, collector: Any) -> None:
+        from acker_demo.dataframe_job import split_sentences
+        from pyspark import TaskContext
+
+        split_sentences(batch, collector)
+        context = TaskContext.get()
+        if context is not None and context.partitionId() == 0 and context.attemptNumber() == 0:
+            raise RuntimeError("injected crash of the reading task's first attempt")
+
+
+def test_reading_task_retried_re_sends_identical_inits(
+    spark: Any, ackers: Any, client: ClusterClient, db: Path, tmp_path: Path
+) -> None:
+    """The task that read and started the trees dies; its retry re-reads and re-inits: no replay, no false ack."""
+    from acker_demo.dataframe_job import WORD_SCHEMA, CountWordRows
+    from acker_spark import ArrowBolt
+
+    lines = write_lines(tmp_path / "in", 200, files=2)
+    split = ArrowBolt(CrashingSplit(), ackers.addresses, schema=WORD_SCHEMA, name="split")
+    count = ArrowBolt(CountWordRows(db), ackers.addresses, schema=None, name="count")
+
+    def job(df: Any) -> None:
+        words = split.apply_df(df.selectExpr("_record_key AS key", "value", "_attempt AS attempt", "_acker_ids"))
+        count.apply_df(words.repartition(3, "word")).count()
+
+    pipeline = SourcePipeline(spark, client, tmp_path / "checkpoint", policy=FAST)
+    stats = pipeline.run(spark.read.text(str(tmp_path / "in")), job)
+    assert (stats.emitted, stats.acked, stats.replayed, stats.job_errors) == (200, 200, 0, 0)
+    assert sink_counts(db) == expected_counts(line_records(lines))
+    assert len(list((tmp_path / "checkpoint" / "emissions" / "r00000").glob("p00000-*"))) == 2  # both attempts logged
