@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +39,7 @@ class EmissionWriter:
 
     def __init__(self, checkpoint: str | Path, round_no: int, partition: int, task_attempt: int) -> None:
         self.path = round_dir(checkpoint, round_no) / f"p{partition:05d}-t{task_attempt}.arrow"
-        self._file = None
+        self._file: Any = None
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
 
     def write(self, roots: np.ndarray, idents: np.ndarray, attempts: np.ndarray) -> None:
@@ -80,7 +81,11 @@ class Emissions:
 
 def read_round(checkpoint: str | Path, round_no: int) -> Emissions:
     """Every root started in round ``round_no`` so far, from all of its task attempts' files."""
-    roots, idents, attempts, parts, files = [], [], [], [], []
+    roots: list[np.ndarray] = []
+    idents: list[np.ndarray] = []
+    attempts: list[np.ndarray] = []
+    parts: list[np.ndarray] = []
+    files: list[np.ndarray] = []
     folder = round_dir(checkpoint, round_no)
     names = sorted(os.listdir(folder)) if folder.is_dir() else []
     for name in names:
