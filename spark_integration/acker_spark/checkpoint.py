@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["Checkpoint", "JournalWriter"]
+__all__ = ["Checkpoint", "JournalWriter", "read_complete_batches"]
 
 OUTCOME_SCHEMA = pa.schema([("root", pa.uint64()), ("outcome", pa.int8())])
 DEAD_SCHEMA = pa.schema([("ident", pa.uint64())])
@@ -129,14 +129,21 @@ class Checkpoint:
 def _read_journals(folder: Path, schema: pa.Schema) -> pa.Table:
     batches: list[pa.RecordBatch] = []
     for path in sorted(folder.glob("j*.arrow")) if folder.is_dir() else []:
-        try:
-            with pa.OSFile(str(path), "rb") as source:
-                reader = pa.ipc.open_stream(source)
-                while True:
-                    try:
-                        batches.append(reader.read_next_batch())
-                    except StopIteration:
-                        break
-        except (pa.ArrowInvalid, OSError, EOFError):
-            continue  # a torn tail: the batches before it count (each was fsynced whole)
+        batches.extend(read_complete_batches(path))
     return pa.Table.from_batches(batches, schema)
+
+
+def read_complete_batches(path: Path) -> list[pa.RecordBatch]:
+    """The whole batches of an Arrow IPC stream; a torn last batch (its writer died mid-write) is left out."""
+    batches = []
+    try:
+        with pa.OSFile(str(path), "rb") as source:
+            reader = pa.ipc.open_stream(source)
+            while True:
+                try:
+                    batches.append(reader.read_next_batch())
+                except StopIteration:
+                    break
+    except (pa.ArrowInvalid, OSError, EOFError):
+        pass  # a torn tail: the batches before it are complete
+    return batches

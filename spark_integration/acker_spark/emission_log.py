@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .checkpoint import read_complete_batches
+
 __all__ = ["EMISSION_SCHEMA", "Emissions", "EmissionWriter", "RoundFilter", "read_round", "write_filter", "read_filter"]
 
 EMISSION_SCHEMA = pa.schema([("root", pa.uint64()), ("ident", pa.uint64()), ("attempt", pa.uint16())])
@@ -115,18 +117,8 @@ def read_round(checkpoint: str | Path, round_no: int) -> Emissions:
 
 
 def _read_tolerant(path: Path) -> pa.Table | None:
-    """The complete batches of an IPC stream; a torn last batch (the writer died) is left out."""
-    batches = []
-    try:
-        with pa.OSFile(str(path), "rb") as source:
-            reader = pa.ipc.open_stream(source)
-            while True:
-                try:
-                    batches.append(reader.read_next_batch())
-                except StopIteration:
-                    break
-    except (pa.ArrowInvalid, OSError, EOFError):
-        pass  # a torn tail: what was read is complete
+    """The complete batches of an attempt's file (a torn last batch: the task died mid-write)."""
+    batches = read_complete_batches(path)
     return pa.Table.from_batches(batches, EMISSION_SCHEMA) if batches else None
 
 
