@@ -86,6 +86,9 @@ def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
     try:
         expected = _write_source(work / "in", config, config.records)
         _write_source(work / "warm", config, min(config.records, 10_000))
+        from pyspark.sql import SparkSession
+
+        owned = SparkSession.getActiveSession() is None  # a test's shared session is left running
         spark = local_session(config.master, app_name="acker-bench-pipeline", shuffle_partitions=config.partitions)
         source = str(work / "in")
 
@@ -153,7 +156,8 @@ def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
                     result["driver_fed_cpu_us_per_record"] = round(cpu / config.records * 1e6, 3)
                     result["driver_fed_sink_exact"] = sink_counts(db) == expected and stats.acked == config.records
         close_clients()
-        spark.stop()
+        if owned:
+            spark.stop()
         plain_s, plain_cpu = min(rows["plain"])
         tracked_s, tracked_cpu = min(rows["tracked"])
         result.update(
