@@ -153,15 +153,22 @@ def write_filter(checkpoint: str | Path, round_no: int, rows: RoundFilter) -> Pa
     return path
 
 
-_filters: dict[str, RoundFilter] = {}  # per executor process: one read per round, not per task
+_filters: dict[tuple[str, int, int], RoundFilter] = {}  # per executor process: one read per round, not per task
 
 
 def read_filter(path: str) -> RoundFilter:
-    """A round's filter (cached per process: every task of the round reads the same file)."""
-    cached = _filters.get(path)
+    """A round's filter (cached per process: every task of the round reads the same file).
+
+    The cache key includes the file's size and modification time: a worker
+    that outlives a driver (Spark Connect) must not reuse a filter rewritten
+    under the same name.
+    """
+    stat = os.stat(path)
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    cached = _filters.get(key)
     if cached is None:
         with np.load(path) as data:
             cached = RoundFilter(str(data["mode"]), data["idents"], data["attempts"])
         _filters.clear()  # an older round's filter is never read again
-        _filters[path] = cached
+        _filters[key] = cached
     return cached

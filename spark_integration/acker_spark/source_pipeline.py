@@ -229,7 +229,9 @@ class SourcePipeline:
             due = self._due_replays()
             if len(due):
                 idents, attempts = self.table.idents[due], self.table.attempts[due] + 1
-                self._run_round(df, job, RoundFilter("select", idents, attempts.astype(np.uint16)), backstop)
+                roots = self.table.roots[due]
+                if self._run_round(df, job, RoundFilter("select", idents, attempts.astype(np.uint16)), backstop):
+                    self._check_found(roots)
                 continue
             self._report()
             if self._manifest["source_done"] and not self._busy():
@@ -300,6 +302,17 @@ class SourcePipeline:
         pos = self.table.find(previous)
         pos = pos[pos >= 0]
         self.table.state[pos[self.table.state[pos] == FAILED]] = REPLAYED
+
+    def _check_found(self, roots: np.ndarray) -> None:
+        """After a replay round read the whole source, every replayed record must have been found again."""
+        pos = self.table.find(roots)
+        missing = int((self.table.state[pos] == FAILED).sum())
+        if missing:
+            raise UnstableIdentity(
+                f"{missing} failed records were not found again when the source was re-read: the source changed, "
+                f"{self._identity_name()} is not stable across reads, or the job did not run over all of its "
+                "input. The checkpoint keeps the run's state."
+            )
 
     def _identity_name(self) -> str:
         return f"key column {self.spec.column!r}" if self.spec.kind == "key" else f"the {self.spec.kind} identity"

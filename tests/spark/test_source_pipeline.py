@@ -185,3 +185,23 @@ def test_reading_task_retried_re_sends_identical_inits(
     assert (stats.emitted, stats.acked, stats.replayed, stats.job_errors) == (200, 200, 0, 0)
     assert sink_counts(db) == expected_counts(line_records(lines))
     assert len(list((tmp_path / "checkpoint" / "emissions" / "r00000").glob("p00000-*"))) == 2  # both attempts logged
+
+
+def test_replayed_records_not_found_again_stop_the_run(
+    spark: Any, ackers: Any, client: ClusterClient, db: Path, tmp_path: Path
+) -> None:
+    """A replay round that does not find the failed records (here: a job that skips its input) is an error, not a loop."""
+    records = [(f"k{i:03d}", record.value) for i, record in enumerate(generated_sentences(20))]
+    spark.createDataFrame(records, "key string, value string").write.parquet(str(tmp_path / "pq"))
+    job, _ = build_source_job(ackers.addresses, db, injection=FailureInjection(always_fail=frozenset({"k003"})))
+    calls = []
+
+    def first_round_only(df: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            job(df)
+
+    pipeline = SourcePipeline(spark, client, tmp_path / "checkpoint", policy=FAST)
+    with pytest.raises(UnstableIdentity, match="1 failed records were not found again"):
+        pipeline.run(spark.read.parquet(str(tmp_path / "pq")), first_round_only, key="key")
+    assert len(calls) == 2
