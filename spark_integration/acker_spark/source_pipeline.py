@@ -94,7 +94,9 @@ class SourcePipeline:
     addresses (``security`` and ``client_options`` as for a Bolt).
     ``checkpoint`` is a directory the driver and every executor can write
     (a shared filesystem on a cluster). ``name`` is the spout name (default:
-    the checkpoint's, or a fresh one).
+    the checkpoint's, or a fresh one). ``journal_interval``: how often outcomes
+    that arrive during a job are journaled (each write is an ``fsync``; what a
+    crash leaves unjournaled is still retained by the ackers).
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class SourcePipeline:
         dead_letters: DeadLetterStore | None = None,
         spout_timeout: float | None = None,
         progress_interval: float = 0.25,
+        journal_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         security: Any = None,
         client_options: dict[str, Any] | None = None,
@@ -121,6 +124,7 @@ class SourcePipeline:
         self.dead_letters = dead_letters
         self.spout_timeout = spout_timeout
         self.progress_interval = progress_interval
+        self.journal_interval = journal_interval
         self.clock = clock
         self.security = security
         self.client_options = dict(client_options or {})
@@ -150,7 +154,7 @@ class SourcePipeline:
         backstop = self.spout_timeout if self.spout_timeout is not None else self._backstop()
         from .outcome_feed import OutcomeFeed
 
-        self._feed = OutcomeFeed(self.cluster, self._manifest["name"], self.checkpoint, self.progress_interval).start()
+        self._feed = OutcomeFeed(self.cluster, self._manifest["name"], self.checkpoint, self.journal_interval).start()
         try:
             self._restore(backstop)
             self._loop(df, job, backstop)
