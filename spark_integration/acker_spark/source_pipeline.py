@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 from acker_client import ClusterClient, ShardUnavailable, new_id
-from acker_client.pending import default_backstop
+from acker_client.pending import cluster_backstop
 from acker_protocol.wire import Outcome
 
 from .checkpoint import Checkpoint
@@ -439,17 +439,7 @@ class SourcePipeline:
             self.on_progress(self.stats)
 
     def _backstop(self) -> float:
-        timeouts = []
-        for shard in range(self.cluster.shard_count):
-            try:
-                info = self.cluster.describe(shard)
-            except ShardUnavailable as err:
-                log.warning("backstop: %s", err)
-                continue
-            timeouts.append(default_backstop(info.message_timeout_seconds, info.buckets))
-        if not timeouts:
-            raise ShardUnavailable([], "no acker answered Describe; cannot choose the backstop timeout")
-        return max(timeouts)
+        return cluster_backstop(self.cluster)
 
 
 _ALL = RoundFilter("all", _UNUSED, np.zeros(0, dtype=np.uint16))
