@@ -11,6 +11,7 @@ about twice as fast as an ``OrderedDict`` to fill and empty; "move to the end"
 
 from __future__ import annotations
 
+import logging
 import operator
 from collections.abc import Iterator, Sequence
 from itertools import repeat
@@ -19,8 +20,11 @@ from typing import Any
 import numpy as np
 
 from .columns import shard_slices
+from .errors import ShardUnavailable
 
-__all__ = ["PendingTrees", "ShardClock", "default_backstop"]
+__all__ = ["PendingTrees", "ShardClock", "cluster_backstop", "default_backstop"]
+
+log = logging.getLogger(__name__)
 
 
 def default_backstop(
@@ -40,6 +44,28 @@ def default_backstop(
     else:
         latest = message_timeout + period
     return latest + max(1.0, 0.2 * message_timeout)
+
+
+def cluster_backstop(cluster: Any) -> float:
+    """The backstop for ``cluster``'s trees: :func:`default_backstop` of the slowest shard that answers Describe."""
+    timeouts = []
+    for shard in range(cluster.shard_count):
+        try:
+            info = cluster.describe(shard)
+        except ShardUnavailable as exc:
+            log.warning("backstop: %s", exc)
+            continue
+        timeouts.append(
+            default_backstop(
+                info.message_timeout_seconds,
+                info.buckets,
+                timeout_mode=info.timeout_mode or "fixed",  # "" from an acker older than the field
+                max_tree_lifetime=info.max_tree_lifetime_seconds,
+            )
+        )
+    if not timeouts:
+        raise ShardUnavailable([], "no acker answered Describe; cannot choose the spout's backstop timeout")
+    return max(timeouts)
 
 
 class ShardClock:

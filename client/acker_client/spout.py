@@ -22,9 +22,9 @@ import numpy as np
 from acker_protocol.wire import Outcome
 
 from .columns import random_ids
-from .errors import AckerError, ShardUnavailable, SpoutFull
+from .errors import AckerError, SpoutFull
 from .ids import new_id
-from .pending import PendingTrees, default_backstop
+from .pending import PendingTrees, cluster_backstop, default_backstop
 from .replica_outcomes import ReplicaOutcomes
 from .settling import Settlement, SpoutStats
 from .subscription import OutcomeSubscription
@@ -125,24 +125,7 @@ class Spout:
         self._closed = False
 
     def _default_timeout(self) -> float:
-        timeouts = []
-        for shard in range(self.cluster.shard_count):
-            try:
-                info = self.cluster.describe(shard)
-            except ShardUnavailable as exc:
-                log.warning("backstop: %s", exc)
-                continue
-            timeouts.append(
-                default_backstop(
-                    info.message_timeout_seconds,
-                    info.buckets,
-                    timeout_mode=info.timeout_mode or "fixed",  # "" from an acker older than the field
-                    max_tree_lifetime=info.max_tree_lifetime_seconds,
-                )
-            )
-        if not timeouts:
-            raise ShardUnavailable([], "no acker answered Describe; cannot choose the spout's backstop timeout")
-        return max(timeouts)
+        return cluster_backstop(self.cluster)
 
     # -- lifecycle -----------------------------------------------------------
 

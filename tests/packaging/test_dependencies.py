@@ -27,6 +27,7 @@ DISTRIBUTION_OF = {
     "numpy": "numpy",
     "pyspark": "pyspark",
     "pyarrow": "pyarrow",
+    "pandas": "pandas",  # the [spark] extra: identity hashing (pandas.util.hash_array) and PySpark's Arrow UDFs
     "rich": "rich",
     "cryptography": "cryptography",
 }
