@@ -33,10 +33,12 @@ class BoltCollector:
         self.edge_ids: EdgeIdSource = edge_ids if edge_ids is not None else RandomEdgeIds()
         self.hold = hold
         self._held_acks: dict[int, int] = {}  # root -> xor of held ack values
-        self._held_fails: dict[int, None] = {}
+        self._held_fails: dict[int, str | None] = {}  # root -> the reason given, if any
         # Roots of the last commit whose operations were dropped (their shard was
         # unreachable): the trees that will time out because of it, not of the work.
         self.undelivered: tuple[int, ...] = ()
+        # The reasons given to fail() for the trees failed by the last commit (root -> reason).
+        self.fail_reasons: dict[int, str] = {}
 
     def emit(self, value: Any, anchors: Sequence[TrackedTuple] | TrackedTuple = ()) -> TrackedTuple:
         """Return a child tuple anchored to ``anchors`` (one tuple or several; none: unanchored, untracked)."""
@@ -96,12 +98,17 @@ class BoltCollector:
             else:
                 self.cluster.ack(root, ident ^ out)
 
-    def fail(self, t: TrackedTuple) -> None:
-        """Fail ``t``: every tree it belongs to fails (and its spout replays the record)."""
+    def fail(self, t: TrackedTuple, reason: str | None = None) -> None:
+        """Fail ``t``: every tree it belongs to fails (and its spout replays the record).
+
+        ``reason`` (e.g. ``"bad date: 2026-13-01"``) says why; with ``hold=True``
+        the last commit's reasons are in :attr:`fail_reasons`, which a Spark
+        ``Bolt`` reports to its driver for the record's dead letter.
+        """
         self._settle(t)
         for root in t.message_id.roots:
             if self.hold:
-                self._held_fails[root] = None
+                self._held_fails[root] = reason
             else:
                 self.cluster.fail(root)
 
@@ -129,6 +136,7 @@ class BoltCollector:
         acks, fails = self._held_acks, self._held_fails
         self._held_acks, self._held_fails = {}, {}
         self.undelivered = ()
+        self.fail_reasons = {root: why for root, why in fails.items() if why}
         try:
             for root in fails:
                 self.cluster.fail(root)

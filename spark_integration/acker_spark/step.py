@@ -13,6 +13,7 @@ report ``ACKS_UNDELIVERED`` instead of a plain timeout.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import weakref
 from collections.abc import Sequence
@@ -47,6 +48,9 @@ def close_clients() -> None:
 
 # Causes kept per bolt: enough to name every dead shard, bounded however many tasks fail.
 _MAX_CAUSES = 16
+# collector.fail(t, reason) reasons reported per task: bounded, so a task failing every
+# record does not ship them all to the driver (the others' dead letters have no cause).
+_MAX_REASONS_PER_TASK = 1_000
 
 
 class _SetUnion:
@@ -134,6 +138,7 @@ class TrackedStep:
         self.commit_errors: Any = None
         self.undelivered: Any = None  # roots whose acks were dropped (a set accumulator)
         self.commit_causes: Any = None  # one line per unreachable shard (a set accumulator)
+        self.fail_reasons: Any = None  # (root, reason) given to collector.fail (a set accumulator)
 
     @property
     def tracking(self) -> bool:
@@ -152,6 +157,7 @@ class TrackedStep:
             self.commit_errors = sc.accumulator(0)
             self.undelivered = sc.accumulator(frozenset(), _SetUnion())
             self.commit_causes = sc.accumulator(frozenset(), _SetUnion())
+            self.fail_reasons = sc.accumulator(frozenset(), _SetUnion())
             _tracked.add(self)
 
     def commit_report(self) -> CommitErrors:
@@ -160,6 +166,12 @@ class TrackedStep:
             return CommitErrors(self.name, 0, frozenset(), ())
         causes = tuple(sorted(self.commit_causes.value))[:_MAX_CAUSES]
         return CommitErrors(self.name, self.commit_errors.value, frozenset(self.undelivered.value), causes)
+
+    def reasons(self) -> dict[int, str]:
+        """Driver side: the reasons committed tasks gave ``collector.fail(t, reason)``, by root (read after an action)."""
+        if self.fail_reasons is None:
+            return {}
+        return dict(self.fail_reasons.value)
 
     def _commit(self, collector: Any, partition: int) -> None:
         try:
@@ -186,6 +198,9 @@ class TrackedStep:
             return
         if self.commits is not None:
             self.commits.add(1)
+            reasons = getattr(collector, "fail_reasons", None)
+            if reasons:
+                self.fail_reasons.add(frozenset(itertools.islice(reasons.items(), _MAX_REASONS_PER_TASK)))
 
 
 def _cause(failure: Any) -> str:
