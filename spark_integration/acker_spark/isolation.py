@@ -81,6 +81,7 @@ class Isolation:
         self._seq = itertools.count()
         self._errors: dict[str, JobError] = {}  # key -> the last job error that convicted it
         self._final: list[Failure] = []  # convicted, out of attempts, settled outside settle(): see take_final
+        self._aborted: JobError | None = None  # see abort()
         self._running: set[_Id] = set()  # deliveries of jobs not ended yet
         self._early: dict[_Id, Failure] = {}  # ... that failed meanwhile (a timeout): held until the job ends
 
@@ -106,6 +107,9 @@ class Isolation:
 
     def job_failed(self, deliveries: Sequence[Delivery], error: JobError) -> None:
         """A job over ``deliveries`` raised ``error``: its unacked deliveries become suspects (or convicted, if alone)."""
+        if self._aborted is not None:
+            self.job_succeeded(deliveries)  # nothing more to learn: their failures are final anyway
+            return
         ids = [(d.key, d.attempt) for d in deliveries]
         self._running.difference_update(ids)
         early = [self._early.pop(i) for i in ids if i in self._early]
@@ -124,6 +128,25 @@ class Isolation:
         if not unsettled:
             self._split(group)
 
+    def abort(self, error: JobError) -> list[Delivery]:
+        """Stop replaying (a configuration error no replay cures): every failure from now on is final with ``error``.
+
+        Returns the deliveries held here (probes not run, suspects' and held
+        failures) for the caller to dead-letter; outcomes still awaited will
+        be final when they come.
+        """
+        self._aborted = error
+        held = [d for _, _, probe in self._probes for d in probe]
+        held += [d for d, _ in self._early.values()]
+        held += [d for group in {id(g): g for g in self._groups.values()}.values() for d in group.failed]
+        self._probes.clear()
+        self._early.clear()
+        for group in self._groups.values():
+            group.failed.clear()
+        for d in held:
+            self._errors[d.key] = error
+        return held
+
     def settle(self, acked: Sequence[Delivery], failed: Sequence[Failure]) -> list[bool | None]:
         """A batch of outcomes: the :class:`Verdict` for each of ``failed`` (acked ones need none)."""
         for d in acked:
@@ -140,6 +163,11 @@ class Isolation:
         d = failure[0]
         i = (d.key, d.attempt)
         self._inflight.discard(i)
+        if self._aborted is not None:
+            self._groups.pop(i, None)
+            self._convicted.pop(i, None)
+            self._errors[d.key] = self._errors.get(d.key, self._aborted)
+            return Verdict.FINAL
         group = self._groups.pop(i, None)
         if group is not None:
             self._resolve(group, i, d)

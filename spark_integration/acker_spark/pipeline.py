@@ -34,10 +34,19 @@ from .job_errors import JobError, job_error
 from .replaying_spout import ReplayingSpout
 from .replays import ReplayPolicy
 from .session import default_parallelism, spark_context_of
+from .shard_watch import ShardDown, ShardWatch
 from .sources import Delivery, Record
 from .step import TrackedStep
 
-__all__ = ["AcksUndelivered", "PipelineStats", "GuaranteedPipeline", "run_untracked", "Job"]
+__all__ = [
+    "AcksUndelivered",
+    "RecordsFailed",
+    "ShardDown",
+    "PipelineStats",
+    "GuaranteedPipeline",
+    "run_untracked",
+    "Job",
+]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +111,33 @@ def _undelivered_message(stats: PipelineStats, errors: dict[str, CommitErrors]) 
     )
 
 
+class RecordsFailed(AckerError):
+    """Records were dead-lettered because a job raised, or the run stopped on a misconfiguration (from ``run``).
+
+    ``stats`` is the finished run's :class:`PipelineStats`; ``causes`` the
+    distinct causes (exception type, message, place), the first ones first;
+    ``stopped`` the configuration error that stopped the run (no record was
+    replayed after it and the source was not read further), or None.
+    """
+
+    def __init__(self, stats: PipelineStats, causes: list[str], stopped: JobError | None) -> None:
+        self.stats, self.causes, self.stopped = stats, causes, stopped
+        shown = "; ".join(causes[:_CAUSES_SHOWN]) + (
+            f"; and {len(causes) - _CAUSES_SHOWN} more" if len(causes) > _CAUSES_SHOWN else ""
+        )
+        if stopped is not None:
+            head = (
+                f"the run stopped at a job that failed on a misconfiguration: {stopped}; "
+                f"{stats.dead_lettered} records dead-lettered, the rest of the source not read"
+            )
+        else:
+            head = f"{stats.dead_lettered} records dead-lettered, because a job raised: {shown}"
+        super().__init__(head + " (see the dead-letter table's cause column)")
+
+
+_CAUSES_SHOWN = 3
+
+
 class GuaranteedPipeline:
     """Runs a Spark job over a source with per-record tracking, replay and dead letters.
 
@@ -143,12 +179,23 @@ class GuaranteedPipeline:
         clock: Callable[[], float] = time.monotonic,
         on_undelivered: Literal["raise", "warn"] = "raise",
         on_dead_letter: Callable[[DeadLetter], None] | None = None,
+        on_job_error: Literal["raise", "warn"] = "raise",
+        shard_down_after: float | None = 120.0,
+        log_interval: float = 10.0,
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         if on_undelivered not in ("raise", "warn"):
             raise ValueError(f'on_undelivered must be "raise" or "warn", got {on_undelivered!r}')
         self.on_undelivered = on_undelivered
+        if on_job_error not in ("raise", "warn"):
+            raise ValueError(f'on_job_error must be "raise" or "warn", got {on_job_error!r}')
+        self.on_job_error = on_job_error
+        # A shard unreachable this long stops the run (ShardDown) instead of a silent wait; None waits forever.
+        self.shard_down_after = shard_down_after
+        self.log_interval = log_interval  # seconds between progress lines while the driver waits
+        self._watch = ShardWatch(cluster, clock)
+        self._logged_at: float | None = None
         # None on Spark Connect: no RDDs and no accumulators there, DataFrame jobs only.
         self.sc = spark_context_of(spark)
         self._spark = spark if spark is not self.sc else None
@@ -183,6 +230,8 @@ class GuaranteedPipeline:
         self._dead_undelivered = 0  # records dead-lettered as ACKS_UNDELIVERED
         self._isolation = Isolation(policy, clock)  # guarded by _cond
         self._fail_reasons: dict[str, str] = {}  # key -> the reason its last collector.fail gave (driver thread)
+        self._job_causes: dict[str, None] = {}  # causes of dead letters convicted by a job error, in order
+        self._stopped: JobError | None = None  # the configuration error that stopped the run
 
     # -- the driver loop -------------------------------------------------------
 
@@ -219,9 +268,11 @@ class GuaranteedPipeline:
             isolation=self._isolation,
         )
         spout.start()
+        self.cluster.add_error_listener(self._watch)
         try:
             records = iter(source)
             while True:
+                self._check_shards()
                 probe = self._take_probe(spout)
                 if probe:
                     self._run_job(job, probe)
@@ -235,14 +286,60 @@ class GuaranteedPipeline:
                 self._write_dead_letters()
                 if self._finished():
                     break
+                self._log_progress()
                 self._wait()
                 self._report()
         finally:
+            self.cluster.remove_error_listener(self._watch)
             spout.close()
         self._write_dead_letters()
         self._report()
         self._check_undelivered()
+        self._check_job_errors()
         return self.stats
+
+    def _check_shards(self) -> None:
+        """Raise ShardDown if a shard has been unreachable longer than ``shard_down_after``."""
+        if self.shard_down_after is None:
+            return
+        now = self.clock()
+        if any(now - shard.since > self.shard_down_after for shard in self._watch.check()):
+            # Probed again now: the error names what a connection attempt says this moment.
+            for shard in self._watch.check(force=True):
+                if now - shard.since > self.shard_down_after:
+                    raise ShardDown(shard, now - shard.since, self.snapshot())
+
+    def _log_progress(self) -> None:
+        """While the driver waits: one INFO line per ``log_interval`` with the counts and any shard it waits on."""
+        now = self.clock()
+        if self._logged_at is None:
+            self._logged_at = now
+            return
+        if now - self._logged_at < self.log_interval:
+            return
+        self._logged_at = now
+        stats = self.snapshot()
+        waiting = "; ".join(
+            f"waiting on shard {d.shard} at {d.address}, unreachable for {now - d.since:.0f} s: {d.cause}"
+            for d in self._watch.down()
+        )
+        log.info(
+            "progress: %d acked, %d dead-lettered, %d pending, %d awaiting replay%s",
+            stats.acked,
+            stats.dead_lettered,
+            stats.pending,
+            stats.awaiting_replay,
+            f"; {waiting}" if waiting else "",
+        )
+
+    def _check_job_errors(self) -> None:
+        """Raise (or warn) if records were dead-lettered because a job raised, or the run stopped on a misconfiguration."""
+        if not self._job_causes and self._stopped is None:
+            return
+        error = RecordsFailed(self.snapshot(), list(self._job_causes), self._stopped)
+        if self.on_job_error == "raise" or self._stopped is not None:
+            raise error
+        log.warning("%s", error)
 
     def _check_undelivered(self) -> None:
         """Raise (or warn) if a record was dead-lettered because its acks could not be delivered.
@@ -308,6 +405,9 @@ class GuaranteedPipeline:
             # did finish stay acked; failing the rest now replays them without
             # waiting for their timeout.
             error = job_error(err)
+            if error.configuration:
+                self._stop(batch, error)
+                return
             log.warning(
                 "Spark job over %d records failed, replaying its unfinished records%s: %s",
                 len(batch),
@@ -326,6 +426,20 @@ class GuaranteedPipeline:
         self._collect_fail_reasons(batch)
         with self._cond:
             self.stats.batches += 1
+
+    def _stop(self, batch: list[TrackedTuple], error: JobError) -> None:
+        """A job failed on a misconfiguration: stop reading and replaying; every unfinished record is dead-lettered."""
+        log.error("Spark job failed on a misconfiguration, stopping the run: %s", error)
+        spout = self._spout
+        assert spout is not None
+        with self._cond:
+            self.stats.job_errors += 1
+            self._stopped = error
+            self._exhausted = True  # the source is not read further
+            held = self._isolation.abort(error) + spout.schedule.drain()
+            self._dead.extend((d, Outcome.FAILED) for d in held)
+            self._cond.notify_all()
+        self._fail_trees(batch)
 
     def _charge_held(self, deliveries: list[Delivery]) -> None:
         """The job returned: failures held while it ran (timeouts) are charged and replayed as usual."""
@@ -497,8 +611,16 @@ class GuaranteedPipeline:
         with self._cond:
             errors = [self._isolation.error_of(d.key) for d, _ in dead]
         at = time.time()
+        # A record convicted by a job error failed: its tree may have timed out first, while Spark retried the task.
         letters = [
-            DeadLetter(d.key, d.value, reason, d.attempt, at, self._cause(d, reason, error))
+            DeadLetter(
+                d.key,
+                d.value,
+                reason if error is None else Outcome.FAILED,
+                d.attempt,
+                at,
+                self._cause(d, reason, error),
+            )
             for (d, reason), error in zip(dead, errors)
         ]
         if self.dead_letters is not None:
@@ -524,6 +646,7 @@ class GuaranteedPipeline:
     def _cause(self, delivery: Delivery, reason: Outcome, error: JobError | None) -> str | None:
         """The dead letter's cause: the job error that convicted the record, or the reason its bolt failed it."""
         if error is not None:
+            self._job_causes[str(error)] = None
             return str(error)
         if reason is Outcome.FAILED:
             return self._fail_reasons.get(delivery.key)

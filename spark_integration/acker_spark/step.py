@@ -20,11 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from acker_client import ClusterClient, ShardUnavailable, new_id
+import grpc
+from acker_client import AckerError, ClusterClient, ShardUnavailable, new_id
 from acker_client.shared import close_shared_clients, shared_client
 from acker_protocol.credentials import ChannelSecurity
 
 from .ids import dedup_key
+from .layout import check_layout
 
 __all__ = ["CommitErrors", "TrackedStep", "client_for", "close_clients", "commit_errors", "tracked_bolts"]
 
@@ -36,8 +38,8 @@ def client_for(addresses: Sequence[str], security: ChannelSecurity | None = None
 
     ``options`` are further :class:`~acker_client.ClusterClient` arguments (e.g. ``wait_for_shard``).
     """
-    # verify=False: the driver's spout already checked the shard layout, and an
-    # executor must not fail its task because one acker is restarting right now.
+    # verify=False: an executor must not fail its task because one acker is
+    # restarting right now; TrackedStep.client checks the layout of the shards it reaches.
     return shared_client(addresses, verify=False, security=security, **options)
 
 
@@ -148,7 +150,9 @@ class TrackedStep:
     def client(self) -> ClusterClient:
         """This executor process's client for the step's ackers."""
         assert self.addresses is not None, "an untracked step has no client"
-        return client_for(self.addresses, self.security, **self.client_options)
+        client = client_for(self.addresses, self.security, **self.client_options)
+        check_layout(client, self.name)  # as the driver's client does; once per process and address list
+        return client
 
     def track_commits(self, sc: Any) -> None:
         """Create the commit and commit-error accumulators on first use (driver side)."""
@@ -182,7 +186,7 @@ class TrackedStep:
             # (accumulators), which names the cause when they time out and fails
             # the run. A warning: an executor that cannot reach its ackers must be
             # visible in its log, not only as timeouts on the driver.
-            causes = frozenset(_cause(f) for f in err.failures)
+            causes = frozenset(_cause(_probed(collector.cluster, f)) for f in err.failures)
             log.warning(
                 "bolt %s partition %d: could not deliver the task's acks to %s; its %d trees will fail as %s",
                 self.name,
@@ -201,6 +205,24 @@ class TrackedStep:
             reasons = getattr(collector, "fail_reasons", None)
             if reasons:
                 self.fail_reasons.add(frozenset(itertools.islice(reasons.items(), _MAX_REASONS_PER_TASK)))
+
+
+def _probed(client: Any, failure: Any) -> Any:
+    """``failure``, or for a deadline (the batch waited for a connection) what a Describe probe says happened.
+
+    A batch waits for its shard's connection until its deadline, so a refused
+    connection reads DEADLINE_EXCEEDED; a probe that does not wait reports the
+    connection's own error (e.g. UNAVAILABLE: ... Connection refused).
+    """
+    if failure.code is not grpc.StatusCode.DEADLINE_EXCEEDED or not hasattr(client, "describe"):
+        return failure
+    try:
+        client.describe(failure.shard)
+    except ShardUnavailable as err:
+        return err.failures[0] if err.failures else failure
+    except AckerError:
+        return failure
+    return failure
 
 
 def _cause(failure: Any) -> str:

@@ -17,8 +17,18 @@ from typing import Any
 
 import pytest
 from acker_client import ClusterClient, TrackedTuple
+from acker_client.testing import local_cluster
 from acker_protocol.wire import Outcome
-from acker_spark import Bolt, DeadLetter, DeadLetterStore, Delivery, GuaranteedPipeline, ReplayPolicy
+from acker_spark import (
+    Bolt,
+    DeadLetter,
+    DeadLetterStore,
+    Delivery,
+    GuaranteedPipeline,
+    RecordsFailed,
+    ReplayPolicy,
+    close_clients,
+)
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -46,9 +56,19 @@ def store(words: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTupl
     return iter(())
 
 
+@pytest.fixture
+def patient_ackers() -> Iterator[Any]:
+    """Ackers whose trees outlive a slow job on a loaded machine: no timeout may charge an innocent record here."""
+    with local_cluster(3, message_timeout=60.0) as cluster:
+        yield cluster
+    close_clients()
+
+
 def test_one_raising_record_in_306_is_dead_lettered_alone_with_its_exception(
-    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
+    spark: Any, patient_ackers: Any, tmp_path: Path
 ) -> None:
+    ackers = patient_ackers
+    client = ClusterClient(ackers.addresses)
     split_bolt = Bolt(split, ackers.addresses, name="split")
     store_bolt = Bolt(store, ackers.addresses, name="store")
     outcomes: dict[str, list[tuple[int, Outcome]]] = {}
@@ -72,9 +92,13 @@ def test_one_raising_record_in_306_is_dead_lettered_alone_with_its_exception(
         on_outcome=on_outcome,
         on_dead_letter=letters.append,
     )
-    stats = pipeline.run(RECORDS, job)
+    with client, pytest.raises(RecordsFailed) as raised:  # a record was dead-lettered because a job raised
+        pipeline.run(RECORDS, job)
+    stats = raised.value.stats
 
     (dead,) = store_db.all()
+    assert raised.value.causes == [dead.cause] and raised.value.stopped is None
+    assert "1 records dead-lettered, because a job raised: ValueError: cannot store b.txt:2" in str(raised.value)
     assert (dead.key, dead.reason, dead.attempts) == (POISON, Outcome.FAILED, QUICK.max_attempts)
     assert dead.cause is not None and dead.cause.startswith(f"ValueError: cannot store {POISON} (at ")
     assert "test_poison.py:" in dead.cause and dead.cause.endswith(" in store)")
