@@ -186,7 +186,8 @@ class TrackedStep:
             # (accumulators), which names the cause when they time out and fails
             # the run. A warning: an executor that cannot reach its ackers must be
             # visible in its log, not only as timeouts on the driver.
-            causes = frozenset(_cause(_probed(collector.cluster, f)) for f in err.failures)
+            client = client_for(self.addresses or (), self.security, **self.client_options)
+            causes = frozenset(_cause(_probed(client, f)) for f in err.failures)
             log.warning(
                 "bolt %s partition %d: could not deliver the task's acks to %s; its %d trees will fail as %s",
                 self.name,
