@@ -12,7 +12,6 @@ no replay, the source not read further, ``run()`` raises naming the cause.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +21,13 @@ from acker_protocol.wire import Outcome
 from acker_spark import Bolt, DeadLetterStore, Delivery, GuaranteedPipeline, RecordsFailed
 from pyspark import cloudpickle
 
+from .test_undelivered import split, store  # the same two steps, shipped by value there
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.spark
 
 RECORDS = [(f"r{i}", f"alpha beta {i}") for i in range(12)]
-
-
-def split(lines: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTuple]:
-    for line in lines:
-        for word in line.value.value.split():
-            yield collector.emit(word, anchors=[line])
-        collector.ack(line)
-
-
-def store(words: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTuple]:
-    for word in words:
-        collector.ack(word)
-    return iter(())
 
 
 def test_an_executor_checks_the_shard_order_as_the_driver_does(ackers: Any) -> None:
