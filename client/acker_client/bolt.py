@@ -162,6 +162,20 @@ class BoltCollector:
             return tuple(dict.fromkeys(roots))  # unknown layout: every root of the commit may be affected
         return tuple(dict.fromkeys(r for r in roots if shard_of(r, count) in shards))
 
+    def withhold(self, shards: set[int], shard_count: int) -> tuple[int, ...]:
+        """Drop the held acks and fails of trees on ``shards`` (known unreachable); return their roots.
+
+        The next commit then sends the other shards' operations without waiting
+        on those shards; the caller reports the returned trees as undelivered.
+        """
+        gone = tuple(
+            r for r in dict.fromkeys([*self._held_acks, *self._held_fails]) if shard_of(r, shard_count) in shards
+        )
+        for root in gone:
+            self._held_acks.pop(root, None)
+            self._held_fails.pop(root, None)
+        return gone
+
     def discard(self) -> None:
         """Drop the held acks and fails (the attempt failed; its re-run will send its own)."""
         self._held_acks, self._held_fails = {}, {}

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import threading
 
-from acker_client import AckerError, ClusterClient, ClusterMisconfigured
+import grpc
+from acker_client import AckerError, ClusterClient, ClusterMisconfigured, ShardFailure, ShardUnavailable
 
 __all__ = ["check_layout"]
 
@@ -22,19 +23,30 @@ _checked: set[tuple[str, ...]] = set()  # address lists found in order by this p
 _lock = threading.Lock()
 
 
-def check_layout(client: ClusterClient, step: str) -> None:
-    """Raise ClusterMisconfigured if a reachable shard of ``client`` is not at its position; once per address list."""
+def check_layout(client: ClusterClient, step: str) -> dict[int, ShardFailure]:
+    """Raise ClusterMisconfigured if a reachable shard of ``client`` is not at its position; once per address list.
+
+    Returns the shards that refused the connection (index -> failure): the task
+    withholds their operations at commit instead of waiting on them, so an
+    unreachable shard delays only the trees it owns.
+    """
     addresses = client.addresses
     with _lock:
         if addresses in _checked:
-            return
+            return {}
     count = len(addresses)
     reachable = 0
+    refused: dict[int, ShardFailure] = {}
     for position, address in enumerate(addresses):
         try:
             info = client.describe(position)
+        except ShardUnavailable as err:
+            # Unreachable now: checked again next task. Only a refused connection (UNAVAILABLE)
+            # counts as down; a slow answer (a deadline) may still take the commit.
+            refused.update((f.shard, f) for f in err.failures if f.code is grpc.StatusCode.UNAVAILABLE)
+            continue
         except AckerError:
-            continue  # unreachable now: its commits report it (ACKS_UNDELIVERED), checked again next task
+            continue
         reachable += 1
         if info.shard_count != count or info.shard_index != position:
             raise ClusterMisconfigured(
@@ -45,3 +57,4 @@ def check_layout(client: ClusterClient, step: str) -> None:
     if reachable == count:
         with _lock:
             _checked.add(addresses)
+    return refused

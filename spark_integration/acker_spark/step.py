@@ -140,6 +140,7 @@ class TrackedStep:
         self.commit_errors: Any = None
         self.undelivered: Any = None  # roots whose acks were dropped (a set accumulator)
         self.commit_causes: Any = None  # one line per unreachable shard (a set accumulator)
+        self._refused: dict[int, Any] = {}  # this task's shards that refused connections at its start
         self.fail_reasons: Any = None  # (root, reason) given to collector.fail (a set accumulator)
 
     @property
@@ -151,7 +152,9 @@ class TrackedStep:
         """This executor process's client for the step's ackers."""
         assert self.addresses is not None, "an untracked step has no client"
         client = client_for(self.addresses, self.security, **self.client_options)
-        check_layout(client, self.name)  # as the driver's client does; once per process and address list
+        # As the driver's client does (once per process and address list); the shards that
+        # refuse connections now are withheld at this task's commit (see _commit).
+        self._refused = check_layout(client, self.name)
         return client
 
     def track_commits(self, sc: Any) -> None:
@@ -171,6 +174,22 @@ class TrackedStep:
         causes = tuple(sorted(self.commit_causes.value))[:_MAX_CAUSES]
         return CommitErrors(self.name, self.commit_errors.value, frozenset(self.undelivered.value), causes)
 
+    def _report_undelivered(self, partition: int, roots: Any, causes: set[str]) -> None:
+        """Log and count (accumulators, read by the driver) a task's trees whose acks did not reach their shard."""
+        roots = frozenset(roots)
+        log.warning(
+            "bolt %s partition %d: could not deliver the task's acks to %s; its %d trees will fail as %s",
+            self.name,
+            partition,
+            "; ".join(sorted(causes)),
+            len(roots),
+            "ACKS_UNDELIVERED",
+        )
+        if self.commit_errors is not None:
+            self.commit_errors.add(1)
+            self.undelivered.add(roots)
+            self.commit_causes.add(frozenset(causes))
+
     def reasons(self) -> dict[int, str]:
         """Driver side: the reasons committed tasks gave ``collector.fail(t, reason)``, by root (read after an action)."""
         if self.fail_reasons is None:
@@ -178,6 +197,12 @@ class TrackedStep:
         return dict(self.fail_reasons.value)
 
     def _commit(self, collector: Any, partition: int) -> None:
+        refused = self._refused
+        withheld: tuple[int, ...] = ()
+        if refused and self.addresses is not None:
+            # Shards that refused connections at this task's start: the others' acks go out
+            # now instead of after wait_for_shard, so downstream work (and their trees) is not held up.
+            withheld = collector.withhold(set(refused), len(self.addresses))
         try:
             collector.commit(dedup_key(self.uid, partition))
         except ShardUnavailable as err:
@@ -187,20 +212,11 @@ class TrackedStep:
             # the run. A warning: an executor that cannot reach its ackers must be
             # visible in its log, not only as timeouts on the driver.
             client = client_for(self.addresses or (), self.security, **self.client_options)
-            causes = frozenset(_cause(_probed(client, f)) for f in err.failures)
-            log.warning(
-                "bolt %s partition %d: could not deliver the task's acks to %s; its %d trees will fail as %s",
-                self.name,
-                partition,
-                "; ".join(sorted(causes)),
-                len(collector.undelivered),
-                "ACKS_UNDELIVERED",
-            )
-            if self.commit_errors is not None:
-                self.commit_errors.add(1)
-                self.undelivered.add(frozenset(collector.undelivered))
-                self.commit_causes.add(causes)
+            causes = {_cause(_probed(client, f)) for f in err.failures} | {_cause(f) for f in refused.values()}
+            self._report_undelivered(partition, (*withheld, *collector.undelivered), causes)
             return
+        if withheld:
+            self._report_undelivered(partition, withheld, {_cause(f) for f in refused.values()})
         if self.commits is not None:
             self.commits.add(1)
             reasons = getattr(collector, "fail_reasons", None)

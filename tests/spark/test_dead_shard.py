@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 from acker_client import ClusterClient, TrackedTuple
-from acker_client.testing import local_cluster
-from acker_spark import Bolt, GuaranteedPipeline, ReplayPolicy, ShardDown
+from acker_client.testing import local_cluster, unreachable_addresses
+from acker_protocol.wire import Outcome
+from acker_spark import AcksUndelivered, Bolt, DeadLetterStore, GuaranteedPipeline, ReplayPolicy, ShardDown
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -59,3 +60,37 @@ def test_a_dead_shard_stops_the_run_naming_it_and_the_driver_says_what_it_waits_
     assert raised.value.shard.shard == 1 and raised.value.stats.emitted > 0
     progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
     assert any(f"waiting on shard 1 at {dead}" in line for line in progress), progress
+
+
+def split(lines: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTuple]:
+    for line in lines:
+        for word in line.value.value.split():
+            yield collector.emit(word, anchors=[line])
+        collector.ack(line)
+
+
+def test_one_unreachable_bolt_address_delays_only_the_trees_it_owns(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Any
+) -> None:
+    """Issue 23: each task waited 20 s on the dead address, so trees on healthy shards timed out too (306 of 306).
+
+    The executors' client keeps its default wait_for_shard (20 s) here, longer
+    than the ackers' 4 s message timeout: only withholding the refused shard's
+    operations at commit lets the other trees complete.
+    """
+    (dead,) = unreachable_addresses(1)
+    addresses = [ackers.addresses[0], dead, ackers.addresses[2]]
+    split_bolt, store_bolt = Bolt(split, addresses, name="split"), Bolt(store, addresses, name="store")
+    records = [(f"r{i}", f"alpha beta {i}") for i in range(60)]
+    dead_letters = DeadLetterStore(tmp_path / "dead.sqlite")
+    pipeline = GuaranteedPipeline(
+        spark, client, partitions=2, policy=ReplayPolicy(max_attempts=1), dead_letters=dead_letters
+    )
+    with pytest.raises(AcksUndelivered) as raised:
+        pipeline.run(records, lambda rdd: store_bolt.apply(split_bolt.apply(rdd).repartition(2)).count())
+    stats = raised.value.stats
+    assert stats.acked > 0 and stats.timed_out == 0  # the healthy shards' trees completed
+    assert stats.acked + stats.acks_undelivered == len(records)
+    assert {d.reason for d in dead_letters.all()} == {Outcome.ACKS_UNDELIVERED}
+    assert f"shard 1 at {dead}: UNAVAILABLE" in str(raised.value) and "Connection refused" in str(raised.value)
+    assert "DEADLINE_EXCEEDED" not in str(raised.value)
