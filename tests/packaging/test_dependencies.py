@@ -30,6 +30,7 @@ DISTRIBUTION_OF = {
     "numpy": "numpy",
     "pyspark": "pyspark",
     "pyarrow": "pyarrow",
+    "pandas": "pandas",  # the [spark] extra: identity hashing (pandas.util.hash_array) and PySpark's Arrow UDFs
     "rich": "rich",
     "cryptography": "cryptography",
 }
@@ -41,6 +42,7 @@ PROJECT = {
     "acker_cluster",
     "acker_bench",
     "acker_demo",
+    "acker_ctl",
 }
 # Package -> (folder, the extras a user installs for it).
 PACKAGES = {
@@ -51,6 +53,7 @@ PACKAGES = {
     "acker_cluster": ("tools/acker_cluster", ("tools",)),
     "acker_bench": ("tools/acker_bench", ("tools",)),
     "acker_demo": ("tools/acker_demo", ("tools",)),
+    "acker_ctl": ("tools/acker_ctl", ()),
 }
 
 
