@@ -26,6 +26,7 @@ __all__ = [
     "MAX_REPLICAS",
     "replica_shards",
     "check_replicas",
+    "owners_without_replica",
     "check_root",
     "check_id",
     "check_spout_name",
@@ -100,6 +101,15 @@ def replica_shards(root: int, shard_count: int, replicas: int = 1) -> tuple[int,
     """
     owner = root % shard_count
     return tuple((owner + k) % shard_count for k in range(replicas))
+
+
+def owners_without_replica(down: set[int], shard_count: int, replicas: int = 1) -> set[int]:
+    """The shards whose roots have no reachable replica when the shards in ``down`` are unreachable.
+
+    >>> sorted(owners_without_replica({1}, 3, 2)), sorted(owners_without_replica({1, 2}, 3, 2))
+    ([], [1])
+    """
+    return {s for s in range(shard_count) if all((s + k) % shard_count in down for k in range(replicas))}
 
 
 def check_replicas(replicas: int, shard_count: int) -> None:

@@ -201,3 +201,13 @@ def test_unverified_client_learns_replication_from_a_live_shard_when_one_is_dead
     client.flush()
     assert client.replicas == 2
     assert [4 in _pending_on(s) for s in servers[1:]] == [True, True]
+
+
+def test_trees_are_withheld_only_when_every_replica_is_down():
+    """What a Spark task withholds at commit: with replicas 2, only the roots whose both shards refused."""
+    from acker_protocol.wire import owners_without_replica
+
+    assert owners_without_replica({1}, 3, 1) == {1}
+    assert owners_without_replica({1}, 3, 2) == set()  # roots of shard 1 also live on shard 2
+    assert owners_without_replica({1, 2}, 3, 2) == {1}  # ... unless shard 2 is down too
+    assert owners_without_replica({0, 1, 2}, 3, 2) == {0, 1, 2}
