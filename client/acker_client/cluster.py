@@ -283,6 +283,41 @@ class ClusterClient:
         if full is not None:
             self._sender.send_now(st, *full)
 
+    def init_within(self, root: int, value: int, spout: str, timeout: float) -> bool:
+        """Buffer INIT like :meth:`init`, waiting at most ``timeout`` seconds for room; False if none (nothing buffered).
+
+        :meth:`init` lets the caller that fills a shard's buffer send it and
+        wait for the shard, for up to ``wait_for_shard`` seconds while it is
+        unreachable. Here a full buffer goes to a background sender instead,
+        and only while that shard already has a batch on its way does a
+        caller that would fill the buffer again wait, for the shard's batch
+        to end or ``timeout`` to pass, whichever comes first: the spout's
+        ``emit(timeout=...)`` and ``try_emit`` (``timeout=0``) keep their promise.
+        """
+        if not (0 < root <= MAX_ID and 0 <= value <= MAX_ID):
+            check_id(root, value)
+        if spout not in self._known_spouts:
+            check_spout_name(spout)
+            self._known_spouts.add(spout)
+        st = self._state()
+        shard = root % self._n
+        give_up_at = time.monotonic() + max(0.0, timeout)
+        with st.lock:
+            while shard in st.busy and st.buffers[shard].size + 1 >= self.batch_size:
+                left = give_up_at - time.monotonic()
+                if left <= 0 or st.closed:
+                    return False
+                st.room.wait(left)
+            buf = st.buffers[shard]
+            buf.init(root, value, spout)
+            if buf.started is None:
+                buf.started = time.monotonic()
+                self._sender.ensure_flusher(st)
+                st.wake.notify()
+            if buf.size >= self.batch_size:
+                self._sender.send_in_background(st, shard)
+        return True
+
     def ack(self, root: int, value: int, dedup_key: int = 0) -> None:
         """Buffer ACK(root, value); acks with the same root and dedup key in one batch fold into one."""
         # The hot path: checks and the common case inlined (about 0.5 µs per call).

@@ -212,17 +212,36 @@ class Spout:
         value = 0
         for edge in edges:
             value ^= edge
+        # The timeout also bounds the wait for room in the client's buffer of the root's shard (see
+        # ClusterClient.init_within); None: as long as the shard's back-pressure lasts. Real time, not
+        # self._clock: these waits are real ones, which a test's manual clock would never run down.
+        budget = timeout if block else 0.0
+        give_up_at = None if budget is None else time.monotonic() + budget
         with self._cond:
             self._wait_for_room(1, block, timeout)
             self._pending.add(root, message_id, self._clock())
             self._counts["emitted"] += 1
+        buffered = True
         try:
-            self.cluster.init(root, value, self.name)
+            if give_up_at is None:
+                self.cluster.init(root, value, self.name)
+            else:
+                buffered = self.cluster.init_within(root, value, self.name, give_up_at - time.monotonic())
         except AckerError as exc:
             # The batch holding this init was dropped; the error listener has
             # already failed its roots as LOST, so the caller sees no exception.
             log.debug("init of root %d not delivered: %s", root, exc)
+        if not buffered:
+            self._withdraw(root)
+            raise SpoutFull(f"the client's buffer for the acker of spout {self.name!r} stayed full for {budget} s")
         return [TrackedTuple(record, MessageId.single(root, edge)) for edge in edges]
+
+    def _withdraw(self, root: int) -> None:
+        """Forget a root whose init was never buffered (the caller gets SpoutFull): no outcome will come for it."""
+        with self._cond:
+            self._pending.pop(root)
+            self._counts["emitted"] -= 1
+            self._cond.notify_all()
 
     def _wait_for_room(self, count: int, block: bool, timeout: float | None) -> None:
         """With the lock held: return once ``count`` more trees fit under ``max_pending``, else SpoutFull."""
