@@ -24,6 +24,7 @@ from acker_client.shared import close_shared_clients, shared_client
 from acker_protocol.credentials import ChannelSecurity
 
 from .ids import dedup_key
+from .leases import LEASE_FRACTION, LeaseKeeper, cluster_message_timeout
 
 __all__ = ["CommitErrors", "TrackedStep", "client_for", "close_clients", "commit_errors", "tracked_bolts"]
 
@@ -113,6 +114,12 @@ class TrackedStep:
     edge ids and dedup keys (drawn once, on the driver, so every task attempt
     sees the same); ``client_options`` are further ClusterClient arguments for
     the executors' client (e.g. ``wait_for_shard``).
+
+    Leases (:mod:`acker_spark.leases`): while a task works, the trees it holds
+    get ``reset_timeout`` every third of ``message_timeout`` (None: the
+    ackers' own, asked once per executor process with Describe), for at most
+    ``lease_cap`` seconds per tree (None: no client-side cap); ``leases=False``
+    turns this off.
     """
 
     def __init__(
@@ -123,7 +130,17 @@ class TrackedStep:
         uid: int | None = None,
         security: ChannelSecurity | None = None,
         client_options: dict[str, Any] | None = None,
+        leases: bool = True,
+        message_timeout: float | None = None,
+        lease_cap: float | None = None,
     ) -> None:
+        if message_timeout is not None and not message_timeout > 0:
+            raise ValueError(f"message_timeout must be positive seconds or None, got {message_timeout}")
+        if lease_cap is not None and not lease_cap > 0:
+            raise ValueError(f"lease_cap must be positive seconds or None, got {lease_cap}")
+        self.leases = leases
+        self.message_timeout = message_timeout
+        self.lease_cap = lease_cap
         self.name = name
         self.addresses = tuple(addresses) if addresses is not None else None
         self.security = security  # TLS files and token: paths that must exist on the executors too
@@ -144,6 +161,15 @@ class TrackedStep:
         """This executor process's client for the step's ackers."""
         assert self.addresses is not None, "an untracked step has no client"
         return client_for(self.addresses, self.security, **self.client_options)
+
+    def start_leases(self, client: ClusterClient) -> LeaseKeeper | None:
+        """Executor side: a started keeper renewing the task's held trees, or None (leases off, timeout unknown)."""
+        if not self.leases:
+            return None
+        timeout = self.message_timeout or cluster_message_timeout(client)
+        if timeout is None:  # no acker answered (logged there): the task runs without leases
+            return None
+        return LeaseKeeper(client.reset_timeout_columns, timeout * LEASE_FRACTION, cap=self.lease_cap).start()
 
     def track_commits(self, sc: Any) -> None:
         """Create the commit and commit-error accumulators on first use (driver side)."""

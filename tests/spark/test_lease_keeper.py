@@ -1,0 +1,129 @@
+"""The lease keeper without Spark: what each renewal sends, the lifetime cap, the timeout it learns from Describe."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from acker_client.testing import ManualClock
+from acker_spark import Bolt
+from acker_spark.leases import LeaseKeeper, cluster_message_timeout
+
+
+class Renewals:
+    """A stand-in for ClusterClient.reset_timeout_columns: the roots of every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+        self.sent = threading.Event()
+
+    def __call__(self, roots: np.ndarray) -> None:
+        self.calls.append(sorted(roots.tolist()))
+        self.sent.set()
+
+
+def test_every_renewal_resets_every_root_held_so_far_once():
+    """Roots held one at a time and a column at a time are all renewed, each once per round."""
+    renewals, clock = Renewals(), ManualClock()
+    keeper = LeaseKeeper(renewals, 1.0, clock=clock)
+    assert keeper.renew_now() == 0 and renewals.calls == []  # nothing held: nothing sent
+    keeper.hold(5)
+    keeper.hold(5)
+    keeper.hold_column(np.array([7, 9], dtype=np.uint64))
+    assert keeper.renew_now() == 3
+    keeper.hold(11)
+    clock.advance(1.0)
+    keeper.renew_now()
+    assert renewals.calls == [[5, 7, 9], [5, 7, 9, 11]]
+
+
+def test_a_root_is_renewed_no_longer_than_the_cap():
+    """Past ``cap`` seconds after the renewal that first sent it, a root is left to its timeout."""
+    renewals, clock = Renewals(), ManualClock()
+    keeper = LeaseKeeper(renewals, 1.0, cap=2.5, clock=clock)
+    keeper.hold(1)
+    keeper.renew_now()  # t=0: root 1's generation
+    clock.advance(1.0)
+    keeper.hold(2)
+    keeper.renew_now()  # t=1: root 2's generation
+    clock.advance(1.0)
+    keeper.renew_now()  # t=2
+    clock.advance(1.0)
+    keeper.renew_now()  # t=3: root 1 is 3 s past its first renewal
+    clock.advance(1.0)
+    assert keeper.renew_now() == 0  # t=4: both past the cap
+    assert renewals.calls == [[1], [1, 2], [1, 2], [2]]
+
+
+def test_the_thread_renews_until_stopped():
+    """start() renews on a thread every interval; stop() ends it."""
+    renewals = Renewals()
+    keeper = LeaseKeeper(renewals, 0.01)
+    keeper.hold(3)
+    with keeper:
+        assert renewals.sent.wait(30)
+    assert renewals.calls[0] == [3]
+    assert keeper._thread is not None and not keeper._thread.is_alive()
+
+
+def test_bad_intervals_and_caps_are_refused():
+    """A lease needs a positive interval and cap; a bolt a positive message timeout."""
+    with pytest.raises(ValueError, match="interval"):
+        LeaseKeeper(Renewals(), 0)
+    with pytest.raises(ValueError, match="cap"):
+        LeaseKeeper(Renewals(), 1.0, cap=-1)
+    with pytest.raises(ValueError, match="message_timeout"):
+        Bolt(lambda tuples, collector: iter(()), ["127.0.0.1:1"], message_timeout=0)
+
+
+class Describing:
+    """A client whose shards answer Describe with a timeout, or fail."""
+
+    def __init__(self, addresses: list[str], answers: list[float | None]) -> None:
+        self.addresses = addresses
+        self.shard_count = len(answers)
+        self.answers = answers
+        self.asked = 0
+
+    def describe(self, shard: int) -> SimpleNamespace:
+        self.asked += 1
+        if self.answers[shard] is None:
+            raise ConnectionError(f"shard {shard} unreachable")
+        return SimpleNamespace(message_timeout_seconds=self.answers[shard])
+
+
+def test_the_message_timeout_comes_from_the_first_shard_that_answers_and_is_cached():
+    """Shard 0 down, shard 1 says 30 s: 30 s, asked once per process."""
+    client = Describing(["10.0.0.1:7100", "10.0.0.2:7100"], [None, 30.0])
+    assert cluster_message_timeout(client) == 30.0
+    assert cluster_message_timeout(client) == 30.0
+    assert client.asked == 2
+
+
+def test_a_cluster_that_did_not_answer_is_asked_again_after_a_minute():
+    """No answer: None (the task runs without leases), and tasks in the next minute do not wait for Describe."""
+    clock = ManualClock()
+    client = Describing(["10.0.0.3:7100"], [None])
+    assert cluster_message_timeout(client, clock) is None
+    assert cluster_message_timeout(client, clock) is None and client.asked == 1
+    clock.advance(61)
+    client.answers = [12.0]
+    assert cluster_message_timeout(client, clock) == 12.0
+
+
+def test_a_bolt_holds_every_tree_of_the_tuples_its_function_reads():
+    """Tuples of one tree and of several (a join's output) hand all their roots to the keeper as they are read."""
+    from acker_client import MessageId, TrackedTuple
+    from acker_spark.executor import _holding
+
+    renewals = Renewals()
+    keeper = LeaseKeeper(renewals, 1.0, clock=ManualClock())
+    tuples = [TrackedTuple("a", MessageId({3: 1})), TrackedTuple("b", MessageId({4: 1, 5: 2})), TrackedTuple("c")]
+    reading = _holding(iter(tuples), keeper)
+    next(reading)
+    keeper.renew_now()
+    assert [t.value for t in reading] == ["b", "c"]
+    keeper.renew_now()
+    assert renewals.calls == [[3], [3, 4, 5]]
