@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LEASE_FRACTION", "LeaseKeeper", "cluster_message_timeout"]
+__all__ = ["LEASE_FRACTION", "LeaseKeeper", "check_seconds", "cluster_message_timeout"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,14 @@ def cluster_message_timeout(client: Any, clock: Callable[[], float] = time.monot
     return timeout
 
 
+def check_seconds(what: str, seconds: float | None, *, optional: bool = True) -> None:
+    """Raise ValueError unless ``seconds`` is positive (or None, when ``optional``)."""
+    if seconds is None and optional:
+        return
+    if seconds is None or not seconds > 0:
+        raise ValueError(f"{what} must be positive seconds{' or None' if optional else ''}, got {seconds}")
+
+
 class LeaseKeeper:
     """Renews the timeout of the roots a task holds, every ``interval`` seconds, until :meth:`stop`.
 
@@ -83,10 +91,8 @@ class LeaseKeeper:
         cap: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not interval > 0:
-            raise ValueError(f"the lease interval must be positive, got {interval}")
-        if cap is not None and not cap > 0:
-            raise ValueError(f"the lease cap must be positive seconds or None, got {cap}")
+        check_seconds("the lease interval", interval, optional=False)
+        check_seconds("the lease cap", cap)
         self._renew = renew
         self.interval = interval
         self.cap = cap

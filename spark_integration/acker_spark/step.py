@@ -24,7 +24,7 @@ from acker_client.shared import close_shared_clients, shared_client
 from acker_protocol.credentials import ChannelSecurity
 
 from .ids import dedup_key
-from .leases import LEASE_FRACTION, LeaseKeeper, cluster_message_timeout
+from .leases import LEASE_FRACTION, LeaseKeeper, check_seconds, cluster_message_timeout
 
 __all__ = ["CommitErrors", "TrackedStep", "client_for", "close_clients", "commit_errors", "tracked_bolts"]
 
@@ -134,10 +134,8 @@ class TrackedStep:
         message_timeout: float | None = None,
         lease_cap: float | None = None,
     ) -> None:
-        if message_timeout is not None and not message_timeout > 0:
-            raise ValueError(f"message_timeout must be positive seconds or None, got {message_timeout}")
-        if lease_cap is not None and not lease_cap > 0:
-            raise ValueError(f"lease_cap must be positive seconds or None, got {lease_cap}")
+        check_seconds("message_timeout", message_timeout)
+        check_seconds("lease_cap", lease_cap)
         self.leases = leases
         self.message_timeout = message_timeout
         self.lease_cap = lease_cap
