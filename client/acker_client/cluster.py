@@ -20,7 +20,7 @@ from acker_protocol.wire import MAX_ID, check_id, check_root, check_spout_name, 
 
 from . import process
 from .batching import ACK, FAIL, INIT, RESET_TIMEOUT, OpBuffer
-from .columns import as_ids, as_roots, fold_xor, shard_slices
+from .columns import as_ids, as_roots, distinct, fold_xor, shard_slices
 from .errors import AckerError, ClusterMisconfigured, batch_error, connect_error, shard_failure
 from .process import ClientStats, ProcessState
 from .sender import Sender
@@ -404,11 +404,11 @@ class ClusterClient:
 
     def fail_columns(self, roots: object) -> None:
         """Buffer FAIL for every root (repeats are sent once)."""
-        self._add_columns(FAIL, np.unique(as_roots(roots)))
+        self._add_columns(FAIL, distinct(as_roots(roots)))
 
     def reset_timeout_columns(self, roots: object) -> None:
         """Buffer RESET_TIMEOUT for every root (repeats are sent once)."""
-        self._add_columns(RESET_TIMEOUT, np.unique(as_roots(roots)))
+        self._add_columns(RESET_TIMEOUT, distinct(as_roots(roots)))
 
     def _add_columns(
         self, kind: int, roots: np.ndarray, values: np.ndarray | None = None, *, dedup_key: int = 0, spout: str = ""

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from acker_client.columns import distinct
 
 __all__ = ["LEASE_FRACTION", "LeaseKeeper", "check_seconds", "cluster_message_timeout"]
 
@@ -148,13 +149,13 @@ class LeaseKeeper:
             fresh.append(np.fromiter(self._held[self._seen[0] : ints], dtype=np.uint64, count=ints - self._seen[0]))
         self._seen = (ints, columns)
         if fresh:
-            self._generations.append((now, np.unique(np.concatenate(fresh))))
+            self._generations.append((now, distinct(np.concatenate(fresh))))
         if self.cap is not None:
             # Generations are in time order: drop the front ones held past the cap.
             self._generations = [(seen, roots) for seen, roots in self._generations if now - seen < self.cap]
         if not self._generations:
             return 0
-        roots = np.unique(np.concatenate([roots for _, roots in self._generations]))
+        roots = distinct(np.concatenate([roots for _, roots in self._generations]))
         self._renew(roots)
         self.renewals += 1
         self.renewed += int(roots.size)
