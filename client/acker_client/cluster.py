@@ -299,24 +299,11 @@ class ClusterClient:
         if spout not in self._known_spouts:
             check_spout_name(spout)
             self._known_spouts.add(spout)
-        st = self._state()
         shard = root % self._n
-        give_up_at = time.monotonic() + max(0.0, timeout)
-        with st.lock:
-            while shard in st.busy and st.buffers[shard].size + 1 >= self.batch_size:
-                left = give_up_at - time.monotonic()
-                if left <= 0 or st.closed:
-                    return False
-                st.room.wait(left)
-            buf = st.buffers[shard]
-            buf.init(root, value, spout)
-            if buf.started is None:
-                buf.started = time.monotonic()
-                self._sender.ensure_flusher(st)
-                st.wake.notify()
-            if buf.size >= self.batch_size:
-                self._sender.send_in_background(st, shard)
-        return True
+        buffered = self._buffer_within([(shard, 1)], lambda _, buf: buf.init(root, value, spout), timeout)
+        if buffered is None:  # the buffer is as large as a request may be: the plain way sends it first
+            self.init(root, value, spout)
+        return buffered is not False
 
     def ack(self, root: int, value: int, dedup_key: int = 0) -> None:
         """Buffer ACK(root, value); acks with the same root and dedup key in one batch fold into one."""
@@ -392,6 +379,62 @@ class ClusterClient:
             check_spout_name(spout)
             self._known_spouts.add(spout)
         self._add_columns(INIT, roots_array, values_array, spout=spout)
+
+    def init_columns_within(self, roots: object, values: object, spout: str, timeout: float) -> bool:
+        """:meth:`init_columns`, all or none, waiting at most ``timeout`` seconds for room; False: nothing buffered.
+
+        As :meth:`init_within` for every shard the roots go to: full buffers go
+        to background senders, and while a shard already has a batch on its way
+        the call waits for it, or gives up at ``timeout``. A shard's share must
+        fit in one request (``column_batch_size`` operations, with what its
+        buffer holds); a larger one is buffered by :meth:`init_columns`, which
+        waits as long as the back-pressure lasts.
+        """
+        roots_array, values_array = as_roots(roots), as_ids(values)
+        _same_length(roots_array, values_array)
+        if spout not in self._known_spouts:
+            check_spout_name(spout)
+            self._known_spouts.add(spout)
+        slices = {shard: positions for shard, positions in shard_slices(roots_array, self._n)}
+
+        def add(shard: int, buf: OpBuffer) -> None:
+            here = slices[shard]
+            buf.add_columns(INIT, roots_array[here], values_array[here], spout=spout)
+
+        buffered = self._buffer_within([(s, p.size) for s, p in slices.items()], add, timeout)
+        if buffered is None:
+            self._add_columns(INIT, roots_array, values_array, spout=spout)
+        return buffered is not False
+
+    def _buffer_within(
+        self, needs: list[tuple[int, int]], add: Callable[[int, OpBuffer], None], timeout: float
+    ) -> bool | None:
+        """Give each ``(shard, operations)`` of ``needs`` room, all at once, within ``timeout``, and ``add`` them.
+
+        True: added (full buffers handed to background senders); False: no room
+        in time, nothing added; None: a shard's share would not fit in one request.
+        """
+        st = self._state()
+        give_up_at = time.monotonic() + max(0.0, timeout)
+        with st.lock:
+            if any(st.buffers[s].size + n > self.column_batch_size for s, n in needs):
+                return None
+            # Room: the shard has no batch on its way, or these operations do not fill its buffer.
+            while any(s in st.busy and st.buffers[s].size + n >= self.batch_size for s, n in needs):
+                left = give_up_at - time.monotonic()
+                if left <= 0 or st.closed:
+                    return False
+                st.room.wait(left)
+            for shard, _ in needs:
+                buf = st.buffers[shard]
+                add(shard, buf)
+                if buf.started is None:
+                    buf.started = time.monotonic()
+                    self._sender.ensure_flusher(st)
+                    st.wake.notify()
+                if buf.size >= self.batch_size:
+                    self._sender.send_in_background(st, shard)
+        return True
 
     def ack_columns(self, roots: object, values: object, dedup_key: int = 0) -> None:
         """Buffer ACK(roots[i], values[i]) for every i, folded per root (one operation per root and key)."""

@@ -38,8 +38,35 @@ def test_emit_and_try_emit_keep_their_timeout_while_the_shard_is_unreachable(rec
         assert spout.pending == len(emitted)
         assert spout.stats.emitted == len(emitted)
     finally:
-        spout.close()
-        closing = threading.Thread(target=cluster.close)
-        closing.start()
-        closing.join(30)
+        _close(spout, cluster)
     recorder.assert_exactly_once(emitted)
+
+
+def test_emit_many_keeps_its_timeout_while_the_shard_is_unreachable_all_or_none(recorder):
+    """emit_many(timeout=0.5) raises SpoutFull with nothing emitted once the shard's buffer stays full."""
+    cluster = ClusterClient(unreachable_addresses(1), verify=False, batch_size=4, wait_for_shard=3.0, deadline=3.0)
+    spout = Spout(cluster, on_ack=recorder.on_ack, on_fail=recorder.on_fail, timeout=60.0).start()
+    emitted: list[int] = []
+    refused = 0
+    try:
+        for batch in range(4):
+            ids = [batch * 3 + i for i in range(3)]
+            try:
+                spout.emit_many([f"r{i}" for i in ids], ids, timeout=0.5)
+                emitted += ids
+            except SpoutFull:
+                refused += 1
+        assert cluster.stats.batches_failed == 0, "an emit_many waited until its shard's batch was given up on"
+        assert refused, "emit_many(timeout=0.5) never reported back-pressure while the shard was unreachable"
+        assert spout.pending == spout.stats.emitted == len(emitted)
+    finally:
+        _close(spout, cluster)
+    recorder.assert_exactly_once(emitted)
+
+
+def _close(spout: Spout, cluster: ClusterClient) -> None:
+    """Close the spout (pending records end LOST), then the client, whose close waits out its batches (3 s)."""
+    spout.close()
+    closing = threading.Thread(target=cluster.close)
+    closing.start()
+    closing.join(30)
