@@ -23,48 +23,61 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from acker_client.columns import distinct
 
-__all__ = ["LEASE_FRACTION", "LeaseKeeper", "check_seconds", "cluster_message_timeout"]
+__all__ = ["LEASE_FRACTION", "ClusterTimeouts", "LeaseKeeper", "check_seconds", "cluster_timeouts"]
 
 log = logging.getLogger(__name__)
 
 # Renew at a third of the timeout: a renewal may be lost or late twice before a held tree expires.
 LEASE_FRACTION = 1 / 3
 
-# Per process: the cluster's message timeout by address list, with when it was asked. A cluster that did
-# not answer is asked again after _RETRY_DESCRIBE seconds, not by every task (each would wait for it).
-_timeouts: dict[tuple[str, ...], tuple[float | None, float]] = {}
-_timeouts_lock = threading.Lock()
+# Per process: what the cluster's Describe said, by address list, with when it was asked. A cluster that
+# did not answer is asked again after _RETRY_DESCRIBE seconds, not by every task (each would wait for it).
+_described: dict[tuple[str, ...], tuple[ClusterTimeouts | None, float]] = {}
+_described_lock = threading.Lock()
 _RETRY_DESCRIBE = 60.0
 
 
-def cluster_message_timeout(client: Any, clock: Callable[[], float] = time.monotonic) -> float | None:
-    """The ackers' message timeout (Describe of the first shard that answers), cached per process; None if none did."""
+@dataclass(frozen=True)
+class ClusterTimeouts:
+    """The ackers' message timeout and their cap on a tree's whole life (None: no cap), in seconds."""
+
+    message_timeout: float
+    max_tree_lifetime: float | None
+
+
+def cluster_timeouts(client: Any, clock: Callable[[], float] = time.monotonic) -> ClusterTimeouts | None:
+    """What the first shard that answers Describe says, cached per process; None if none did."""
     key = tuple(client.addresses)
-    with _timeouts_lock:
-        known = _timeouts.get(key)
+    with _described_lock:
+        known = _described.get(key)
     if known is not None and (known[0] is not None or clock() - known[1] < _RETRY_DESCRIBE):
         return known[0]
-    timeout = None
+    found = None
     for shard in range(client.shard_count):
         try:
-            timeout = float(client.describe(shard).message_timeout_seconds)
-            break
+            info = client.describe(shard)
         except Exception as exc:  # an unreachable shard: another may answer
             log.debug("leases: Describe of shard %d failed: %s", shard, exc)
-    if timeout is None:
+            continue
+        # max_tree_lifetime_seconds: 0 or absent (an acker without --max-tree-lifetime) is no cap.
+        lifetime = float(getattr(info, "max_tree_lifetime_seconds", 0.0))
+        found = ClusterTimeouts(float(info.message_timeout_seconds), lifetime or None)
+        break
+    if found is None:
         log.warning(
             "no acker of %s answered Describe: tasks in this process run without leases for the next %.0f s",
             ",".join(key),
             _RETRY_DESCRIBE,
         )
-    with _timeouts_lock:
-        _timeouts[key] = (timeout, clock())
-    return timeout
+    with _described_lock:
+        _described[key] = (found, clock())
+    return found
 
 
 def check_seconds(what: str, seconds: float | None, *, optional: bool = True) -> None:

@@ -24,7 +24,7 @@ from acker_client.shared import close_shared_clients, shared_client
 from acker_protocol.credentials import ChannelSecurity
 
 from .ids import dedup_key
-from .leases import LEASE_FRACTION, LeaseKeeper, check_seconds, cluster_message_timeout
+from .leases import LEASE_FRACTION, LeaseKeeper, check_seconds, cluster_timeouts
 
 __all__ = ["CommitErrors", "TrackedStep", "client_for", "close_clients", "commit_errors", "tracked_bolts"]
 
@@ -118,8 +118,8 @@ class TrackedStep:
     Leases (:mod:`acker_spark.leases`): while a task works, the trees it holds
     get ``reset_timeout`` every third of ``message_timeout`` (None: the
     ackers' own, asked once per executor process with Describe), for at most
-    ``lease_cap`` seconds per tree (None: no client-side cap); ``leases=False``
-    turns this off.
+    ``lease_cap`` seconds per tree (None: the ackers' ``--max-tree-lifetime``
+    when they report one, else no cap); ``leases=False`` turns this off.
     """
 
     def __init__(
@@ -164,10 +164,13 @@ class TrackedStep:
         """Executor side: a started keeper renewing the task's held trees, or None (leases off, timeout unknown)."""
         if not self.leases:
             return None
-        timeout = self.message_timeout or cluster_message_timeout(client)
+        learned = cluster_timeouts(client) if self.message_timeout is None or self.lease_cap is None else None
+        timeout = self.message_timeout or (learned.message_timeout if learned else None)
         if timeout is None:  # no acker answered (logged there): the task runs without leases
             return None
-        return LeaseKeeper(client.reset_timeout_columns, timeout * LEASE_FRACTION, cap=self.lease_cap).start()
+        # No cap of our own: the ackers' --max-tree-lifetime (renewing past it would be refused anyway).
+        cap = self.lease_cap if self.lease_cap is not None else (learned.max_tree_lifetime if learned else None)
+        return LeaseKeeper(client.reset_timeout_columns, timeout * LEASE_FRACTION, cap=cap).start()
 
     def track_commits(self, sc: Any) -> None:
         """Create the commit and commit-error accumulators on first use (driver side)."""

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from acker_client.testing import ManualClock
 from acker_spark import Bolt
-from acker_spark.leases import LeaseKeeper, cluster_message_timeout
+from acker_spark.leases import ClusterTimeouts, LeaseKeeper, cluster_timeouts
 
 
 class Renewals:
@@ -79,9 +79,9 @@ def test_bad_intervals_and_caps_are_refused():
 
 
 class Describing:
-    """A client whose shards answer Describe with a timeout, or fail."""
+    """A client whose shards answer Describe with (timeout, max lifetime), or fail."""
 
-    def __init__(self, addresses: list[str], answers: list[float | None]) -> None:
+    def __init__(self, addresses: list[str], answers: list[tuple[float, float] | None]) -> None:
         self.addresses = addresses
         self.shard_count = len(answers)
         self.answers = answers
@@ -89,16 +89,17 @@ class Describing:
 
     def describe(self, shard: int) -> SimpleNamespace:
         self.asked += 1
-        if self.answers[shard] is None:
+        answer = self.answers[shard]
+        if answer is None:
             raise ConnectionError(f"shard {shard} unreachable")
-        return SimpleNamespace(message_timeout_seconds=self.answers[shard])
+        return SimpleNamespace(message_timeout_seconds=answer[0], max_tree_lifetime_seconds=answer[1])
 
 
-def test_the_message_timeout_comes_from_the_first_shard_that_answers_and_is_cached():
-    """Shard 0 down, shard 1 says 30 s: 30 s, asked once per process."""
-    client = Describing(["10.0.0.1:7100", "10.0.0.2:7100"], [None, 30.0])
-    assert cluster_message_timeout(client) == 30.0
-    assert cluster_message_timeout(client) == 30.0
+def test_the_timeouts_come_from_the_first_shard_that_answers_and_are_cached():
+    """Shard 0 down, shard 1 says 30 s and a 600 s lifetime cap: that, asked once per process."""
+    client = Describing(["10.0.0.1:7100", "10.0.0.2:7100"], [None, (30.0, 600.0)])
+    assert cluster_timeouts(client) == ClusterTimeouts(30.0, 600.0)
+    assert cluster_timeouts(client) == ClusterTimeouts(30.0, 600.0)
     assert client.asked == 2
 
 
@@ -106,11 +107,23 @@ def test_a_cluster_that_did_not_answer_is_asked_again_after_a_minute():
     """No answer: None (the task runs without leases), and tasks in the next minute do not wait for Describe."""
     clock = ManualClock()
     client = Describing(["10.0.0.3:7100"], [None])
-    assert cluster_message_timeout(client, clock) is None
-    assert cluster_message_timeout(client, clock) is None and client.asked == 1
+    assert cluster_timeouts(client, clock) is None
+    assert cluster_timeouts(client, clock) is None and client.asked == 1
     clock.advance(61)
-    client.answers = [12.0]
-    assert cluster_message_timeout(client, clock) == 12.0
+    client.answers = [(12.0, 0.0)]
+    assert cluster_timeouts(client, clock) == ClusterTimeouts(12.0, None)  # 0: no lifetime cap
+
+
+def test_a_bolt_caps_its_leases_at_the_ackers_lifetime_unless_given_one():
+    """lease_cap=None takes the ackers' --max-tree-lifetime; an explicit cap wins; the interval is a third."""
+    client = Describing(["10.0.0.4:7100"], [(9.0, 120.0)])
+    client.reset_timeout_columns = Renewals()  # type: ignore[attr-defined]
+    for cap, expected in ((None, 120.0), (45.0, 45.0)):
+        keeper = Bolt(lambda tuples, collector: iter(()), client.addresses, lease_cap=cap).start_leases(client)  # type: ignore[arg-type]
+        assert keeper is not None
+        keeper.stop()
+        assert (keeper.interval, keeper.cap) == (3.0, expected)
+    assert Bolt(lambda tuples, collector: iter(()), client.addresses, leases=False).start_leases(client) is None  # type: ignore[arg-type]
 
 
 def test_a_bolt_holds_every_tree_of_the_tuples_its_function_reads():
