@@ -27,15 +27,19 @@ import hashlib
 import hmac
 import logging
 import tomllib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import numpy as np
+from acker_protocol.packed import ApplyHeader, decode_apply_header
 from acker_protocol.text import clip
 from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import OpKind
 from prometheus_client import CollectorRegistry, Counter
+
+from .handlers import HandlerInterceptor, HandlerKind, around, rewrap
 
 __all__ = ["Authenticator", "AuthInterceptor", "Policy", "Rights", "load_tokens", "hash_token", "REASONS"]
 
@@ -174,49 +178,54 @@ class Authenticator:
         return rights
 
 
-def _apply_spouts(request) -> tuple[set[str], bool]:
-    """(spouts named by INIT operations, whether any operation is ACK / FAIL / RESET_TIMEOUT)."""
-    kinds = list(request.kinds)
-    names = list(request.spouts)
-    inits = [i for i, k in enumerate(kinds) if k == OpKind.INIT]
+def _apply_header(request: bytes | acker_pb2.ApplyRequest) -> ApplyHeader | None:
+    """The fields the check reads: from the bytes without decoding the id arrays; None if they do not decode."""
+    if isinstance(request, bytes):
+        try:
+            return decode_apply_header(request)
+        except ValueError:
+            # Let protobuf have the last word, so the check never reads less than the ledger will.
+            try:
+                request = acker_pb2.ApplyRequest.FromString(request)
+            except Exception:  # undecodable: the servicer refuses it with INVALID_ARGUMENT
+                return None
+    return ApplyHeader(
+        np.asarray(request.kinds, dtype=np.int64), list(request.spouts), np.asarray(request.spout_index, np.uint64)
+    )
+
+
+def _apply_spouts(header: ApplyHeader) -> tuple[set[str], bool]:
+    """(spouts named by INIT operations, whether any operation is ACK / FAIL / RESET_TIMEOUT or unknown)."""
+    kinds, names, index = header.kinds, header.spouts, header.spout_index
+    inits = np.flatnonzero(kinds == OpKind.INIT)
     others = len(inits) != len(kinds)
-    if not inits:
+    if not len(inits):
         return set(), others
-    index = list(request.spout_index)
-    if not index:
+    if not len(index):
         return set(names[:1]), others
     # Out-of-range indexes are refused by validation afterwards; they name no spout here.
-    return {names[index[i]] for i in inits if i < len(index) and index[i] < len(names)}, others
+    named = index[inits[inits < len(index)]]
+    return {names[i] for i in np.unique(named[named < len(names)]).tolist()}, others
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
+class AuthInterceptor(HandlerInterceptor):
     """Checks every Acker call (not health or reflection) before the servicer sees it."""
 
     def __init__(self, auth: Authenticator) -> None:
         self.auth = auth
         self._owners: dict[str, tuple[str, int]] = {}  # spout -> (principal, open streams): takeover check
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or not method.startswith(ACKER_METHODS):
+    def wrap_handler(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """Acker methods checked against the policy first; health and reflection as they are."""
+        if not method.startswith(ACKER_METHODS):
             return handler
         name = method[len(ACKER_METHODS) :]
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                self._guard_stream(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return grpc.unary_unary_rpc_method_handler(
-            self._guard_unary(handler.unary_unary, name),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+
+        def wrap(behavior: Callable, kind: HandlerKind) -> Callable:
+            # The Acker service has unary requests only: Subscribe streams, Apply and Describe answer once.
+            return self._guard_stream(behavior) if kind.response_streaming else self._guard_unary(behavior, name)
+
+        return rewrap(handler, wrap)
 
     async def _refuse(self, context: grpc.aio.ServicerContext, refused: Refused) -> None:
         self.auth.refusals.labels(refused.reason).inc()
@@ -229,14 +238,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             if not rights.describe:
                 raise Refused(grpc.StatusCode.PERMISSION_DENIED, "describe", f"{clip(principal)} may not call Describe")
             return
-        if isinstance(request, bytes):
-            # The native engine's Apply takes the raw bytes and decodes them itself; the
-            # check needs the fields, so they are decoded once more here (only with a policy).
-            try:
-                request = acker_pb2.ApplyRequest.FromString(request)
-            except Exception:  # undecodable: the servicer refuses it with INVALID_ARGUMENT
-                return
-        spouts, others = _apply_spouts(request)
+        # Apply takes the raw bytes (the ledger decodes them); the check reads only the
+        # kinds, spout names and spout index of them, stepping over the id arrays.
+        header = _apply_header(request)
+        if header is None:
+            return
+        spouts, others = _apply_spouts(header)
         if others and not rights.executor:
             raise Refused(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -252,17 +259,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 )
 
     def _guard_unary(self, behavior: Callable, name: str) -> Callable:
-        async def unary(request, context):
+        async def check(request, context) -> None:
             try:
                 self._check_unary(name, request, context)
             except Refused as refused:
                 await self._refuse(context, refused)
-            return await behavior(request, context)
 
-        return unary
+        return around(behavior, check)
 
     def _guard_stream(self, behavior: Callable) -> Callable:
-        async def stream(request, context):
+        async def start(request, context) -> str:
             spout = request.spout
             try:
                 principal = self.auth.principal(context)
@@ -282,14 +288,13 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             except Refused as refused:
                 await self._refuse(context, refused)
             self._owners[spout] = (principal, (owner[1] if owner else 0) + 1)
-            try:
-                async for response in behavior(request, context):
-                    yield response
-            finally:
-                held_by, count = self._owners[spout]
-                if count <= 1:
-                    del self._owners[spout]
-                else:
-                    self._owners[spout] = (held_by, count - 1)
+            return spout
 
-        return stream
+        def finish(spout: str, context, error) -> None:
+            held_by, count = self._owners[spout]
+            if count <= 1:
+                del self._owners[spout]
+            else:
+                self._owners[spout] = (held_by, count - 1)
+
+        return around(behavior, start, finish)

@@ -16,11 +16,13 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 from acker_protocol.text import clip
+
+from .handlers import HandlerInterceptor, HandlerKind, around, call_behavior, rewrap
 
 __all__ = ["DecodeGuardInterceptor", "RateLimitedLog", "Undecodable"]
 
@@ -74,7 +76,7 @@ def _guarded_deserializer(deserializer: Callable[[bytes], Any] | None) -> Callab
     return deserialize
 
 
-class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
+class DecodeGuardInterceptor(HandlerInterceptor):
     """Turns request decoding failures into INVALID_ARGUMENT for every method of the server."""
 
     def __init__(self, log_limiter: RateLimitedLog | None = None) -> None:
@@ -84,15 +86,8 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
         # (Apply is the hot path).
         self._guarded: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
+    def wrap_handler(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """The handler with a guarded deserializer (built once per method and handler)."""
         cached = self._guarded.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
@@ -102,20 +97,13 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
 
     def _guard(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         """A copy of ``handler`` whose deserializer failures abort with INVALID_ARGUMENT."""
-        deserializer = _guarded_deserializer(handler.request_deserializer)
-        if handler.unary_unary:
-            behavior = self._unary_request(handler.unary_unary, method)
-            factory = grpc.unary_unary_rpc_method_handler
-        elif handler.unary_stream:
-            behavior = self._unary_request(handler.unary_stream, method)
-            factory = grpc.unary_stream_rpc_method_handler
-        elif handler.stream_unary:
-            behavior = self._stream_request(handler.stream_unary, method)
-            factory = grpc.stream_unary_rpc_method_handler
-        else:
-            behavior = self._stream_request(handler.stream_stream, method)
-            factory = grpc.stream_stream_rpc_method_handler
-        return factory(behavior, request_deserializer=deserializer, response_serializer=handler.response_serializer)
+
+        def wrap(behavior: Callable, kind: HandlerKind) -> Callable:
+            if kind.request_streaming:
+                return self._stream_request(behavior, method)
+            return self._unary_request(behavior, method)
+
+        return rewrap(handler, wrap, _guarded_deserializer(handler.request_deserializer))
 
     async def _refuse(self, context: grpc.aio.ServicerContext, method: str, request: Undecodable) -> None:
         self.log_limiter.note(f"{method}: {request.reason}")
@@ -125,23 +113,11 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
         )
 
     def _unary_request(self, behavior: Callable, method: str) -> Callable:
-        if inspect.isasyncgenfunction(behavior):
-
-            async def stream(request, context):
-                if isinstance(request, Undecodable):
-                    await self._refuse(context, method, request)
-                async for response in behavior(request, context):
-                    yield response
-
-            return stream
-
-        async def unary(request, context):
+        async def check(request, context) -> None:
             if isinstance(request, Undecodable):
                 await self._refuse(context, method, request)
-            result = behavior(request, context)
-            return await result if inspect.isawaitable(result) else result
 
-        return unary
+        return around(behavior, check)
 
     def _stream_request(self, behavior: Callable, method: str) -> Callable:
         guard = self
@@ -161,7 +137,6 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
             return stream
 
         async def unary(requests, context):
-            result = behavior(checked(requests, context), context)
-            return await result if inspect.isawaitable(result) else result
+            return await call_behavior(behavior, checked(requests, context), context)
 
         return unary

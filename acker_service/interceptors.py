@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import grpc
 
+from .handlers import HandlerInterceptor, around, rewrap
 from .metrics import AckerMetrics
 
 __all__ = ["MetricsInterceptor"]
@@ -50,64 +50,21 @@ class _Call:
         self._metrics.grpc_seconds.labels(*self._labels).observe(time.perf_counter() - self._t0)
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
+class MetricsInterceptor(HandlerInterceptor):
     """Counts started and handled RPCs by method and code, and times them (streams until they end)."""
 
     def __init__(self, metrics: AckerMetrics) -> None:
         self._metrics = metrics
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        service, method = _split(handler_call_details.method)
-        if handler.unary_unary:
-            wrap, kind, factory = handler.unary_unary, "UNARY", grpc.unary_unary_rpc_method_handler
-        elif handler.unary_stream:
-            wrap, kind, factory = handler.unary_stream, "SERVER_STREAM", grpc.unary_stream_rpc_method_handler
-        elif handler.stream_unary:
-            wrap, kind, factory = handler.stream_unary, "CLIENT_STREAM", grpc.stream_unary_rpc_method_handler
-        else:
-            wrap, kind, factory = handler.stream_stream, "BIDI_STREAM", grpc.stream_stream_rpc_method_handler
-        behavior = self._wrap(wrap, (kind, service, method))
-        return factory(
-            behavior,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+    def wrap_handler(self, handler: grpc.RpcMethodHandler, full_method: str) -> grpc.RpcMethodHandler:
+        """The handler, counted and timed under its kind, service and method."""
+        service, method = _split(full_method)
+        return rewrap(handler, lambda behavior, kind: self._wrap(behavior, (kind.name, service, method)))
 
     def _wrap(self, behavior: Callable, labels: tuple[str, str, str]) -> Callable:
         metrics = self._metrics
-        if inspect.isasyncgenfunction(behavior):
 
-            async def stream(request_or_iterator, context):
-                call = _Call(metrics, labels)
-                error = None
-                try:
-                    async for response in behavior(request_or_iterator, context):
-                        yield response
-                except BaseException as exc:  # recorded, then re-raised unchanged
-                    error = exc
-                    raise
-                finally:
-                    call.finish(context, error)
+        async def start(request_or_iterator, context) -> _Call:
+            return _Call(metrics, labels)
 
-            return stream
-
-        async def unary(request_or_iterator, context):
-            call = _Call(metrics, labels)
-            error = None
-            try:
-                result = behavior(request_or_iterator, context)
-                return await result if inspect.isawaitable(result) else result
-            except BaseException as exc:  # recorded, then re-raised unchanged
-                error = exc
-                raise
-            finally:
-                call.finish(context, error)
-
-        return unary
+        return around(behavior, start, _Call.finish)

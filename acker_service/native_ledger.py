@@ -1,11 +1,9 @@
-"""The native ledger: the Rust core (``acker_service._native``) behind the reference ledger's interface.
+"""The native ledger: the Rust core (``acker_service._native``) behind the :class:`~acker_service.ledger.Ledger` contract.
 
-``NativeLedger`` takes the same constructor arguments as
-:class:`~acker_service.reference_ledger.ReferenceLedger` and offers the same
-``apply_batch`` / ``advance`` / ``stats`` / properties, so every ledger test runs
-against both. The server's hot path uses :meth:`NativeLedger.apply_request`
-instead: serialized ``ApplyRequest`` bytes in, outcome columns (numpy arrays)
-out, decoded, validated and applied in Rust with the GIL released.
+Serialized ``ApplyRequest`` bytes go into the core as they arrive from gRPC;
+they are decoded, validated and applied in Rust with the GIL released, and the
+outcomes come back as numpy arrays that took over the Rust vectors. No Python
+object is made per operation or per outcome.
 
 The clock stays on the Python side: the core is given "now" on every call.
 """
@@ -14,46 +12,41 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import fields
-
-import numpy as np
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
 
 from ._native import NativeCore
-from .batch import Batch
+from .ledger import LedgerStats, Limits
 from .outcome_columns import ColumnarResult, OutcomeColumns
-from .reference_ledger import BatchResult, LedgerStats, Resolution
 
-__all__ = ["NativeLedger", "ColumnarResult", "MAX_BUCKETS"]
+if TYPE_CHECKING:
+    from .ledger import Ledger
+
+__all__ = ["NativeLedger", "MAX_BUCKETS"]
 
 Clock = Callable[[], float]
 
 # Generations are kept modulo 64 in a 24-byte entry (see native/src/table.rs).
 MAX_BUCKETS = 32
-_STAT_FIELDS = [f.name for f in fields(LedgerStats)]
-_NO_KEYS = np.zeros(0, dtype=np.uint64)
-_NO_INDEX = np.zeros(0, dtype=np.uint32)
-_UNLIMITED = 2**63 - 1  # "collect every due tree" for the core's usize limit
 
 
 def _columns(raw) -> OutcomeColumns:
     return OutcomeColumns(*raw)
 
 
-def _result(raw) -> ColumnarResult:
-    applied, deduplicated, ignored, ended, resets = raw
-    return ColumnarResult(applied, deduplicated, ignored, _columns(ended), _columns(resets))
-
-
 class NativeLedger:
     """Pending tuple trees of one shard in the native core, expiring after ``message_timeout`` seconds.
 
+    >>> import numpy as np
+    >>> from acker_protocol.packed import encode_apply_request
+    >>> from acker_service.ledger import UNLIMITED
     >>> ledger = NativeLedger(message_timeout=30.0, clock=lambda: 0.0)
-    >>> ledger.apply_batch(Batch.of([1, 2], [5, 5], [9, 9], spouts=["s"])).resolutions
+    >>> request = encode_apply_request(np.array([1, 2]), np.array([5, 5]), np.array([9, 9]), spouts=["s"])
+    >>> ledger.apply(request, UNLIMITED).ended.resolutions()
     [Resolution(spout='s', root=5, outcome=<Outcome.ACKED: 1>, latency_seconds=0.0)]
     """
 
-    engine = "native"
+    engine: ClassVar[str] = "native"
 
     def __init__(self, message_timeout: float, buckets: int = 3, clock: Clock = time.monotonic) -> None:
         if not message_timeout > 0:
@@ -69,8 +62,8 @@ class NativeLedger:
         self.stats = LedgerStats()
 
     def _sync(self) -> None:
-        for name, value in zip(_STAT_FIELDS, self._core.stats()):
-            setattr(self.stats, name, value)
+        # The core names its counters (LedgerStats' fields), so no field order is shared across the binding.
+        self.stats.__dict__.update(self._core.stats())
 
     @property
     def buckets(self) -> int:
@@ -94,85 +87,36 @@ class NativeLedger:
 
     @property
     def table_slots(self) -> int:
-        """Slots of the native hash table (24 bytes each): for memory diagnostics."""
+        """Slots of the native hash table (24 bytes each): for memory diagnostics, not in the contract."""
         return int(self._core.capacity)
 
-    def apply_request(
-        self, data: bytes, *, shard_index: int, shard_count: int, max_batch: int, max_expired: int | None = None
-    ) -> ColumnarResult:
-        """Decode, validate and apply serialized ``ApplyRequest`` bytes (the server's hot path).
-
-        At most ``max_expired`` due trees are collected first (None: all); a due
-        tree the batch touches expires before the batch applies to it.
+    def apply(self, request: bytes, limits: Limits, max_expired: int | None = None) -> ColumnarResult:
+        """Decode, validate and apply serialized ``ApplyRequest`` bytes in Rust (the contract's ``apply``).
 
         Raises :class:`~acker_service.batch.InvalidBatch` (also for bytes that do not
         decode), :class:`~acker_service.batch.BatchTooLarge` or
         :class:`~acker_service.batch.WrongShard`; a refused request changes nothing.
         """
-        raw = self._core.apply_request(data, self._clock(), shard_index, shard_count, max_batch, max_expired)
-        self._sync()
-        return _result(raw)
-
-    def apply_columns(self, batch: Batch, max_expired: int | None = None) -> ColumnarResult:
-        """Apply a :class:`Batch` and return outcome columns (no Python object per outcome)."""
-        spout_index = batch.spout_index
-        if len(spout_index) and spout_index.dtype != np.uint32:
-            # Negative indices cannot name a spout; map them past the end so validation names them.
-            spout_index = np.where(spout_index < 0, np.iinfo(np.uint32).max, spout_index).astype(np.uint32)
-        raw = self._core.apply_arrays(
-            np.ascontiguousarray(batch.kinds, dtype=np.int32),
-            np.ascontiguousarray(batch.roots, dtype=np.uint64),
-            np.ascontiguousarray(batch.values, dtype=np.uint64),
-            np.ascontiguousarray(batch.dedup_keys, dtype=np.uint64) if len(batch.dedup_keys) else _NO_KEYS,
-            list(batch.spouts),
-            np.ascontiguousarray(spout_index, dtype=np.uint32) if len(spout_index) else _NO_INDEX,
-            self._clock(),
-            max_expired,
+        applied, deduplicated, ignored, ended, resets = self._core.apply_request(
+            request, self._clock(), limits.shard_index, limits.shard_count, limits.max_batch, max_expired
         )
         self._sync()
-        return _result(raw)
+        return ColumnarResult(applied, deduplicated, ignored, _columns(ended), _columns(resets))
 
-    def apply_batch(self, batch: Batch, max_expired: int | None = None) -> BatchResult:
-        """Apply a batch, as :meth:`ReferenceLedger.apply_batch` does (resolutions as objects)."""
-        result = self.apply_columns(batch, max_expired)
-        return BatchResult(
-            result.applied,
-            result.deduplicated,
-            result.ignored,
-            result.ended.resolutions(),
-            result.timeout_resets.resolutions(),
-        )
-
-    def advance_columns(self) -> OutcomeColumns:
-        """Rotate as due; return the trees that timed out, as columns."""
-        raw = self._core.advance(self._clock())
-        self._sync()
-        return _columns(raw)
-
-    def advance(self) -> list[Resolution]:
-        """Rotate as due; return the trees that timed out (orphans are dropped and counted)."""
-        return self.advance_columns().resolutions()
-
-    def advance_some_columns(self, max_expired: int | None) -> tuple[OutcomeColumns, bool]:
-        """Rotate as due, then collect at most ``max_expired`` due trees (None: all), GIL released.
-
-        Returns the trees that timed out, as columns, and whether more are due.
-        """
-        now = self._clock()
-        self._core.advance_clock(now)
-        raw, more = self._core.expire_some(now, _UNLIMITED if max_expired is None else max_expired)
+    def advance(self, max_expired: int | None = None) -> tuple[OutcomeColumns, bool]:
+        """Rotate as due, then collect at most ``max_expired`` due trees (None: all), GIL released."""
+        raw, more = self._core.advance(self._clock(), max_expired)
         self._sync()
         return _columns(raw), more
-
-    def advance_some(self, max_expired: int | None) -> tuple[list[Resolution], bool]:
-        """As :meth:`ReferenceLedger.advance_some`: at most ``max_expired`` timed-out trees and whether more are due."""
-        columns, more = self.advance_some_columns(max_expired)
-        return columns.resolutions(), more
 
     def seconds_until_rotation(self) -> float:
         """Seconds until the next rotation is due (never negative)."""
         return float(self._core.seconds_until_rotation(self._clock()))
 
-    def pending_roots(self) -> Iterable[int]:
+    def pending_roots(self) -> list[int]:
         """Root ids of all entries (for tests and diagnostics; not the hot path)."""
         return self._core.roots().tolist()
+
+
+if TYPE_CHECKING:
+    _: type[Ledger] = NativeLedger  # mypy: the engine implements the whole contract

@@ -1,8 +1,9 @@
 """Tree outcomes as columns (numpy arrays), the form the hot path hands from ledger to hub.
 
-The native ledger returns its outcomes this way without a Python object per tree;
-the reference ledger's :class:`~acker_service.reference_ledger.Resolution` lists
-convert to and from it, so the servicer handles both engines alike.
+Both ledger engines return their outcomes this way (the ``Ledger`` contract,
+:mod:`acker_service.ledger`); the native one without a Python object per tree.
+:class:`Resolution` is the one-object-per-outcome form, for the reference
+engine's inner loop and for tests, converted at their edges.
 """
 
 from __future__ import annotations
@@ -14,9 +15,16 @@ from typing import NamedTuple
 import numpy as np
 from acker_protocol.wire import Outcome
 
-from .reference_ledger import Resolution
+__all__ = ["OutcomeColumns", "ColumnarResult", "Resolution"]
 
-__all__ = ["OutcomeColumns", "ColumnarResult"]
+
+class Resolution(NamedTuple):
+    """One tree's single outcome, to be delivered to its spout."""
+
+    spout: str
+    root: int
+    outcome: Outcome
+    latency_seconds: float
 
 
 class OutcomeColumns(NamedTuple):
@@ -58,7 +66,7 @@ class OutcomeColumns(NamedTuple):
         return self.latency_micros.astype(np.float64) / 1e6
 
     def resolutions(self) -> list[Resolution]:
-        """One :class:`Resolution` per outcome (tests and the Ledger interface; not the hot path)."""
+        """One :class:`Resolution` per outcome (tests and diagnostics; not the hot path)."""
         spouts = self.spouts
         return [
             Resolution(spouts[s], root, Outcome(o), lat / 1e6)

@@ -11,20 +11,23 @@ that is gone, or so slow that its backlog passes the byte bound, loses
 outcomes, which is counted as dropped. One subscription per spout: a new one
 takes over and the older one is told it was superseded.
 
+Outcomes stay columns here, as they come from the ledger: each log is four
+numpy arrays that are only ever appended to (a full log moves its live part
+into new arrays), so a chunk handed to a subscriber is a view that later
+publishes never overwrite, and the servicer writes it to the wire without a
+Python object per outcome.
+
 The hub is driven from one thread (the server's event loop), so it has no
 locks; the counters it exposes are plain ints that another thread may read.
 """
 
 from __future__ import annotations
 
-import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-
-from .reference_ledger import Resolution
 
 if TYPE_CHECKING:
     from .outcome_columns import OutcomeColumns
@@ -33,20 +36,20 @@ __all__ = ["OutcomeHub", "Subscription", "OutcomeChunk"]
 
 Clock = Callable[[], float]
 
-# Compact a log's lists once this many evicted slots sit before its head.
-_COMPACT_AFTER = 4096
-# Memory one retained outcome costs: four list slots (32 bytes), the root and
-# latency int objects (about 36 bytes each); the time float is shared per publish.
-OUTCOME_BYTES = 104
+# Memory one retained outcome costs: root, latency and time (8 bytes each) and the
+# outcome code (1), twice that at worst while a log's arrays have room to grow into.
+OUTCOME_BYTES = 50
+# A new log's first arrays (outcomes); they double as the log grows.
+_FIRST_CAPACITY = 1024
 
 
 class OutcomeChunk(NamedTuple):
     """Consecutive outcomes of one spout: outcome ``i`` has sequence ``first_sequence + i``."""
 
     first_sequence: int
-    roots: list[int]
-    outcomes: list[int]  # Outcome values (IntEnum members are ints)
-    latency_micros: list[int]
+    roots: np.ndarray  # uint64
+    outcomes: np.ndarray  # uint8, Outcome values
+    latency_micros: np.ndarray  # uint64
     dropped: int
 
 
@@ -70,13 +73,14 @@ class Subscription:
 
 
 class _SpoutLog:
-    """Retained outcomes of one spout; index ``head`` holds sequence ``first_seq``."""
+    """Retained outcomes of one spout: array index ``head`` holds sequence ``first_seq``, ``size`` is the end."""
 
     __slots__ = (
         "roots",
         "outcomes",
         "latencies",
         "times",
+        "size",
         "head",
         "first_seq",
         "delivered",
@@ -86,10 +90,11 @@ class _SpoutLog:
     )
 
     def __init__(self, first_seq: int, now: float) -> None:
-        self.roots: list[int] = []
-        self.outcomes: list[int] = []
-        self.latencies: list[int] = []
-        self.times: list[float] = []
+        self.roots = np.empty(0, np.uint64)
+        self.outcomes = np.empty(0, np.uint8)
+        self.latencies = np.empty(0, np.uint64)
+        self.times = np.empty(0, np.float64)  # publish time of each outcome (clock order)
+        self.size = 0
         self.head = 0
         self.first_seq = first_seq
         self.delivered = 0  # highest sequence handed to any subscriber
@@ -98,7 +103,27 @@ class _SpoutLog:
         self.active_at = now  # last outcome appended or subscription ended
 
     def __len__(self) -> int:
-        return len(self.roots) - self.head
+        return self.size - self.head
+
+    def append(self, roots: np.ndarray, outcomes: np.ndarray, micros: np.ndarray, now: float) -> None:
+        """Append outcomes; only ever written past ``size``, so views handed out stay as they were."""
+        n = len(roots)
+        if self.size + n > len(self.roots):
+            live = len(self)
+            capacity = max(_FIRST_CAPACITY, 2 * (live + n))
+            for name in ("roots", "outcomes", "latencies", "times"):
+                old = getattr(self, name)
+                new = np.empty(capacity, old.dtype)
+                new[:live] = old[self.head : self.size]
+                setattr(self, name, new)
+            self.head, self.size = 0, live
+        end = self.size + n
+        self.roots[self.size : end] = roots
+        self.outcomes[self.size : end] = outcomes
+        self.latencies[self.size : end] = micros
+        self.times[self.size : end] = now
+        self.size = end
+        self.active_at = now
 
     @property
     def next_seq(self) -> int:
@@ -117,10 +142,12 @@ class _SpoutLog:
         self.head += n
         self.first_seq += n
         self.unreported_drops += undelivered
-        if self.head >= _COMPACT_AFTER and self.head * 2 >= len(self.roots):
-            for name in ("roots", "outcomes", "latencies", "times"):
-                del getattr(self, name)[: self.head]
-            self.head = 0
+        if self.head == self.size and len(self.roots) > _FIRST_CAPACITY:
+            # Empty after a burst: give the memory back (views handed out keep theirs alive).
+            self.roots, self.outcomes, self.latencies, self.times = (
+                np.empty(0, a.dtype) for a in (self.roots, self.outcomes, self.latencies, self.times)
+            )
+            self.head = self.size = 0
         return undelivered
 
 
@@ -169,40 +196,20 @@ class OutcomeHub:
             log = self._logs[spout] = _SpoutLog(self._sequence_floor + 1, self._clock())
         return log
 
-    def publish(self, resolutions: Sequence[Resolution]) -> None:
-        """Append each resolution to its spout's log, evict over the count bound, wake subscribers."""
-        if not resolutions:
-            return
-        now = self._clock()
-        spouts, roots, outcomes, latencies = zip(*resolutions)
-        micros = np.rint(np.asarray(latencies, dtype=np.float64) * 1e6).astype(np.int64).tolist()
-        if spouts.count(spouts[0]) == len(spouts):
-            # The common case, one spout per batch: extend the columns in C.
-            touched = [self._append(spouts[0], roots, outcomes, micros, now)]
-        else:
-            groups: dict[str, list[int]] = {}
-            for i, spout in enumerate(spouts):
-                groups.setdefault(spout, []).append(i)
-            touched = [
-                self._append(spout, [roots[i] for i in idx], [outcomes[i] for i in idx], [micros[i] for i in idx], now)
-                for spout, idx in groups.items()
-            ]
-        self.retained += len(resolutions)
-        self._bound_and_wake(touched)
-
-    def publish_columns(self, columns: OutcomeColumns) -> None:
-        """:meth:`publish` for outcome columns (the native engine's output): one list extend per spout."""
+    def publish(self, columns: OutcomeColumns) -> None:
+        """Append each outcome to its spout's log, evict over the count bound, wake subscribers."""
         if not len(columns):
             return
         now = self._clock()
         roots, outcomes, micros = columns.roots, columns.outcomes, columns.latency_micros
         touched = []
         for spout, where in columns.by_spout():
-            if where is not None:
-                roots_of, outcomes_of, micros_of = roots[where], outcomes[where], micros[where]
+            log = self._log(spout)
+            if where is None:
+                log.append(roots, outcomes, micros, now)
             else:
-                roots_of, outcomes_of, micros_of = roots, outcomes, micros
-            touched.append(self._append(spout, roots_of.tolist(), outcomes_of.tolist(), micros_of.tolist(), now))
+                log.append(roots[where], outcomes[where], micros[where], now)
+            touched.append(log)
         self.retained += len(columns)
         self._bound_and_wake(touched)
 
@@ -229,17 +236,6 @@ class OutcomeHub:
         if n > 0:
             self._evict(log, n)
 
-    def _append(
-        self, spout: str, roots: Sequence[int], outcomes: Sequence[int], micros: Sequence[int], now: float
-    ) -> _SpoutLog:
-        log = self._log(spout)
-        log.roots.extend(roots)
-        log.outcomes.extend(outcomes)
-        log.latencies.extend(micros)
-        log.times.extend([now] * len(roots))
-        log.active_at = now
-        return log
-
     def expire(self) -> int:
         """Evict outcomes older than ``retain_seconds``, forget idle spouts; return how many outcomes were evicted.
 
@@ -253,7 +249,7 @@ class OutcomeHub:
         for spout, log in self._logs.items():
             if len(log) and log.times[log.head] < cutoff:
                 # Times are appended in clock order, so the old ones form a prefix.
-                n = bisect.bisect_left(log.times, cutoff, lo=log.head) - log.head
+                n = int(np.searchsorted(log.times[log.head : log.size], cutoff))
                 if self._evict(log, n):
                     # Undelivered drops are news for the next subscriber: keep the log another window.
                     log.active_at = cutoff + self.retain_seconds
@@ -321,6 +317,7 @@ class OutcomeHub:
             return None
         i0 = log.head + (start - log.first_seq)
         i1 = i0 + max(0, end - start)
+        # Views, not copies: the log never writes where it already wrote.
         chunk = OutcomeChunk(start, log.roots[i0:i1], log.outcomes[i0:i1], log.latencies[i0:i1], dropped)
         subscription.cursor = max(subscription.cursor, end - 1)
         subscription._header_due = False

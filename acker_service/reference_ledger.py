@@ -5,11 +5,14 @@ This is the executable model of the acker-semantics spec: the native ledger
 it on every outcome and counter, which a differential test checks. It also
 serves (``--engine reference``) where the native extension cannot be built.
 
-One ``ReferenceLedger`` holds the pending trees of one shard. It applies batches of
-operations (see :mod:`acker_service.batch`), rotates its RotatingMap on the
-injected monotonic clock, and returns every tree that ended as a
-:class:`Resolution`. Each rule cites the reason it exists; the full contract is
-the project's acker-semantics spec.
+One ``ReferenceLedger`` holds the pending trees of one shard. It implements the
+:class:`~acker_service.ledger.Ledger` contract and converts at its own edge:
+request bytes are decoded with protobuf into a :class:`~acker_service.batch.Batch`
+and validated whole, the inner loop produces one :class:`Resolution` per ended
+tree, and those become :class:`~acker_service.outcome_columns.OutcomeColumns` on
+the way out. It rotates its RotatingMap on the injected monotonic clock. Each
+rule cites the reason it exists; the full contract is the project's
+acker-semantics spec.
 """
 
 from __future__ import annotations
@@ -19,28 +22,26 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import NamedTuple
+from typing import TYPE_CHECKING, ClassVar
 
+from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import OpKind, Outcome
+from google.protobuf.message import DecodeError
 
-from .batch import Batch
+from .batch import Batch, InvalidBatch, validate_batch
+from .ledger import LedgerStats, Limits
+from .outcome_columns import ColumnarResult, OutcomeColumns, Resolution
 from .rotating_map import RotatingMap
 
-__all__ = ["ReferenceLedger", "LedgerStats", "Resolution", "BatchResult"]
+if TYPE_CHECKING:
+    from .ledger import Ledger
+
+__all__ = ["ReferenceLedger", "LedgerStats", "Resolution", "BatchResult", "undecodable"]
 
 Clock = Callable[[], float]
 
 _INIT, _ACK, _FAIL, _RESET = (int(k) for k in OpKind)
 _ACKED, _FAILED, _RESET_OUTCOME = Outcome.ACKED, Outcome.FAILED, Outcome.TIMEOUT_RESET
-
-
-class Resolution(NamedTuple):
-    """One tree's single outcome, to be delivered to its spout."""
-
-    spout: str
-    root: int
-    outcome: Outcome
-    latency_seconds: float
 
 
 class _Entry:
@@ -58,25 +59,17 @@ class _Entry:
         self.dedup: int | set[int] | None = None
 
 
-@dataclass
-class LedgerStats:
-    """Monotonic counters of everything the ledger did (the metrics read these)."""
-
-    inits: int = 0
-    acks: int = 0
-    fails: int = 0
-    resets: int = 0
-    acked: int = 0
-    failed: int = 0
-    timed_out: int = 0
-    orphaned: int = 0
-    duplicate_inits: int = 0
-    deduplicated: int = 0
+def undecodable(detail: object) -> InvalidBatch:
+    """The refusal for request bytes that are not an ApplyRequest (INVALID_ARGUMENT, never UNKNOWN)."""
+    return InvalidBatch(
+        f"the request is not a valid acker_service.v1.ApplyRequest ({detail}); "
+        "send a message encoded from proto/acker_protocol/v1/acker.proto"
+    )
 
 
 @dataclass
 class BatchResult:
-    """What one ``apply_batch`` did, with the trees it ended (and any that expired first).
+    """What one batch did inside the reference engine (before its edge turns it into columns), with the trees it ended (and any that expired first).
 
     ``timeout_resets`` lists the trees with a known spout that a RESET_TIMEOUT
     gave a fresh timeout (outcome ``TIMEOUT_RESET``, not an end): the spout must
@@ -93,10 +86,16 @@ class BatchResult:
 class ReferenceLedger:
     """Pending tuple trees of one shard, expiring after ``message_timeout`` seconds.
 
+    >>> import numpy as np
+    >>> from acker_protocol.packed import encode_apply_request
+    >>> from acker_service.ledger import UNLIMITED
     >>> ledger = ReferenceLedger(message_timeout=30.0, clock=lambda: 0.0)
-    >>> ledger.apply_batch(Batch.of([1, 2], [5, 5], [9, 9], spouts=["s"])).resolutions
+    >>> request = encode_apply_request(np.array([1, 2]), np.array([5, 5]), np.array([9, 9]), spouts=["s"])
+    >>> ledger.apply(request, UNLIMITED).ended.resolutions()
     [Resolution(spout='s', root=5, outcome=<Outcome.ACKED: 1>, latency_seconds=0.0)]
     """
+
+    engine: ClassVar[str] = "reference"
 
     def __init__(
         self,
@@ -143,12 +142,36 @@ class ReferenceLedger:
         """Entries created by acks or fails whose init has not (yet) arrived."""
         return len(self._pending) + sum(map(len, self._draining)) - self._open_trees
 
-    @property
-    def expiry_due(self) -> int:
-        """Entries a rotation already detached that ``advance_some`` has not expired yet."""
-        return sum(map(len, self._draining))
+    def apply(self, request: bytes, limits: Limits, max_expired: int | None = None) -> ColumnarResult:
+        """Decode with protobuf, validate whole, then apply (the :class:`~acker_service.ledger.Ledger` contract).
 
-    def apply_batch(self, batch: Batch, max_expired: int | None = None) -> BatchResult:
+        Raises a :class:`~acker_service.batch.BatchError` and changes nothing on refusal.
+        """
+        try:
+            message = acker_pb2.ApplyRequest.FromString(request)
+        except DecodeError as exc:
+            raise undecodable(exc) from exc
+        batch = Batch.of(
+            message.kinds, message.root_ids, message.values, message.dedup_keys, message.spouts, message.spout_index
+        )
+        validate_batch(
+            batch, shard_index=limits.shard_index, shard_count=limits.shard_count, max_batch=limits.max_batch
+        )
+        result = self._apply_batch(batch, max_expired)
+        return ColumnarResult(
+            result.applied,
+            result.deduplicated,
+            result.ignored,
+            OutcomeColumns.from_resolutions(result.resolutions),
+            OutcomeColumns.from_resolutions(result.timeout_resets),
+        )
+
+    def advance(self, max_expired: int | None = None) -> tuple[OutcomeColumns, bool]:
+        """Rotate as due, then collect at most ``max_expired`` due entries (None: all), as columns."""
+        resolutions, more = self._advance_some(max_expired)
+        return OutcomeColumns.from_resolutions(resolutions), more
+
+    def _apply_batch(self, batch: Batch, max_expired: int | None = None) -> BatchResult:
         """Apply a batch that :func:`~acker_service.batch.validate_batch` accepted.
 
         This is the hot path, so the per-operation rules are inlined in one
@@ -157,7 +180,7 @@ class ReferenceLedger:
         by default); a due tree the batch touches expires before the batch
         applies to it, so a sliced expiry never changes what a client sees.
         """
-        resolutions, _ = self.advance_some(max_expired)
+        resolutions, _ = self._advance_some(max_expired)
         now = self._clock()
         stats = self.stats
         n = len(batch.kinds)
@@ -259,17 +282,11 @@ class ReferenceLedger:
         stats.deduplicated += deduplicated
         return BatchResult(applied, deduplicated, ignored, resolutions, timeout_resets)
 
-    def advance(self) -> list[Resolution]:
-        """Rotate as many times as the clock says are due; return every tree that timed out.
+    def _advance_some(self, max_expired: int | None) -> tuple[list[Resolution], bool]:
+        """Rotate as due, then expire at most ``max_expired`` due entries (None: all).
 
         Entries without a spout (acks whose init never came) are dropped and
         counted as orphaned, as the spec says.
-        """
-        resolutions, _ = self.advance_some(None)
-        return resolutions
-
-    def advance_some(self, max_expired: int | None) -> tuple[list[Resolution], bool]:
-        """Rotate as due, then expire at most ``max_expired`` due entries (None: all).
 
         Returns the trees that timed out and whether more are due. A rotation
         detaches its expired bucket at once, so the expiry window is the same
@@ -333,8 +350,13 @@ class ReferenceLedger:
         """Seconds until the next rotation is due (never negative)."""
         return max(0.0, self._next_rotation - self._clock())
 
-    def pending_roots(self) -> Iterable[int]:
+    def pending_roots(self) -> list[int]:
         """Root ids of all entries (for tests and diagnostics; not the hot path)."""
-        yield from self._pending
+        roots = list(self._pending)
         for bucket in self._draining:
-            yield from bucket
+            roots.extend(bucket)
+        return roots
+
+
+if TYPE_CHECKING:
+    _: type[Ledger] = ReferenceLedger  # mypy: the engine implements the whole contract

@@ -26,8 +26,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from .auth import Authenticator, AuthInterceptor
 from .config import ServerConfig
 from .decode_guard import DecodeGuardInterceptor
-from .engines import Engine
 from .interceptors import MetricsInterceptor
+from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
 from .outcome_hub import OutcomeHub
 from .reflection import enable_reflection
@@ -121,7 +121,7 @@ class AckerServer:
         return self.shard.incarnation
 
     @property
-    def ledger(self) -> Engine:
+    def ledger(self) -> Ledger:
         """The shard's ledger (touch it only through :meth:`call`)."""
         return self.shard.ledger
 

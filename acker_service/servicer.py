@@ -3,15 +3,18 @@
 All methods run on the server's event loop, the only place the shard is
 touched, so nothing here needs a lock. Apply receives the request's raw bytes
 (see :func:`add_acker_servicer`): the shard's ledger engine decodes them, so the
-native engine never builds a Python object per operation.
+native engine never builds a Python object per operation. Subscribe streams
+``OutcomeBatch`` bytes written straight from the hub's columns
+(:func:`~acker_protocol.packed.encode_outcome_batch`), never a Python object per
+outcome either.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import cast
 
 import grpc
+from acker_protocol.packed import encode_outcome_batch
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from ._version import __version__
@@ -53,8 +56,9 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             )
         await context.abort(status, message)
 
-    async def Subscribe(self, request: acker_pb2.SubscribeRequest, context: grpc.aio.ServicerContext):
-        """Stream the spout's retained outcomes after the resume position, then live ones."""
+    # The generated base class types the responses as OutcomeBatch; here they are its bytes (add_acker_servicer).
+    async def Subscribe(self, request: acker_pb2.SubscribeRequest, context: grpc.aio.ServicerContext):  # type: ignore[override]
+        """Stream the spout's retained outcomes after the resume position, then live ones, as OutcomeBatch bytes."""
         incarnation = self._shard.incarnation
         chunks = self._shard.subscribe(
             request.spout,
@@ -69,14 +73,13 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             # aclosing: a cancelled stream releases its subscription now, not at garbage collection.
             async with contextlib.aclosing(chunks):
                 async for chunk in chunks:
-                    yield acker_pb2.OutcomeBatch(
-                        incarnation=incarnation,
-                        first_sequence=chunk.first_sequence,
-                        root_ids=chunk.roots,
-                        # Plain ints from the (protobuf-free) hub are the enum's wire values.
-                        outcomes=cast("list[acker_pb2.Outcome.ValueType]", chunk.outcomes),
-                        latency_micros=chunk.latency_micros,
-                        dropped=chunk.dropped,
+                    yield encode_outcome_batch(
+                        incarnation,
+                        chunk.first_sequence,
+                        chunk.roots,
+                        chunk.outcomes,
+                        chunk.latency_micros,
+                        chunk.dropped,
                     )
         except SubscribeRefused as exc:
             status, message = _STATUS_OF[type(exc)], str(exc)
@@ -101,13 +104,15 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
         )
 
 
-def _raw_request(data: bytes) -> bytes:
-    """Apply's request deserializer: none; the ledger engine decodes the bytes itself."""
+def _raw(data: bytes) -> bytes:
+    """Apply's request deserializer and Subscribe's response serializer: none, the bytes are the message."""
     return data
 
 
 def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None:
-    """Register the servicer like the generated ``add_AckerServicer_to_server``, but Apply gets raw bytes.
+    """Register the servicer like the generated ``add_AckerServicer_to_server``, but with bytes where it pays.
+
+    Apply gets raw request bytes; Subscribe yields serialized OutcomeBatch bytes.
 
     The native engine decodes ``ApplyRequest`` in Rust; the reference engine decodes
     with protobuf. Either way a request that does not decode is INVALID_ARGUMENT
@@ -116,13 +121,13 @@ def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None
     handlers = {
         "Apply": grpc.unary_unary_rpc_method_handler(
             servicer.Apply,
-            request_deserializer=_raw_request,
+            request_deserializer=_raw,
             response_serializer=acker_pb2.ApplyResponse.SerializeToString,
         ),
         "Subscribe": grpc.unary_stream_rpc_method_handler(
             servicer.Subscribe,
             request_deserializer=acker_pb2.SubscribeRequest.FromString,
-            response_serializer=acker_pb2.OutcomeBatch.SerializeToString,
+            response_serializer=_raw,
         ),
         "Describe": grpc.unary_unary_rpc_method_handler(
             servicer.Describe,

@@ -19,13 +19,12 @@ from collections.abc import AsyncGenerator, Callable
 from acker_protocol.text import clip
 from acker_protocol.wire import check_spout_name
 
-from .batch import Batch, validate_batch
 from .config import ServerConfig
 from .engines import new_ledger
+from .ledger import Limits
 from .metrics import AckerMetrics
 from .outcome_columns import ColumnarResult, OutcomeColumns
 from .outcome_hub import OutcomeChunk, OutcomeHub
-from .reference_ledger import BatchResult
 
 __all__ = ["EXPIRY_SLICE", "Shard", "SubscribeRefused", "BadSpoutName", "ShardClosing", "Superseded", "new_incarnation"]
 
@@ -65,7 +64,7 @@ class TooManySubscriptions(SubscribeRefused):
 class Shard:
     """The pending trees of one shard and the routing of their outcomes to spouts.
 
-    ``apply`` validates and applies a batch (raising a
+    ``apply_request`` validates and applies a request (raising a
     :class:`~acker_service.batch.BatchError` that changes nothing), ``advance``
     expires what the clock says is due, ``subscribe`` streams a spout's
     outcomes, ``close`` ends those streams at shutdown.
@@ -78,6 +77,7 @@ class Shard:
         self.config = config
         self.incarnation = incarnation or new_incarnation()
         self.ledger = new_ledger(config.engine, config.message_timeout, config.buckets, clock)
+        self.limits = Limits(config.shard_index, config.shard_count, config.max_batch)
         self.hub = OutcomeHub(
             config.retain_outcomes,
             config.retain_seconds,
@@ -105,39 +105,18 @@ class Shard:
         Raises a :class:`~acker_service.batch.BatchError` that changes nothing,
         also for bytes that are not an ``ApplyRequest``.
         """
-        config = self.config
-        result = self.ledger.apply_request(
-            data,
-            shard_index=config.shard_index,
-            shard_count=config.shard_count,
-            max_batch=config.max_batch,
-            # Due trees collect in slices on the ticker, not in Apply's latency; a due
-            # tree the batch touches still expires first (exactly one outcome).
-            max_expired=0,
-        )
+        # Due trees collect in slices on the ticker, not in Apply's latency; a due
+        # tree the batch touches still expires first (exactly one outcome).
+        result = self.ledger.apply(data, self.limits, max_expired=0)
         self._settle(result.ended)
         # Not ends, so no latency or outcome metrics: only the spout must know.
-        self.hub.publish_columns(result.timeout_resets)
-        self.metrics.batch_operations.observe(result.operations)
-        return result
-
-    def apply(self, batch: Batch) -> BatchResult:
-        """Validate the whole batch, apply it and route the outcomes it produced."""
-        config = self.config
-        validate_batch(
-            batch, shard_index=config.shard_index, shard_count=config.shard_count, max_batch=config.max_batch
-        )
-        # Due trees collect in slices on the ticker (see apply_request).
-        result = self.ledger.apply_batch(batch, max_expired=0)
-        self._settle(OutcomeColumns.from_resolutions(result.resolutions))
-        # Not ends, so no latency or outcome metrics: only the spout must know.
         self.hub.publish(result.timeout_resets)
-        self.metrics.batch_operations.observe(len(batch))
+        self.metrics.batch_operations.observe(result.operations)
         return result
 
     def advance(self) -> int:
         """Expire every due tree and old retained outcomes at once; return how many trees timed out."""
-        timed_out = self.ledger.advance_columns()
+        timed_out, _ = self.ledger.advance(None)
         self._settle(timed_out)
         self.hub.expire()
         return len(timed_out)
@@ -148,7 +127,7 @@ class Shard:
         Returns how many trees timed out and whether more are due: the caller
         yields to the event loop and calls again while they are.
         """
-        timed_out, more = self.ledger.advance_some_columns(max_expired)
+        timed_out, more = self.ledger.advance(max_expired)
         self._settle(timed_out)
         self.hub.expire()
         return len(timed_out), more
@@ -157,7 +136,7 @@ class Shard:
         """Record and route the outcomes of ended trees, refresh the scrape-time gauges."""
         if len(ended):
             self.metrics.complete_latency.observe_many(ended.latency_seconds())
-            self.hub.publish_columns(ended)
+            self.hub.publish(ended)
         self.metrics.refresh_gauges(self.ledger.pending_trees, self.ledger.orphan_entries)
 
     async def subscribe(

@@ -156,15 +156,28 @@ class OpBuffer:
             return tuple(self._init_roots)
         return tuple(self._init_roots) + tuple(np.concatenate(columns).tolist())
 
+    def encode(self, batch_key: int = 0) -> tuple[bytes, int]:
+        """The serialized ApplyRequest and its number of operations: what the client sends, encoded once.
+
+        Buffered columns are written straight to bytes by numpy; buffered single
+        operations go through the generated message, serialized once.
+        """
+        if self._chunks:
+            data, count = self._encode_columns(batch_key)
+            return data, count
+        request = self.to_request(batch_key)
+        return request.SerializeToString(), len(request.kinds)
+
     def to_request(self, batch_key: int = 0) -> acker_pb2.ApplyRequest:
         """Encode as one ApplyRequest of packed parallel arrays (no per-operation sub-messages).
 
         A non-zero ``batch_key`` becomes the dedup key of every unkeyed ACK, so
         that the acker applies them once even if the whole request is sent
-        again after a lost response (see :mod:`acker_client.delivery`).
+        again after a lost response (see :mod:`acker_client.delivery`). The
+        client sends :meth:`encode`'s bytes; this message is for inspection.
         """
         if self._chunks:
-            return acker_pb2.ApplyRequest.FromString(self._encode_columns(batch_key))
+            return acker_pb2.ApplyRequest.FromString(self._encode_columns(batch_key)[0])
         acks = [(r, v) for r, v in self._acks.items() if v]
         keyed = [(r, k, v) for (r, k), v in self._keyed_acks.items() if v]
         n_init, n_fail, n_reset = len(self._init_roots), len(self._fails), len(self._resets)
@@ -201,8 +214,8 @@ class OpBuffer:
         parts.extend(c[1] for c in self._chunks if c[0] == kind)
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
-    def _encode_columns(self, batch_key: int) -> bytes:
-        """The request bytes, folded and ordered as :meth:`to_request` promises, built with numpy."""
+    def _encode_columns(self, batch_key: int) -> tuple[bytes, int]:
+        """The request bytes and operations, folded and ordered as :meth:`to_request` promises, built with numpy."""
         init_chunks = [c for c in self._chunks if c[0] == INIT]
         init_roots = self._column(INIT, self._init_roots)
         init_values = np.concatenate(
@@ -226,7 +239,8 @@ class OpBuffer:
         spout_index = None
         if len(self._spouts) > 1:
             spout_index = np.concatenate((init_spouts, zeros(n_fail + n_ack + n_reset, np.uint32)))
-        return encode_apply_request(kinds, roots, values, dedup_keys, list(self._spouts), spout_index)
+        data = encode_apply_request(kinds, roots, values, dedup_keys, list(self._spouts), spout_index)
+        return data, int(kinds.size)
 
     def _folded_acks(self, batch_key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every buffered ACK folded per (root, dedup key), zero folds dropped; unkeyed ones get ``batch_key``."""

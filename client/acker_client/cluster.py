@@ -529,13 +529,16 @@ class ClusterClient:
         after_sequence: int = 0,
         timeout: float | None = None,
     ):
-        """Open the outcome stream of ``spout`` on ``shard``: an iterator of OutcomeBatch with ``cancel()``.
+        """Open the outcome stream of ``spout`` on ``shard``: an iterator of decoded batches with ``cancel()``.
+
+        Each batch is an :class:`~acker_protocol.packed.OutcomeBatchColumns`: the
+        OutcomeBatch bytes read straight into numpy columns.
 
         The call waits for the shard's connection (``wait_for_ready``), so a
         stream re-opened during a blip starts the moment the network is back.
         """
         request = acker_pb2.SubscribeRequest(spout=spout, incarnation=incarnation, after_sequence=after_sequence)
-        return self._stub(shard).Subscribe(request, timeout=timeout, wait_for_ready=True)
+        return self._state().subscribe_calls[shard](request, timeout=timeout, wait_for_ready=True)
 
     # -- lifecycle -----------------------------------------------------------
 

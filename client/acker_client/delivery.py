@@ -149,12 +149,12 @@ class _Delivery:
 
     __slots__ = ("shard", "buf", "request", "safe", "count", "future", "sent_at", "waiting")
 
-    def __init__(self, shard: int, buf: OpBuffer, request: acker_pb2.ApplyRequest, safe: bool) -> None:
+    def __init__(self, shard: int, buf: OpBuffer, request: bytes, count: int, safe: bool) -> None:
         self.shard = shard
         self.buf = buf
         self.request = request
         self.safe = safe  # retry_safe(request), known from the buffer without reading every operation
-        self.count = len(request.kinds)
+        self.count = count
         self.future: Any = None
         self.sent_at = 0.0
         self.waiting = False  # counted in the client's operations_waiting
@@ -171,7 +171,7 @@ def deliver(
 ) -> list[ShardFailure]:
     """Send one batch per shard and see each through (waiting, retrying); return the batches given up on.
 
-    ``st`` is the client's per-process state: ``stubs``, ``lock``, ``stats``
+    ``st`` is the client's per-process state: ``apply_calls``, ``lock``, ``stats``
     and ``connections`` (a :class:`ConnectionMonitor`). First attempts go to
     every shard at once; then each shard's batch is retried on its own until
     it lands or the common budget (``policy.wait_for_shard``) runs out.
@@ -180,10 +180,10 @@ def deliver(
     deliveries = []
     for shard, buf in batches.items():
         batch_key = new_id() if batch_keys else 0
-        request = buf.to_request(batch_key)
-        if not request.kinds:
+        request, count = buf.encode(batch_key)
+        if not count:
             continue  # everything folded away to no-op acks
-        delivery = _Delivery(shard, buf, request, buf.retry_safe(batch_key))
+        delivery = _Delivery(shard, buf, request, count, buf.retry_safe(batch_key))
         _attempt(st, delivery, policy, give_up_at)
         deliveries.append(delivery)
     results = (_settle(st, d, policy, give_up_at, failure_of, on_sent) for d in deliveries)
@@ -195,7 +195,8 @@ def _attempt(st: Any, delivery: _Delivery, policy: DeliveryPolicy, give_up_at: f
     if st.connections.state(delivery.shard) in (ConnectionMonitor.WAITING, ConnectionMonitor.UNREACHABLE):
         _set_waiting(st, delivery, True)
     delivery.sent_at = time.monotonic()
-    delivery.future = st.stubs[delivery.shard].Apply.future(
+    # The request is already bytes: the call's serializer passes them through (serialized once).
+    delivery.future = st.apply_calls[delivery.shard].future(
         delivery.request, timeout=policy.attempt_timeout(give_up_at), wait_for_ready=True
     )
 

@@ -17,12 +17,22 @@ from typing import Any
 
 from acker_protocol import grpc_options
 from acker_protocol.credentials import ChannelSecurity, open_channel
-from acker_protocol.v1 import acker_pb2_grpc
+from acker_protocol.packed import decode_outcome_batch
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from .batching import OpBuffer
 from .delivery import ConnectionMonitor
 
 __all__ = ["ClientStats", "ProcessState", "Sending", "current_pid"]
+
+_APPLY = "/acker_service.v1.Acker/Apply"
+_SUBSCRIBE = "/acker_service.v1.Acker/Subscribe"
+
+
+def _as_is(data: bytes) -> bytes:
+    """The identity serializer: the request is already its bytes."""
+    return data
+
 
 # os.getpid() is a real system call (about 250 ns on our machines), too dear
 # for every ack. Python runs this hook in the child of every os.fork(), which
@@ -99,6 +109,20 @@ class ProcessState:
         options = options if options is not None else grpc_options.client_options()
         self.channels = [open_channel(a, security, options) for a in addresses]
         self.stubs = [acker_pb2_grpc.AckerStub(c) for c in self.channels]
+        # The columnar calls: Apply sends request bytes as they are (encoded once by the
+        # buffer), Subscribe reads OutcomeBatch bytes straight into numpy columns.
+        self.apply_calls = [
+            c.unary_unary(_APPLY, request_serializer=_as_is, response_deserializer=acker_pb2.ApplyResponse.FromString)
+            for c in self.channels
+        ]
+        self.subscribe_calls = [
+            c.unary_stream(
+                _SUBSCRIBE,
+                request_serializer=acker_pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=decode_outcome_batch,
+            )
+            for c in self.channels
+        ]
         self.connections = ConnectionMonitor(len(addresses))
         self.buffers = [OpBuffer() for _ in addresses]
         self.lock = threading.Lock()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
+from acker_protocol.packed import OutcomeBatchColumns
 
 if TYPE_CHECKING:
     from .cluster import ClusterClient
@@ -36,8 +37,10 @@ class OutcomeSubscription:
 
     Outcomes go to ``deliver(root, outcome, latency_micros)`` one at a time,
     or, given ``deliver_batch`` instead, to ``deliver_batch(roots, outcomes,
-    latency_micros)`` once per batch the acker streams, as numpy arrays (the
-    packed protobuf fields are converted without a Python object per entry).
+    latency_micros)`` once per batch the acker streams, as numpy arrays: the
+    stream's bytes are decoded straight into columns
+    (:func:`~acker_protocol.packed.decode_outcome_batch`), without a Python
+    object per entry.
     """
 
     def __init__(
@@ -160,7 +163,7 @@ class OutcomeSubscription:
         elif code != grpc.StatusCode.CANCELLED:
             log.info("outcome stream of shard %d broke (%s: %s); reconnecting", self.shard, code.name, exc.details())
 
-    def _handle(self, batch) -> None:
+    def _handle(self, batch: OutcomeBatchColumns) -> None:
         self.batches += 1
         if batch.incarnation != self.incarnation:
             # First batch, or the acker restarted: its sequence numbers start over.
@@ -173,18 +176,18 @@ class OutcomeSubscription:
         # The three arrays are parallel; a malformed batch is cut to the shortest (as zip would).
         end = min(count, len(batch.outcomes), len(batch.latency_micros))
         if skip < end:
+            roots, outcomes, micros = (
+                batch.root_ids[skip:end],
+                batch.outcomes[skip:end].astype(np.int32),
+                batch.latency_micros[skip:end],
+            )
             if self._deliver_batch is not None:
-                roots = np.array(batch.root_ids, dtype=np.uint64)[skip:end]
-                outcomes = np.array(batch.outcomes, dtype=np.int32)[skip:end]
-                micros = np.array(batch.latency_micros, dtype=np.uint64)[skip:end]
                 self._deliver_batch(roots, outcomes, micros)
             else:
                 deliver = self._deliver
                 assert deliver is not None
-                for root, outcome, micros in zip(
-                    batch.root_ids[skip:end], batch.outcomes[skip:end], batch.latency_micros[skip:end]
-                ):
-                    deliver(root, outcome, micros)
+                for root, outcome, latency in zip(roots.tolist(), outcomes.tolist(), micros.tolist()):
+                    deliver(root, outcome, latency)
         self.last_sequence = max(self.last_sequence, first + count - 1)
         if batch.dropped and self._on_dropped is not None:
             self._on_dropped(batch.dropped)

@@ -6,6 +6,7 @@ import queue
 import threading
 from collections import defaultdict
 
+from acker_protocol.packed import decode_outcome_batch
 from acker_protocol.v1 import acker_pb2
 
 
@@ -70,16 +71,15 @@ class RecordingCluster:
         return _QueueStream(self.streams[shard], self._closed)
 
     def push(self, shard: int, incarnation: int, first_sequence: int, roots, outcomes) -> None:
-        """Make the shard's open (or next) outcome stream deliver one batch."""
-        self.streams[shard].put(
-            acker_pb2.OutcomeBatch(
-                incarnation=incarnation,
-                first_sequence=first_sequence,
-                root_ids=roots,
-                outcomes=outcomes,
-                latency_micros=[1] * len(roots),
-            )
+        """Make the shard's open (or next) outcome stream deliver one batch, decoded as the client's stream does."""
+        message = acker_pb2.OutcomeBatch(
+            incarnation=incarnation,
+            first_sequence=first_sequence,
+            root_ids=roots,
+            outcomes=outcomes,
+            latency_micros=[1] * len(roots),
         )
+        self.streams[shard].put(decode_outcome_batch(message.SerializeToString()))
 
     def add_error_listener(self, listener):
         self.listeners.append(listener)

@@ -10,6 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from acker_service.batch import Batch, validate_batch
+from acker_service.ledger import UNLIMITED
 from acker_service.reference_ledger import ReferenceLedger
 
 
@@ -120,8 +121,7 @@ def _outcomes(requests) -> tuple[dict, int]:
     ended = {}
     for request in requests:
         _validate(request)
-        batch = Batch.of(request.kinds, request.root_ids, request.values, request.dedup_keys, request.spouts)
-        for res in ledger.apply_batch(batch).resolutions:
+        for res in ledger.apply(request.SerializeToString(), UNLIMITED).ended.resolutions():
             assert res.root not in ended, "a tree ended twice"
             ended[res.root] = res.outcome
     return ended, ledger.pending_trees

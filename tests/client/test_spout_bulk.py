@@ -12,6 +12,7 @@ from acker_client import ShardFailure, ShardUnavailable, Spout, SpoutFull
 from acker_client import columns as columns_module
 from acker_client.columns import random_ids
 from acker_client.subscription import OutcomeSubscription
+from acker_protocol.packed import decode_outcome_batch
 from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import Outcome
 
@@ -324,8 +325,9 @@ def test_subscription_hands_a_batch_over_as_arrays_without_the_sequences_seen():
     batch = acker_pb2.OutcomeBatch(
         incarnation=7, first_sequence=1, root_ids=[5, 6], outcomes=[ACKED, FAILED], latency_micros=[10, 20]
     )
-    sub._handle(batch)
-    sub._handle(batch.__class__(incarnation=7, first_sequence=2, root_ids=[6, 9], outcomes=[FAILED, ACKED]))
+    sub._handle(decode_outcome_batch(batch.SerializeToString()))
+    again = batch.__class__(incarnation=7, first_sequence=2, root_ids=[6, 9], outcomes=[FAILED, ACKED])
+    sub._handle(decode_outcome_batch(again.SerializeToString()))
     assert [a.dtype for a in got[0]] == [np.uint64, np.int32, np.uint64]
     assert [a.tolist() for a in got[0]] == [[5, 6], [ACKED, FAILED], [10, 20]]
     # The second batch has no latencies: cut to the shortest column, as zip did.

@@ -8,18 +8,14 @@ from collections import Counter
 import pytest
 from acker_client.testing import ManualClock
 
-from acker_service.native_ledger import NativeLedger
-from acker_service.reference_ledger import ReferenceLedger
+from .driver import ENGINES
 
 __all__ = ["ManualClock", "ENGINES"]
-
-# Every ledger test runs against both: the reference model and the native core.
-ENGINES = {"reference": ReferenceLedger, "native": NativeLedger}
 
 
 @pytest.fixture(scope="session", params=list(ENGINES))
 def ledger_cls(request) -> type:
-    """The ledger class under test (session-scoped, so hypothesis tests can use it)."""
+    """A factory of the engine under test, driven through the Ledger contract (session-scoped, for hypothesis)."""
     return ENGINES[request.param]
 
 

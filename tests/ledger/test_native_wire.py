@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from acker_service import _native
 from acker_service.batch import Batch, BatchError, validate_batch
-from acker_service.engines import undecodable
+from acker_service.reference_ledger import undecodable
 
 # One value per field type of ApplyRequest, so every field of the descriptor gets content.
 SAMPLES = {
@@ -48,7 +48,7 @@ def test_unpacked_encoding_is_accepted():
 def _python_refusal(data: bytes, **limits) -> tuple[str, str] | None:
     try:
         request = acker_pb2.ApplyRequest.FromString(data)
-    except Exception as exc:  # what ReferenceEngine does with bytes that do not decode
+    except Exception as exc:  # what ReferenceLedger.apply does with bytes that do not decode
         err: BatchError = undecodable(exc)
         return type(err).__name__, "undecodable"
     batch = Batch.of(

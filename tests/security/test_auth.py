@@ -232,3 +232,32 @@ def test_sighup_reloads_the_tokens_of_a_running_acker_server(pki, tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+def test_a_kind_hidden_in_a_wide_varint_is_checked_as_the_ledger_reads_it(secured, pki):
+    """INIT written as the 10-byte varint of 2**32 + 1 is INIT to the ledger, so the check refuses it too."""
+    wide = bytearray()
+    value = 2**32 + INIT
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        wide.append(byte | (0x80 if value else 0))
+        if not value:
+            break
+    init_as_wide_varint = bytes(wide)
+    data = (
+        b"\x08" + init_as_wide_varint  # kinds: one INIT, unpacked, 32 bits too wide
+        + b"\x11" + (10).to_bytes(8, "little")  # root_ids
+        + b"\x19" + (1).to_bytes(8, "little")  # values
+        + b"\x2a\x08payments"  # spouts
+    )  # fmt: skip
+    channel = open_channel(secured.address, ChannelSecurity(tls_ca=pki.ca, token=TOKENS["orders-spout"]))
+    try:
+        apply = channel.unary_unary(
+            "/acker_service.v1.Acker/Apply",
+            request_serializer=lambda b: b,
+            response_deserializer=acker_pb2.ApplyResponse.FromString,
+        )
+        assert _code(lambda: apply(data, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        channel.close()
+    assert _pending(secured) == 0 and _refusals(secured, "spout") == 1

@@ -13,8 +13,8 @@ from acker_client.testing import ManualClock
 from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import Outcome
 
+from acker_service.outcome_columns import OutcomeColumns, Resolution
 from acker_service.outcome_hub import OutcomeHub
-from acker_service.reference_ledger import Resolution
 
 INC = 0x5EED
 RETAIN_SECONDS = 60.0
@@ -31,7 +31,7 @@ def _subscribe_and_leave(hub: OutcomeHub, names) -> None:
     for i, name in enumerate(names):
         sub = hub.subscribe(name, incarnation=0, after_sequence=0, wake=lambda: None)
         hub.take(sub)
-        hub.publish([Resolution(name, i + 1, Outcome.ACKED, 0.001)])
+        hub.publish(OutcomeColumns.from_resolutions([Resolution(name, i + 1, Outcome.ACKED, 0.001)]))
         hub.take(sub)
         hub.unsubscribe(sub)
 
@@ -91,7 +91,7 @@ def test_sequences_never_go_back_after_a_spout_was_forgotten():
     hub = _hub(clock)
     sub = hub.subscribe("s", incarnation=0, after_sequence=0, wake=lambda: None)
     hub.take(sub)
-    hub.publish([Resolution("s", r, Outcome.ACKED, 0.0) for r in range(1, 11)])
+    hub.publish(OutcomeColumns.from_resolutions([Resolution("s", r, Outcome.ACKED, 0.0) for r in range(1, 11)]))
     last = hub.take(sub)
     assert last is not None
     seen = last.first_sequence + len(last.roots) - 1
@@ -101,9 +101,9 @@ def test_sequences_never_go_back_after_a_spout_was_forgotten():
     assert hub.tracked_spouts == 0
     again = hub.subscribe("s", incarnation=INC, after_sequence=seen, wake=lambda: None)
     hub.take(again)
-    hub.publish([Resolution("s", 99, Outcome.FAILED, 0.0)])
+    hub.publish(OutcomeColumns.from_resolutions([Resolution("s", 99, Outcome.FAILED, 0.0)]))
     chunk = hub.take(again)
-    assert chunk is not None and chunk.roots == [99]
+    assert chunk is not None and chunk.roots.tolist() == [99]
     assert chunk.first_sequence > seen
 
 

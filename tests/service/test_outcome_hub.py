@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from acker_protocol.wire import Outcome
 
+from acker_service.outcome_columns import OutcomeColumns, Resolution
 from acker_service.outcome_hub import OUTCOME_BYTES, OutcomeHub
-from acker_service.reference_ledger import Resolution
 
 INC = 0xABCDEF
 
@@ -24,7 +24,7 @@ def make_hub(clock, retain=100, seconds=60.0, buffer_bytes=0) -> OutcomeHub:
 
 def publish(hub, roots, spout="s", outcome=Outcome.ACKED, latency=0.25):
     """Publish one resolution per root for one spout."""
-    hub.publish([Resolution(spout, r, outcome, latency) for r in roots])
+    hub.publish(OutcomeColumns.from_resolutions([Resolution(spout, r, outcome, latency) for r in roots]))
 
 
 class Waker:
@@ -42,7 +42,7 @@ def drain(hub, sub, limit=4096):
     pairs, dropped = [], 0
     while (chunk := hub.take(sub, limit)) is not None:
         dropped += chunk.dropped
-        pairs += [(chunk.first_sequence + i, r) for i, r in enumerate(chunk.roots)]
+        pairs += [(chunk.first_sequence + i, r) for i, r in enumerate(chunk.roots.tolist())]
     return pairs, dropped
 
 
@@ -50,16 +50,18 @@ def test_sequences_start_at_one_per_spout(clock):
     """Each spout numbers its outcomes 1, 2, 3 independently of other spouts."""
     hub = make_hub(clock)
     hub.publish(
-        [
-            Resolution("a", 1, Outcome.ACKED, 0.0),
-            Resolution("b", 2, Outcome.FAILED, 0.0),
-            Resolution("a", 3, Outcome.TIMED_OUT, 1.5),
-        ]
+        OutcomeColumns.from_resolutions(
+            [
+                Resolution("a", 1, Outcome.ACKED, 0.0),
+                Resolution("b", 2, Outcome.FAILED, 0.0),
+                Resolution("a", 3, Outcome.TIMED_OUT, 1.5),
+            ]
+        )
     )
     a = hub.subscribe("a", incarnation=0, after_sequence=0, wake=Waker())
     chunk = hub.take(a)
-    assert (chunk.first_sequence, chunk.roots, chunk.outcomes) == (1, [1, 3], [1, 3])
-    assert chunk.latency_micros == [0, 1_500_000]
+    assert (chunk.first_sequence, chunk.roots.tolist(), chunk.outcomes.tolist()) == (1, [1, 3], [1, 3])
+    assert chunk.latency_micros.tolist() == [0, 1_500_000]
     b = hub.subscribe("b", incarnation=0, after_sequence=0, wake=Waker())
     assert drain(hub, b) == ([(1, 2)], 0)
 
@@ -69,7 +71,7 @@ def test_first_take_answers_even_when_empty(clock):
     hub = make_hub(clock)
     sub = hub.subscribe("s", incarnation=0, after_sequence=0, wake=Waker())
     chunk = hub.take(sub)
-    assert (chunk.first_sequence, chunk.roots, chunk.dropped) == (1, [], 0)
+    assert (chunk.first_sequence, chunk.roots.tolist(), chunk.dropped) == (1, [], 0)
     assert hub.take(sub) is None
 
 
@@ -245,3 +247,22 @@ def test_invalid_bounds_are_refused(clock):
         OutcomeHub(retain_outcomes=0, retain_seconds=1, incarnation=1, clock=clock)
     with pytest.raises(ValueError):
         OutcomeHub(retain_outcomes=1, retain_seconds=0, incarnation=1, clock=clock)
+
+
+def test_a_chunk_taken_stays_as_it_was_while_the_log_grows_evicts_and_empties(clock):
+    """Chunks are views of the log's columns: later publishes, evictions and regrowth never rewrite them."""
+    hub = make_hub(clock, retain=10_000)
+    sub = hub.subscribe("s", incarnation=INC, after_sequence=0, wake=Waker())
+    hub.take(sub)  # the confirmation
+    publish(hub, range(1, 1001))
+    first = hub.take(sub, 500)
+    publish(hub, range(5001, 9001))  # past the first arrays: the log moves into bigger ones
+    chunk = hub.take(sub, 500)  # a view of the bigger arrays
+    kept = chunk.roots.copy()
+    drain(hub, sub)
+    clock.advance(120)
+    hub.expire()  # everything evicted: the log gives its arrays back
+    publish(hub, range(20001, 22001))  # and starts new ones
+    assert first.roots.tolist() == list(range(1, 501))
+    assert chunk.roots.tolist() == kept.tolist() == list(range(501, 1001))
+    assert [r for _, r in drain(hub, sub)[0]] == list(range(20001, 22001))

@@ -3,10 +3,10 @@
 Trees go through in batches of ``batch_ops`` operations: each batch holds the
 INITs of ``batch_ops / 2`` fresh trees and the ACKs that complete the trees of
 the batch before, so every tree lives across one batch boundary and ends ACKED.
-All batches are built before the clock starts. The native engine is timed on
-its columnar path (``apply_columns``: arrays in, outcome arrays out) and on the
-server's hot path (``apply_request``: serialized ApplyRequest bytes in, decoded
-and validated in Rust); the reference ledger on ``apply_batch``, in the same run.
+All batches are encoded before the clock starts. Both engines are timed on
+the one ``Ledger`` contract the server calls (``apply``: serialized
+ApplyRequest bytes in, decoded, validated and applied, outcome columns out),
+in the same run.
 """
 
 from __future__ import annotations
@@ -93,51 +93,45 @@ def run_ledger_bench(
     repeats: int = 3,
     background: int = 1_000_000,
 ) -> dict:
-    """Ops/s of the native ledger (columnar and request paths) and of the reference ledger, same batches.
+    """Ops/s of the native and the reference ledger through the Ledger contract, same requests.
 
     Native figures are the best of ``repeats`` runs on fresh ledgers; the reference runs
     once (on ``reference_trees``, default ``trees``). ``ops_per_s_with_pending`` repeats
-    the columnar run on a ledger already holding ``background`` pending trees, so the
+    the native run on a ledger already holding ``background`` pending trees, so the
     table no longer fits in the CPU caches.
     """
     from acker_service.batch import Batch
-    from acker_service.engines import ReferenceEngine
+    from acker_service.ledger import UNLIMITED
     from acker_service.native_ledger import NativeLedger
+    from acker_service.reference_ledger import ReferenceLedger
 
     batches = ledger_batches(trees, batch_ops)
     ops = sum(len(b) for b in batches)
     requests = _encode(batches)
     slots = []
 
-    def columnar() -> tuple[float, float]:
+    def native() -> tuple[float, float]:
         ledger = NativeLedger(3600.0)
-        took = _timed(ledger.apply_columns, batches)
+        took = _timed(lambda data: ledger.apply(data, UNLIMITED), requests)
         assert ledger.stats.acked == trees and ledger.pending_trees == 0, ledger.stats
         slots.append(ledger.table_slots)
-        return took
-
-    def request_path() -> tuple[float, float]:
-        ledger = NativeLedger(3600.0)
-        apply_request = ledger.apply_request
-        took = _timed(lambda data: apply_request(data, shard_index=0, shard_count=1, max_batch=1 << 30), requests)
-        assert ledger.stats.acked == trees, ledger.stats
         return took
 
     def with_pending() -> tuple[float, float]:
         ledger = NativeLedger(3600.0)
         for batch in ledger_batches(background, 1 << 16):
-            ledger.apply_columns(Batch(batch.kinds[batch.kinds == 1], batch.roots[batch.kinds == 1], batch.values[batch.kinds == 1], spouts=batch.spouts))  # fmt: skip
+            inits = batch.kinds == 1
+            ledger.apply(_encode([Batch(batch.kinds[inits], batch.roots[inits], batch.values[inits], spouts=batch.spouts)])[0], UNLIMITED)  # fmt: skip
         assert ledger.pending_trees == background, ledger.pending_trees
-        return _timed(ledger.apply_columns, batches)
+        return _timed(lambda data: ledger.apply(data, UNLIMITED), requests)
 
-    native_wall, native_cpu = _best(columnar, repeats)
+    native_wall, native_cpu = _best(native, repeats)
     pending_wall, _ = _best(with_pending, 1) if background else (0.0, 0.0)
-    request_wall, request_cpu = _best(request_path, repeats)
     ref_trees = trees if reference_trees is None else min(trees, reference_trees)
-    ref_batches = batches if ref_trees == trees else ledger_batches(ref_trees, batch_ops)
-    ref_ops = sum(len(b) for b in ref_batches)
-    reference = ReferenceEngine(3600.0)
-    ref_wall, ref_cpu = _timed(reference.apply_batch, ref_batches)
+    ref_requests = requests if ref_trees == trees else _encode(ledger_batches(ref_trees, batch_ops))
+    ref_ops = ops if ref_trees == trees else ref_trees * 2
+    reference = ReferenceLedger(3600.0)
+    ref_wall, ref_cpu = _timed(lambda data: reference.apply(data, UNLIMITED), ref_requests)
     assert reference.stats.acked == ref_trees, reference.stats
     return {
         "mode": "ledger",
@@ -148,8 +142,6 @@ def run_ledger_bench(
         "ops_per_cpu_s": round(ops / native_cpu, 1),
         "ops_per_s_with_pending": round(ops / pending_wall, 1) if background else None,
         "pending_background": background,
-        "request_ops_per_s": round(ops / request_wall, 1),
-        "request_ops_per_cpu_s": round(ops / request_cpu, 1),
         "reference_ops_per_s": round(ref_ops / ref_wall, 1),
         "reference_ops_per_cpu_s": round(ref_ops / ref_cpu, 1),
         "speedup": round(ref_wall / ref_ops * ops / native_wall, 1),

@@ -5,12 +5,12 @@
 //! refusals as the exception classes of `acker_service.batch`. The GIL is released while
 //! a batch is decoded, validated and applied.
 
-use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
+use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::ledger::{BatchOutput, Ledger, LedgerError, Ops, Outcomes};
+use crate::ledger::{BatchOutput, Ledger, LedgerError, Outcomes};
 use crate::validate::{validate, BatchError, Limits, Refusal};
 use crate::wire::decode_apply_request;
 
@@ -157,62 +157,13 @@ impl NativeCore {
         }
     }
 
-    /// Validate and apply a batch given as arrays (the `Ledger.apply_batch` interface);
-    /// `expire_limit` as in `apply_request`.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (kinds, roots, values, dedup_keys, spouts, spout_index, now, expire_limit=None))]
-    fn apply_arrays<'py>(
-        &mut self,
-        py: Python<'py>,
-        kinds: PyReadonlyArray1<'py, i32>,
-        roots: PyReadonlyArray1<'py, u64>,
-        values: PyReadonlyArray1<'py, u64>,
-        dedup_keys: PyReadonlyArray1<'py, u64>,
-        spouts: Vec<String>,
-        spout_index: PyReadonlyArray1<'py, u32>,
-        now: f64,
-        expire_limit: Option<usize>,
-    ) -> PyResult<Applied<'py>> {
-        let expire_limit = expire_limit.unwrap_or(usize::MAX);
-        let ops = Ops {
-            kinds: kinds.as_slice()?,
-            roots: roots.as_slice()?,
-            values: values.as_slice()?,
-            dedup_keys: dedup_keys.as_slice()?,
-            spouts: &spouts,
-            spout_index: spout_index.as_slice()?,
-        };
-        let limits = Limits {
-            shard_index: 0,
-            shard_count: 1,
-            max_batch: usize::MAX,
-        };
-        validate(&ops, limits).map_err(|e| refusal_error(py, e))?;
-        let ledger = &mut self.ledger;
-        let mut out = BatchOutput::default();
-        py.detach(|| ledger.apply_expiring_at_most(&ops, now, expire_limit, &mut out))
-            .map_err(|e| ledger_error(py, e))?;
-        self.finish(py, out)
-    }
-
-    /// Rotate as due and collect every expired tree (TIMED_OUT columns).
-    fn advance<'py>(&mut self, py: Python<'py>, now: f64) -> PyResult<Columns<'py>> {
+    /// Rotate as due at `now`, then collect at most `limit` expired trees (all when None), GIL
+    /// released; returns (TIMED_OUT columns, whether more are due).
+    #[pyo3(signature = (now, limit=None))]
+    fn advance<'py>(&mut self, py: Python<'py>, now: f64, limit: Option<usize>) -> PyResult<(Columns<'py>, bool)> {
         let ledger = &mut self.ledger;
         let mut out = Outcomes::default();
-        py.detach(|| ledger.advance(now, &mut out));
-        columns(py, &self.ledger, out)
-    }
-
-    /// Rotate as due without collecting; true if a rotation happened.
-    fn advance_clock(&mut self, now: f64) -> bool {
-        self.ledger.advance_clock(now)
-    }
-
-    /// Collect at most `limit` expired trees; returns (columns, whether more may be due).
-    fn expire_some<'py>(&mut self, py: Python<'py>, now: f64, limit: usize) -> PyResult<(Columns<'py>, bool)> {
-        let ledger = &mut self.ledger;
-        let mut out = Outcomes::default();
-        let more = py.detach(|| ledger.expire_some(now, limit, &mut out));
+        let more = py.detach(|| ledger.advance_at_most(now, limit.unwrap_or(usize::MAX), &mut out));
         Ok((columns(py, &self.ledger, out)?, more))
     }
 
@@ -221,21 +172,25 @@ impl NativeCore {
         self.ledger.seconds_until_rotation(now)
     }
 
-    /// The counters, in `LedgerStats` field order.
-    fn stats(&self) -> (u64, u64, u64, u64, u64, u64, u64, u64, u64, u64) {
+    /// The counters by name (the fields of `acker_service.ledger.LedgerStats`).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.ledger.stats();
-        (
-            s.inits,
-            s.acks,
-            s.fails,
-            s.resets,
-            s.acked,
-            s.failed,
-            s.timed_out,
-            s.orphaned,
-            s.duplicate_inits,
-            s.deduplicated,
-        )
+        let d = PyDict::new(py);
+        for (name, value) in [
+            ("inits", s.inits),
+            ("acks", s.acks),
+            ("fails", s.fails),
+            ("resets", s.resets),
+            ("acked", s.acked),
+            ("failed", s.failed),
+            ("timed_out", s.timed_out),
+            ("orphaned", s.orphaned),
+            ("duplicate_inits", s.duplicate_inits),
+            ("deduplicated", s.deduplicated),
+        ] {
+            d.set_item(name, value)?;
+        }
+        Ok(d)
     }
 
     /// Root ids of all entries (tests and diagnostics).

@@ -317,9 +317,14 @@ impl Ledger {
 
     /// Rotate and collect everything due (the reference model's `advance`).
     pub fn advance(&mut self, now: f64, out: &mut Outcomes) {
+        self.advance_at_most(now, usize::MAX, out);
+    }
+
+    /// Rotate as due, then collect at most `limit` expired trees; true if more are due.
+    pub fn advance_at_most(&mut self, now: f64, limit: usize, out: &mut Outcomes) -> bool {
         self.spouts.collect();
         self.advance_clock(now);
-        self.expire_some(now, usize::MAX, out);
+        self.expire_some(now, limit, out)
     }
 
     fn settle_expired(&mut self, e: &Entry, now_us: u64, out: &mut Outcomes) {

@@ -1,0 +1,120 @@
+"""The ``Ledger`` contract: the one entrance every ledger engine offers the server, columnar only.
+
+Both engines (:class:`~acker_service.native_ledger.NativeLedger`, the Rust core,
+and :class:`~acker_service.reference_ledger.ReferenceLedger`, the executable
+spec in Python) implement exactly this protocol and nothing else is called on
+them by the server, the benchmarks or the tests, so the differential test that
+shows the two equal covers everything the server relies on.
+
+The contract is columnar: serialized ``ApplyRequest`` bytes in (the form they
+arrive in from gRPC), outcome columns (:class:`OutcomeColumns`) out. An engine
+converts to its own inner form at its own edge. The ledger is pure: no I/O and
+no clock of its own (each engine is given a clock and reads it per call).
+
+To add a rule or an operation: add a method here, then to both engines (the
+``Ledger`` check at the end of each engine module, and mypy, flag the one you
+forgot), and drive it in ``tests/ledger/test_differential.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+from .outcome_columns import ColumnarResult, OutcomeColumns
+
+__all__ = ["Ledger", "Limits", "LedgerStats", "UNLIMITED"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What an acker accepts in one request: its shard (the ownership check) and the batch bound.
+
+    ``shard_count`` 1 owns every root. The check itself lives with validation
+    (``batch.py`` / ``native/src/validate.rs``); this only carries its inputs.
+    """
+
+    shard_index: int = 0
+    shard_count: int = 1
+    max_batch: int = 2**31 - 1
+
+
+# No limits: one shard owning everything and no batch bound (tests and benchmarks).
+UNLIMITED = Limits()
+
+
+@dataclass
+class LedgerStats:
+    """Monotonic counters of everything the ledger did (the metrics read these)."""
+
+    inits: int = 0
+    acks: int = 0
+    fails: int = 0
+    resets: int = 0
+    acked: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    orphaned: int = 0
+    duplicate_inits: int = 0
+    deduplicated: int = 0
+
+
+@runtime_checkable
+class Ledger(Protocol):
+    """The pending trees of one shard, expiring ``message_timeout`` seconds after their last touch.
+
+    ``stats`` is one object for the life of the ledger: the metrics collector
+    keeps a reference and reads its plain ints from another thread.
+    """
+
+    engine: ClassVar[str]
+    message_timeout: float
+    stats: LedgerStats
+
+    @property
+    def buckets(self) -> int:
+        """Number of rotation buckets."""
+        ...
+
+    @property
+    def rotation_period(self) -> float:
+        """Seconds between rotations, ``message_timeout / (buckets - 1)``."""
+        ...
+
+    @property
+    def pending_trees(self) -> int:
+        """Trees whose init was applied and that have no outcome yet."""
+        ...
+
+    @property
+    def orphan_entries(self) -> int:
+        """Entries created by acks or fails whose init has not (yet) arrived."""
+        ...
+
+    def apply(self, request: bytes, limits: Limits, max_expired: int | None = None) -> ColumnarResult:
+        """Decode, validate whole and apply serialized ``ApplyRequest`` bytes.
+
+        Trees that are due collect first, at most ``max_expired`` of them (None:
+        all); a due tree the batch touches expires before the batch applies to
+        it, so slicing the expiry never changes what a client sees. Raises a
+        :class:`~acker_service.batch.BatchError` (also for bytes that do not
+        decode) and then changes nothing.
+        """
+        ...
+
+    def advance(self, max_expired: int | None = None) -> tuple[OutcomeColumns, bool]:
+        """Rotate as the clock says is due, then collect at most ``max_expired`` due entries (None: all).
+
+        Returns the trees that timed out and whether more are due. Entries
+        without a spout (acks whose init never came) are dropped and counted as
+        orphaned.
+        """
+        ...
+
+    def seconds_until_rotation(self) -> float:
+        """Seconds until the next rotation is due (never negative)."""
+        ...
+
+    def pending_roots(self) -> list[int]:
+        """Root ids of all entries (diagnostics and tests; not the hot path)."""
+        ...
