@@ -61,6 +61,8 @@ system-deps:
 	@# Debian starts the packaged Prometheus as a service; the tests run their own.
 	@command -v systemctl >/dev/null 2>&1 && systemctl stop prometheus >/dev/null 2>&1 || true
 
+DEMO_ARGS ?= --spark-read
+
 demo: $(DEMO_VENV)
 	$(VENV)/bin/acker-demo $(DEMO_ARGS)
 

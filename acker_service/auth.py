@@ -6,7 +6,8 @@ The tokens file holds only SHA-256 hashes (``name <hex>`` per line); a
 presented token is hashed and compared with every entry in constant time.
 The policy (TOML) lists per principal the spouts it may INIT and Subscribe to
 (exact names and prefixes), whether it may send ACK / FAIL / RESET_TIMEOUT
-(``executor``) and whether it may call Describe::
+(``executor``), whether it may call Describe and Inspect (``describe``) and
+whether it may fail trees from outside with ForceFail (``admin``)::
 
     [principals."token:orders-spout"]
     spouts = ["orders"]
@@ -15,6 +16,10 @@ The policy (TOML) lists per principal the spouts it may INIT and Subscribe to
     [principals."cert:CN=spark-executors,O=example"]
     executor = true
     describe = true
+
+    [principals."token:oncall"]
+    describe = true
+    admin = true
 
 Both files are read again on :meth:`Authenticator.reload` (SIGHUP); a file
 that does not parse leaves the previous version in force. The health service
@@ -47,7 +52,7 @@ log = logging.getLogger("acker_service")
 
 ACKER_METHODS = "/acker_service.v1.Acker/"
 # Refusal reasons, the only label values of acker_auth_refusals_total (never a name).
-REASONS = ("no_credentials", "unknown_token", "no_rights", "spout", "executor", "describe", "takeover")
+REASONS = ("no_credentials", "unknown_token", "no_rights", "spout", "executor", "describe", "takeover", "admin")
 
 
 def hash_token(token: str) -> str:
@@ -77,6 +82,7 @@ class Rights:
     spout_prefixes: tuple[str, ...] = ()
     executor: bool = False
     describe: bool = False
+    admin: bool = False  # ForceFail: end other principals' trees (operators only)
 
     def may_use_spout(self, spout: str) -> bool:
         """INIT trees for, and Subscribe to, ``spout``."""
@@ -95,7 +101,7 @@ class Policy:
         data = tomllib.loads(Path(path).read_text())
         principals = {}
         for name, entry in data.get("principals", {}).items():
-            unknown = set(entry) - {"spouts", "spout_prefixes", "executor", "describe"}
+            unknown = set(entry) - {"spouts", "spout_prefixes", "executor", "describe", "admin"}
             if unknown:
                 raise ValueError(f"{path}: principal {name!r} has unknown keys {sorted(unknown)}")
             principals[name] = Rights(
@@ -103,6 +109,7 @@ class Policy:
                 tuple(entry.get("spout_prefixes", ())),
                 bool(entry.get("executor", False)),
                 bool(entry.get("describe", False)),
+                bool(entry.get("admin", False)),
             )
         return cls(principals)
 
@@ -234,9 +241,17 @@ class AuthInterceptor(HandlerInterceptor):
     def _check_unary(self, name: str, request, context) -> None:
         principal = self.auth.principal(context)
         rights = self.auth.rights(principal)
-        if name == "Describe":
+        if name in ("Describe", "Inspect"):
             if not rights.describe:
-                raise Refused(grpc.StatusCode.PERMISSION_DENIED, "describe", f"{clip(principal)} may not call Describe")
+                raise Refused(grpc.StatusCode.PERMISSION_DENIED, "describe", f"{clip(principal)} may not call {name}")
+            return
+        if name == "ForceFail":
+            if not rights.admin:
+                raise Refused(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "admin",
+                    f"{clip(principal)} may not call ForceFail (needs admin = true in the policy); nothing failed",
+                )
             return
         # Apply takes the raw bytes (the ledger decodes them); the check reads only the
         # kinds, spout names and spout index of them, stepping over the id arrays.

@@ -45,6 +45,17 @@ _FLAGS = (
     _Flag("shard_count", int, "number of acker shards in the cluster"),
     _Flag("message_timeout", float, "seconds a tree may stay pending before it times out"),
     _Flag("buckets", int, "RotatingMap buckets; trees expire within timeout + timeout/(buckets-1)"),
+    _Flag(
+        "timeout_mode",
+        str,
+        "fixed: a tree's timeout runs from its init or last RESET_TIMEOUT; progress: every applied ack restarts it "
+        "(needs --max-tree-lifetime)",
+    ),
+    _Flag(
+        "max_tree_lifetime",
+        float,
+        "seconds after its init at which any tree ends LIFETIME_EXCEEDED, however it is kept alive; 0 for no cap",
+    ),
     _Flag("metrics_host", str, "address of the Prometheus endpoint (default: --host)"),
     _Flag("metrics_port", _optional_port, "Prometheus /metrics port; 0 picks a free one; 'off' for none"),
     _Flag("max_batch", int, "most operations accepted in one Apply call (RESOURCE_EXHAUSTED above)"),

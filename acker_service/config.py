@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from acker_protocol import grpc_options
 
+from .tree_info import TIMEOUT_MODES, check_timeout_rules
+
 __all__ = ["ServerConfig", "ConfigError", "ENGINES"]
 
 # The ledger engines (see acker_service.engines): the Rust core, and the Python model.
@@ -27,6 +29,9 @@ class ServerConfig:
     shard_count: int = 1
     message_timeout: float = 30.0
     buckets: int = 3
+    # Progress timeouts (docs/operations.md): "progress" restarts a tree's timeout on every applied ack.
+    timeout_mode: str = "fixed"
+    max_tree_lifetime: float = 0.0  # seconds from init after which any tree ends LIFETIME_EXCEEDED; 0 = no cap
     metrics_host: str | None = None  # None = same as host
     metrics_port: int | None = None  # None = no metrics HTTP server; 0 = pick a free port
     max_batch: int = 65536
@@ -96,6 +101,7 @@ def _problems(c: ServerConfig) -> list[str]:
         problems.append(f"subscriber buffer bytes must be zero or more, got {c.subscriber_buffer_bytes}")
     if not c.retain_seconds > 0:
         problems.append(f"retain seconds must be positive, got {c.retain_seconds}")
+    problems += _timeout_rule_problems(c)
     if c.engine not in ENGINES:
         problems.append(f"engine must be one of {', '.join(ENGINES)}, got {c.engine!r}")
     if c.engine == "native" and c.buckets > 32:
@@ -113,6 +119,29 @@ def _problems(c: ServerConfig) -> list[str]:
             f"interval; they would be disconnected for pinging too often), got {c.min_ping_interval}"
         )
     return problems
+
+
+def _timeout_rule_problems(c: ServerConfig) -> list[str]:
+    """A timeout mode and lifetime cap that keep the promise that no tree lives forever."""
+    if c.timeout_mode not in TIMEOUT_MODES:
+        return [f"timeout mode must be one of {', '.join(TIMEOUT_MODES)}, got {c.timeout_mode!r}"]
+    if c.timeout_mode == "progress" and not c.max_tree_lifetime:
+        return [
+            "--timeout-mode progress needs --max-tree-lifetime: a tree that keeps making progress would "
+            "otherwise never time out (and the spouts' backstop follows the cap)"
+        ]
+    if not c.message_timeout > 0 or c.buckets < 2:
+        return []  # reported above; the rotation period is undefined
+    try:
+        check_timeout_rules(c.timeout_mode, c.max_tree_lifetime, c.rotation_period)
+    except ValueError as exc:
+        return [str(exc).replace("max_tree_lifetime", "max tree lifetime")]
+    if c.max_tree_lifetime and c.max_tree_lifetime < c.message_timeout:
+        return [
+            f"max tree lifetime ({c.max_tree_lifetime:g} s) must be at least the message timeout "
+            f"({c.message_timeout:g} s), or 0 for no cap"
+        ]
+    return []
 
 
 def _security_problems(c: ServerConfig) -> list[str]:

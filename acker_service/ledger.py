@@ -18,10 +18,12 @@ forgot), and drive it in ``tests/ledger/test_differential.py``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
 from .outcome_columns import ColumnarResult, OutcomeColumns
+from .tree_info import TreeInfo
 
 __all__ = ["Ledger", "Limits", "LedgerStats", "UNLIMITED"]
 
@@ -57,18 +59,26 @@ class LedgerStats:
     orphaned: int = 0
     duplicate_inits: int = 0
     deduplicated: int = 0
+    outlived: int = 0  # trees ended LIFETIME_EXCEEDED (also in timed_out)
+    force_failed: int = 0  # trees ended FAILED by force_fail (also in failed)
 
 
 @runtime_checkable
 class Ledger(Protocol):
     """The pending trees of one shard, expiring ``message_timeout`` seconds after their last touch.
 
-    ``stats`` is one object for the life of the ledger: the metrics collector
-    keeps a reference and reads its plain ints from another thread.
+    ``timeout_mode`` (``fixed`` or ``progress``: every applied ack restarts the
+    timeout) and ``max_tree_lifetime`` (0: no cap; a tree that reaches it ends
+    LIFETIME_EXCEEDED) are set when the engine is made (see
+    :mod:`acker_service.tree_info`). ``stats`` is one object for the life of the
+    ledger: the metrics collector keeps a reference and reads its plain ints
+    from another thread.
     """
 
     engine: ClassVar[str]
     message_timeout: float
+    timeout_mode: str
+    max_tree_lifetime: float
     stats: LedgerStats
 
     @property
@@ -117,4 +127,31 @@ class Ledger(Protocol):
 
     def pending_roots(self) -> list[int]:
         """Root ids of all entries (diagnostics and tests; not the hot path)."""
+        ...
+
+    # -- operating a running ledger (issue 21): read-only views and failing from outside --
+
+    def inspect(self, roots: Sequence[int]) -> list[TreeInfo]:
+        """The state of each root now (read-only: nothing rotates or expires here)."""
+        ...
+
+    def oldest(self, k: int) -> list[TreeInfo]:
+        """The ``k`` oldest pending trees (by time since init; ties by root), oldest first (read-only)."""
+        ...
+
+    def age_histogram(self, bounds: Sequence[float]) -> tuple[list[int], float]:
+        """Pending trees by age: a count per bound (ages ``<=`` it, above the previous), then above all; the age sum."""
+        ...
+
+    def force_fail(self, roots: Sequence[int]) -> OutcomeColumns:
+        """End the pending trees among ``roots`` FAILED now; return their outcomes.
+
+        Rotates as due first (collecting nothing else); a due root among them
+        times out instead, and roots absent or still awaiting their init are
+        left alone.
+        """
+        ...
+
+    def force_fail_spout(self, spout: str) -> OutcomeColumns:
+        """End every pending tree of ``spout`` FAILED now (its due trees time out instead); their outcomes."""
         ...

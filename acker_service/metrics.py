@@ -3,13 +3,16 @@
 The ledger and the outcome hub live on the server's event loop; scrapes come
 from the metrics HTTP thread. The collector below therefore reads only plain
 ints (ledger stats, hub counters, a pending/orphan snapshot the loop refreshes)
-and copies of small numpy arrays; it never iterates a ledger structure.
+and copies of small numpy arrays; it never iterates a ledger structure. The one
+count over the pending trees (their ages) is handed to the event loop as a call
+and awaited with a bound (see ``AckerMetrics.tree_ages``).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Histogram, Info, ProcessCollector, start_http_server
@@ -21,6 +24,12 @@ from .outcome_hub import OutcomeHub
 from .reference_ledger import LedgerStats
 
 __all__ = ["AckerMetrics", "ExactHistogram", "LATENCY_BUCKETS", "BATCH_SIZE_BUCKETS", "MetricsHttpServer"]
+
+log = logging.getLogger("acker_service")
+
+# What the server hands the collector to count pending trees by age at scrape time:
+# it runs the count on the event loop (the only thread that touches the ledger).
+TreeAges = Callable[[], tuple[Sequence[float], list[int], float]]
 
 # fmt: off
 # Init-to-outcome time: sub-millisecond local trees up to the longest sensible timeouts.
@@ -126,6 +135,37 @@ class _AckerCollector(Collector):
         )
         yield m.complete_latency.family()
         yield m.batch_operations.family()
+        yield CounterMetricFamily(
+            "acker_trees_lifetime_exceeded",
+            "Trees ended LIFETIME_EXCEEDED at --max-tree-lifetime (also counted as timed_out).",
+            value=s.outlived,
+        )
+        yield CounterMetricFamily(
+            "acker_trees_force_failed",
+            "Trees an operator ended FAILED with ForceFail (also counted as failed).",
+            value=s.force_failed,
+        )
+        ages = self._tree_ages()
+        if ages is not None:
+            yield ages
+
+    def _tree_ages(self) -> HistogramMetricFamily | None:
+        """Pending trees by age, counted now; None (the family is left out) if the shard cannot answer."""
+        source = self._m.tree_ages
+        if source is None:
+            return None
+        try:
+            bounds, counts, total = source()
+        except Exception as exc:  # a stopped or stalled server: the other metrics still count
+            log.warning("pending tree ages not counted for this scrape: %s", exc or type(exc).__name__)
+            return None
+        cumulative = np.cumsum(counts).tolist()
+        return HistogramMetricFamily(
+            "acker_pending_tree_age_seconds",
+            "Age (time since init) of the trees pending now, counted at scrape time.",
+            buckets=list(zip([repr(float(b)) for b in bounds] + ["+Inf"], cumulative)),
+            sum_value=total,
+        )
 
 
 class AckerMetrics:
@@ -140,6 +180,8 @@ class AckerMetrics:
         # Refreshed by the event loop after every ledger change (see refresh_gauges).
         self.pending = 0
         self.orphans = 0
+        # Set by the server: counts pending trees by age on its event loop (see TreeAges).
+        self.tree_ages: TreeAges | None = None
         self.complete_latency = ExactHistogram(
             "acker_complete_latency_seconds",
             "Time from a tree's init to its outcome, every tree (exact, not sampled).",

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
 
 from ._native import NativeCore
 from .ledger import LedgerStats, Limits
 from .outcome_columns import ColumnarResult, OutcomeColumns
+from .tree_info import TIMEOUT_MODES, TreeInfo, TreeStatus, check_timeout_rules
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -48,7 +51,15 @@ class NativeLedger:
 
     engine: ClassVar[str] = "native"
 
-    def __init__(self, message_timeout: float, buckets: int = 3, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        message_timeout: float,
+        buckets: int = 3,
+        clock: Clock = time.monotonic,
+        *,
+        timeout_mode: str = "fixed",
+        max_tree_lifetime: float = 0.0,
+    ) -> None:
         if not message_timeout > 0:
             raise ValueError(f"message_timeout must be positive, got {message_timeout}")
         if buckets < 2:
@@ -60,6 +71,10 @@ class NativeLedger:
         # One object for the life of the ledger: the metrics collector keeps a reference
         # and reads its plain ints from another thread; _sync refreshes them in place.
         self.stats = LedgerStats()
+        check_timeout_rules(timeout_mode, max_tree_lifetime, self.message_timeout / (buckets - 1))
+        self._core.set_timeout_rules(timeout_mode == TIMEOUT_MODES[1], float(max_tree_lifetime))
+        self.timeout_mode = timeout_mode
+        self.max_tree_lifetime = float(max_tree_lifetime)
 
     def _sync(self) -> None:
         # The core names its counters (LedgerStats' fields), so no field order is shared across the binding.
@@ -116,6 +131,39 @@ class NativeLedger:
     def pending_roots(self) -> list[int]:
         """Root ids of all entries (for tests and diagnostics; not the hot path)."""
         return self._core.roots().tolist()
+
+    # -- operating a running ledger (issue 21; the core is native/src/ledger/admin.rs) --
+
+    def inspect(self, roots: Sequence[int]) -> list[TreeInfo]:
+        """The state of each root now (read-only: nothing rotates or expires here)."""
+        array = np.asarray(roots, dtype=np.uint64)
+        return [_info(row) for row in self._core.inspect(array, self._clock())]
+
+    def oldest(self, k: int) -> list[TreeInfo]:
+        """The ``k`` oldest pending trees (by time since init; ties by root), oldest first."""
+        return [_info(row) for row in self._core.oldest(k, self._clock())]
+
+    def age_histogram(self, bounds: Sequence[float]) -> tuple[list[int], float]:
+        """Pending trees by age: a count per bound (ages ``<=`` it, above the previous), then above all; the age sum."""
+        counts, total_us = self._core.age_histogram([round(b * 1e6) for b in bounds], self._clock())
+        return list(counts), total_us / 1e6
+
+    def force_fail(self, roots: Sequence[int]) -> OutcomeColumns:
+        """Fail the pending trees among ``roots`` now (FAILED to their spouts); a due one times out instead."""
+        raw = self._core.force_fail(np.asarray(roots, dtype=np.uint64), self._clock())
+        self._sync()
+        return _columns(raw)
+
+    def force_fail_spout(self, spout: str) -> OutcomeColumns:
+        """Fail every pending tree of ``spout`` now; its trees already due time out instead."""
+        raw = self._core.force_fail_spout(spout, self._clock())
+        self._sync()
+        return _columns(raw)
+
+
+def _info(row) -> TreeInfo:
+    root, status, spout, age_us, failed, resets, dedup_keys = row
+    return TreeInfo(root, TreeStatus(status), spout, age_us / 1e6, failed, resets, dedup_keys)
 
 
 if TYPE_CHECKING:

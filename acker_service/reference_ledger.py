@@ -17,9 +17,12 @@ acker-semantics spec.
 
 from __future__ import annotations
 
+import heapq
+import math
 import time
+from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import TYPE_CHECKING, ClassVar
@@ -32,6 +35,7 @@ from .batch import Batch, InvalidBatch, validate_batch
 from .ledger import LedgerStats, Limits
 from .outcome_columns import ColumnarResult, OutcomeColumns, Resolution
 from .rotating_map import RotatingMap
+from .tree_info import TIMEOUT_MODES, TreeInfo, TreeStatus, check_timeout_rules
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -47,7 +51,7 @@ _ACKED, _FAILED, _RESET_OUTCOME = Outcome.ACKED, Outcome.FAILED, Outcome.TIMEOUT
 class _Entry:
     """Per-root state: a constant size whatever the tree's size (dedup keys aside)."""
 
-    __slots__ = ("val", "spout", "failed", "started", "dedup")
+    __slots__ = ("val", "spout", "failed", "started", "dedup", "resets", "outlived")
 
     def __init__(self, started: float) -> None:
         self.val = 0
@@ -57,6 +61,9 @@ class _Entry:
         # Dedup keys applied to this tree: None, one key as a plain int (the
         # common case: one client batch key, 36 B instead of a 216 B set), or a set.
         self.dedup: int | set[int] | None = None
+        self.resets = 0  # RESET_TIMEOUTs applied (Inspect shows it)
+        # Set when the entry becomes due: whether it had reached the lifetime cap at that rotation.
+        self.outlived = False
 
 
 def undecodable(detail: object) -> InvalidBatch:
@@ -102,11 +109,18 @@ class ReferenceLedger:
         message_timeout: float,
         buckets: int = 3,
         clock: Clock = time.monotonic,
+        *,
+        timeout_mode: str = "fixed",
+        max_tree_lifetime: float = 0.0,
     ) -> None:
         if not message_timeout > 0:  # also refuses NaN, which would make every comparison false
             raise ValueError(f"message_timeout must be positive, got {message_timeout}")
         self.message_timeout = float(message_timeout)
         self._clock = clock
+        start = clock()
+        # Start times in whole microseconds since here, as the native core keeps them:
+        # the lifetime cap and the ages compare the same integers in both engines.
+        self._epoch = start
         # Only pending trees are kept, as in Storm: a message for a tree that
         # already ended (a Spark re-run after completion) cannot be told from an
         # ack overtaking its init, so it makes an entry without a spout that
@@ -114,13 +128,19 @@ class ReferenceLedger:
         # for every tree for a whole timeout window, i.e. scale with throughput.
         self._pending: RotatingMap[int, _Entry] = RotatingMap(buckets)
         self._period = self.message_timeout / (buckets - 1)
-        self._next_rotation = clock() + self._period
+        self._next_rotation = start + self._period
         # Buckets a rotation detached and whose entries have not all been expired
         # yet (sliced expiry, see ``advance_some``). Their trees are already due:
         # an operation that touches one expires it first.
         self._draining: deque[dict[int, _Entry]] = deque()
         self._open_trees = 0  # entries whose init was applied
         self.stats = LedgerStats()
+        check_timeout_rules(timeout_mode, max_tree_lifetime, self._period)
+        self.timeout_mode = timeout_mode
+        self.max_tree_lifetime = float(max_tree_lifetime)
+        self._progress = timeout_mode == TIMEOUT_MODES[1]
+        self._cap_us = _micros(max_tree_lifetime)  # 0: no cap
+        self._rotated_at_us = 0  # ledger time of the last rotation: the cap is judged there
 
     @property
     def buckets(self) -> int:
@@ -198,6 +218,7 @@ class ReferenceLedger:
         applied = deduplicated = ignored = 0
         inits = acks = fails = resets = dup_inits = acked = failed = 0
         timeout_resets: list[Resolution] = []
+        progress = self._progress
         for kind, root, value, key, spout in zip(
             batch.kinds.tolist(), batch.roots.tolist(), batch.values.tolist(), keys, op_spouts
         ):
@@ -235,6 +256,11 @@ class ReferenceLedger:
                         entry.dedup = {seen, key}
                 entry.val ^= value
                 acks += 1
+                if progress and home is not nursery:
+                    # Progress mode: an applied ack is progress, the tree gets a fresh timeout.
+                    del home[root]
+                    nursery[root] = entry
+                    home = nursery
             elif kind == _INIT:
                 if entry.spout is not None:
                     # Init is set-once: a retried init must not XOR itself back
@@ -252,6 +278,7 @@ class ReferenceLedger:
             else:
                 # reset_timeout: back to the nursery, a fresh timeout for slow work.
                 self._pending.put(root, entry)
+                entry.resets += 1
                 resets += 1
                 applied += 1
                 if entry.spout is not None:
@@ -300,10 +327,19 @@ class ReferenceLedger:
             # instead of looping, since more than `buckets` of them change nothing.
             due = int((now - self._next_rotation) // self._period) + 1
             self._next_rotation += due * self._period
+            detached = []
             for _ in range(min(due, self.buckets)):
                 expired = self._pending.rotate()
                 if expired:
-                    self._draining.append(expired)
+                    detached.append(expired)
+            self._draining.extend(detached)
+            self._rotated_at_us = self._micros(now)
+            if self._cap_us:
+                # Judged now, at the rotation that made them due, however late they are collected.
+                for bucket in detached:
+                    for entry in bucket.values():
+                        entry.outlived = self._outlived(entry)
+                self._detach_outlived()
         budget = -1 if max_expired is None else max_expired
         draining = self._draining
         while draining and budget != 0:
@@ -329,7 +365,9 @@ class ReferenceLedger:
                 stats.orphaned += 1
                 continue
             timed_out += 1
-            resolutions.append(Resolution(entry.spout, root, Outcome.TIMED_OUT, max(0.0, now - entry.started)))
+            resolutions.append(
+                Resolution(entry.spout, root, self._timeout_outcome(entry), max(0.0, now - entry.started))
+            )
         self._open_trees -= timed_out
         stats.timed_out += timed_out
         return len(items)
@@ -342,7 +380,8 @@ class ReferenceLedger:
                 if entry.spout is None:
                     self.stats.orphaned += 1
                     return 0
-                resolutions.append(Resolution(entry.spout, root, Outcome.TIMED_OUT, max(0.0, now - entry.started)))
+                outcome = self._timeout_outcome(entry)
+                resolutions.append(Resolution(entry.spout, root, outcome, max(0.0, now - entry.started)))
                 return 1
         return 0
 
@@ -356,6 +395,133 @@ class ReferenceLedger:
         for bucket in self._draining:
             roots.extend(bucket)
         return roots
+
+    # -- operating a running ledger (issue 21): the cap, inspecting, failing from outside --
+
+    def _micros(self, t: float) -> int:
+        """Whole microseconds from the ledger's creation to clock time ``t`` (the native core's rounding)."""
+        return _micros(t - self._epoch)
+
+    def _outlived(self, entry: _Entry) -> bool:
+        """Whether the entry reached the lifetime cap as of the last rotation."""
+        return bool(self._cap_us) and self._rotated_at_us - self._micros(entry.started) >= self._cap_us
+
+    def _timeout_outcome(self, entry: _Entry) -> Outcome:
+        """TIMED_OUT, or LIFETIME_EXCEEDED for a tree that had reached the cap when it became due (counted)."""
+        if entry.outlived:
+            self.stats.outlived += 1
+            return Outcome.LIFETIME_EXCEEDED
+        return Outcome.TIMED_OUT
+
+    def _detach_outlived(self) -> None:
+        """At a rotation: every live entry that reached the cap becomes due, like an expired bucket."""
+        outlived: dict[int, _Entry] = {}
+        for bucket in self._pending.live_buckets():
+            found = [root for root, entry in bucket.items() if self._outlived(entry)]
+            for root in found:
+                entry = outlived[root] = bucket.pop(root)
+                entry.outlived = True
+        if outlived:
+            self._draining.append(outlived)
+
+    def _info(self, root: int, entry: _Entry | None, due: bool, now_us: int) -> TreeInfo:
+        if entry is None:
+            return TreeInfo(root, TreeStatus.ABSENT, None, 0.0, False, 0, 0)
+        if due:
+            status = TreeStatus.EXPIRING
+        else:
+            status = TreeStatus.AWAITING_INIT if entry.spout is None else TreeStatus.PENDING
+        seen = entry.dedup
+        keys = 0 if seen is None else len(seen) if isinstance(seen, set) else 1
+        age = (now_us - self._micros(entry.started)) / 1e6
+        return TreeInfo(root, status, entry.spout, age, entry.failed, entry.resets, keys)
+
+    def inspect(self, roots: Sequence[int]) -> list[TreeInfo]:
+        """The state of each root now (read-only: nothing rotates or expires here)."""
+        now_us = self._micros(self._clock())
+        infos = []
+        for root in roots:
+            entry = self._pending.get(root)
+            due = False
+            if entry is None:
+                for bucket in self._draining:
+                    entry = bucket.get(root)
+                    if entry is not None:
+                        due = True
+                        break
+            infos.append(self._info(root, entry, due, now_us))
+        return infos
+
+    def _pending_entries(self) -> Iterable[tuple[int, _Entry]]:
+        for bucket in self._pending.live_buckets():
+            for root, entry in bucket.items():
+                if entry.spout is not None:
+                    yield root, entry
+
+    def oldest(self, k: int) -> list[TreeInfo]:
+        """The ``k`` oldest pending trees (by time since init; ties by root), oldest first."""
+        now_us = self._micros(self._clock())
+        found = heapq.nlargest(k, self._pending_entries(), key=lambda item: (-self._micros(item[1].started), -item[0]))
+        return [self._info(root, entry, False, now_us) for root, entry in found]
+
+    def age_histogram(self, bounds: Sequence[float]) -> tuple[list[int], float]:
+        """Pending trees by age: a count per bound (ages ``<=`` it, above the previous), then above all; the age sum."""
+        now_us = self._micros(self._clock())
+        bounds_us = [_micros(b) for b in bounds]
+        counts = [0] * (len(bounds_us) + 1)
+        total = 0
+        for _, entry in self._pending_entries():
+            age = now_us - self._micros(entry.started)
+            counts[bisect_left(bounds_us, age)] += 1
+            total += age
+        return counts, total / 1e6
+
+    def _fail_now(self, root: int, entry: _Entry, now: float, resolutions: list[Resolution]) -> None:
+        assert entry.spout is not None
+        self._open_trees -= 1
+        self.stats.failed += 1
+        self.stats.force_failed += 1
+        resolutions.append(Resolution(entry.spout, root, _FAILED, now - entry.started))
+
+    def force_fail(self, roots: Sequence[int]) -> OutcomeColumns:
+        """Fail the pending trees among ``roots`` now (FAILED to their spouts); a due one times out instead.
+
+        Roots that are absent or still awaiting their init are left alone.
+        """
+        resolutions, _ = self._advance_some(0)  # rotate as due, as a batch would; collect nothing
+        now = self._clock()
+        for root in roots:
+            for bucket in self._pending.live_buckets():
+                entry = bucket.get(root)
+                if entry is not None:
+                    if entry.spout is not None:
+                        del bucket[root]
+                        self._fail_now(root, entry, now, resolutions)
+                    break
+            else:
+                timed_out = self._expire_touched(root, now, resolutions)
+                self._open_trees -= timed_out
+                self.stats.timed_out += timed_out
+        return OutcomeColumns.from_resolutions(resolutions)
+
+    def force_fail_spout(self, spout: str) -> OutcomeColumns:
+        """Fail every pending tree of ``spout`` now; its trees already due time out instead."""
+        resolutions, _ = self._advance_some(0)
+        now = self._clock()
+        for bucket in self._pending.live_buckets():
+            for root in [root for root, entry in bucket.items() if entry.spout == spout]:
+                self._fail_now(root, bucket.pop(root), now, resolutions)
+        for bucket in self._draining:
+            for root in [root for root, entry in bucket.items() if entry.spout == spout]:
+                timed_out = self._expire_touched(root, now, resolutions)
+                self._open_trees -= timed_out
+                self.stats.timed_out += timed_out
+        return OutcomeColumns.from_resolutions(resolutions)
+
+
+def _micros(seconds: float) -> int:
+    """Seconds as whole microseconds, rounded half away from zero as Rust's ``f64::round``."""
+    return int(math.copysign(math.floor(abs(seconds) * 1e6 + 0.5), seconds))
 
 
 if TYPE_CHECKING:

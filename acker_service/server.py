@@ -15,7 +15,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -29,6 +29,7 @@ from .decode_guard import DecodeGuardInterceptor
 from .interceptors import MetricsInterceptor
 from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
+from .operate import AGE_BUCKETS
 from .outcome_hub import OutcomeHub
 from .reflection import enable_reflection
 from .servicer import AckerServicer, add_acker_servicer
@@ -169,6 +170,8 @@ class AckerServer:
             self._thread.join()
             self._thread = None
             raise outcome["error"]
+        # Counted when the registry is collected, on the loop that owns the ledger (never from the HTTP thread).
+        self.shard.metrics.tree_ages = self._tree_ages
         c = self.config
         if c.metrics_port is not None:
             try:
@@ -289,6 +292,14 @@ class AckerServer:
             return fn()
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def _tree_ages(self) -> tuple[Sequence[float], list[int], float]:
+        """Pending trees by age for a metrics scrape (runs on the event loop; bounded wait)."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            raise RuntimeError("the acker server is not running")  # a scrape after stop: no coroutine left pending
+        counts, total = self.call(self.shard.tree_ages, timeout=5.0)
+        return AGE_BUCKETS, counts, total
 
     def reload_auth(self) -> bool:
         """Read the tokens and policy files again (SIGHUP); False if they are broken (the old ones stay)."""

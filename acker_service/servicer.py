@@ -12,14 +12,17 @@ outcome either.
 from __future__ import annotations
 
 import contextlib
+from typing import cast
 
 import grpc
 from acker_protocol.packed import encode_outcome_batch
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+from acker_protocol.wire import Outcome
 
 from ._version import __version__
 from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
 from .shard import BadSpoutName, Shard, ShardClosing, SubscribeRefused, Superseded, TooManySubscriptions
+from .tree_info import TreeInfo
 
 __all__ = ["AckerServicer", "OUTCOMES_PER_MESSAGE", "add_acker_servicer"]
 
@@ -38,7 +41,7 @@ _STATUS_OF = {
 
 
 class AckerServicer(acker_pb2_grpc.AckerServicer):
-    """Apply, Subscribe and Describe for one shard."""
+    """Apply, Subscribe, Describe, Inspect and ForceFail for one shard."""
 
     def __init__(self, shard: Shard) -> None:
         self._shard = shard
@@ -87,6 +90,44 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             return
         await context.abort(status, message)
 
+    async def Inspect(self, request: acker_pb2.InspectRequest, context: grpc.aio.ServicerContext):
+        """The state of the requested roots and the oldest pending trees (read-only)."""
+        try:
+            trees, oldest = self._shard.inspect(list(request.root_ids), request.oldest)
+        except BatchError as exc:
+            await context.abort(_STATUS_OF[type(exc)], str(exc))
+        stats = self._shard.ledger.stats
+        return acker_pb2.InspectResponse(
+            trees=[_tree_state(t) for t in trees],
+            oldest=[_tree_state(t) for t in oldest],
+            shard_index=self._shard.config.shard_index,
+            incarnation=self._shard.incarnation,
+            pending_trees=self._shard.pending_trees,
+            trees_initialized=stats.inits,
+            trees_acked=stats.acked,
+            trees_failed=stats.failed,
+            trees_timed_out=stats.timed_out,
+        )
+
+    async def ForceFail(self, request: acker_pb2.ForceFailRequest, context: grpc.aio.ServicerContext):
+        """End the named pending trees, or all of one spout's, FAILED now."""
+        roots = list(request.root_ids)
+        if bool(roots) == bool(request.spout):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "give either root_ids or spout (not both, not neither); nothing failed",
+            )
+        try:
+            ended = self._shard.force_fail(roots) if roots else self._shard.force_fail_spout(request.spout)
+        except (BatchError, SubscribeRefused) as exc:
+            await context.abort(_STATUS_OF[type(exc)], str(exc))
+        failed = ended.outcomes == int(Outcome.FAILED)
+        return acker_pb2.ForceFailResponse(
+            failed=int(failed.sum()),
+            timed_out=int(len(ended) - failed.sum()),
+            failed_root_ids=ended.roots[failed].tolist() if roots else [],
+        )
+
     async def Describe(self, request: acker_pb2.DescribeRequest, context: grpc.aio.ServicerContext):
         """Shard, timeouts, retention, pending trees and version."""
         c = self._shard.config
@@ -101,7 +142,22 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             incarnation=self._shard.incarnation,
             retain_outcomes=c.retain_outcomes,
             retain_seconds=c.retain_seconds,
+            timeout_mode=c.timeout_mode,
+            max_tree_lifetime_seconds=c.max_tree_lifetime,
         )
+
+
+def _tree_state(info: TreeInfo) -> acker_pb2.TreeState:
+    """One root's state on the wire."""
+    return acker_pb2.TreeState(
+        root_id=info.root,
+        status=cast("acker_pb2.TreeStatus.ValueType", int(info.status)),
+        age_seconds=info.age_seconds,
+        spout=info.spout or "",
+        failed=info.failed,
+        resets=info.resets,
+        dedup_keys=info.dedup_keys,
+    )
 
 
 def _raw(data: bytes) -> bytes:
@@ -133,6 +189,16 @@ def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None
             servicer.Describe,
             request_deserializer=acker_pb2.DescribeRequest.FromString,
             response_serializer=acker_pb2.DescribeResponse.SerializeToString,
+        ),
+        "Inspect": grpc.unary_unary_rpc_method_handler(
+            servicer.Inspect,
+            request_deserializer=acker_pb2.InspectRequest.FromString,
+            response_serializer=acker_pb2.InspectResponse.SerializeToString,
+        ),
+        "ForceFail": grpc.unary_unary_rpc_method_handler(
+            servicer.ForceFail,
+            request_deserializer=acker_pb2.ForceFailRequest.FromString,
+            response_serializer=acker_pb2.ForceFailResponse.SerializeToString,
         ),
     }
     service = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name

@@ -23,8 +23,10 @@ from .config import ServerConfig
 from .engines import new_ledger
 from .ledger import Limits
 from .metrics import AckerMetrics
+from .operate import AGE_BUCKETS, check_oldest, check_roots
 from .outcome_columns import ColumnarResult, OutcomeColumns
 from .outcome_hub import OutcomeChunk, OutcomeHub
+from .tree_info import TreeInfo
 
 __all__ = ["EXPIRY_SLICE", "Shard", "SubscribeRefused", "BadSpoutName", "ShardClosing", "Superseded", "new_incarnation"]
 
@@ -76,7 +78,14 @@ class Shard:
         clock = clock or time.monotonic  # None: real time (callers can pass an optional clock through)
         self.config = config
         self.incarnation = incarnation or new_incarnation()
-        self.ledger = new_ledger(config.engine, config.message_timeout, config.buckets, clock)
+        self.ledger = new_ledger(
+            config.engine,
+            config.message_timeout,
+            config.buckets,
+            clock,
+            timeout_mode=config.timeout_mode,
+            max_tree_lifetime=config.max_tree_lifetime,
+        )
         self.limits = Limits(config.shard_index, config.shard_count, config.max_batch)
         self.hub = OutcomeHub(
             config.retain_outcomes,
@@ -183,6 +192,35 @@ class Shard:
                     await wakeup.wait()
         finally:
             self.hub.unsubscribe(subscription)
+
+    # -- operating a running shard (issue 21) ------------------------------------
+
+    def inspect(self, roots: list[int], oldest: int) -> tuple[list[TreeInfo], list[TreeInfo]]:
+        """The state of ``roots`` and the ``oldest`` oldest pending trees; a BatchError refuses bad input."""
+        check_roots(roots, shard_index=self.config.shard_index, shard_count=self.config.shard_count)
+        check_oldest(oldest)
+        return self.ledger.inspect(roots), self.ledger.oldest(oldest) if oldest else []
+
+    def force_fail(self, roots: list[int]) -> OutcomeColumns:
+        """End the pending trees among ``roots`` FAILED now and route the outcomes; a BatchError refuses bad input."""
+        check_roots(roots, shard_index=self.config.shard_index, shard_count=self.config.shard_count)
+        ended = self.ledger.force_fail(roots)
+        self._settle(ended)
+        return ended
+
+    def force_fail_spout(self, spout: str) -> OutcomeColumns:
+        """End every pending tree of ``spout`` FAILED now and route the outcomes."""
+        try:
+            check_spout_name(spout)
+        except ValueError as exc:
+            raise BadSpoutName(str(exc)) from None
+        ended = self.ledger.force_fail_spout(spout)
+        self._settle(ended)
+        return ended
+
+    def tree_ages(self) -> tuple[list[int], float]:
+        """Pending trees counted by age over :data:`~acker_service.operate.AGE_BUCKETS`, and the age sum."""
+        return self.ledger.age_histogram(AGE_BUCKETS)
 
     def close(self) -> None:
         """End every subscription once it has yielded what is retained (shutdown)."""

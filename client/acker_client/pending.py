@@ -11,6 +11,7 @@ about twice as fast as an ``OrderedDict`` to fill and empty; "move to the end"
 
 from __future__ import annotations
 
+import logging
 import operator
 from collections.abc import Iterator, Sequence
 from itertools import repeat
@@ -19,15 +20,52 @@ from typing import Any
 import numpy as np
 
 from .columns import shard_slices
+from .errors import ShardUnavailable
 
-__all__ = ["PendingTrees", "ShardClock", "default_backstop"]
+__all__ = ["PendingTrees", "ShardClock", "cluster_backstop", "default_backstop"]
+
+log = logging.getLogger(__name__)
 
 
-def default_backstop(message_timeout: float, buckets: int) -> float:
-    """The spout's timeout: the latest an acker can expire a tree, plus a margin for delivery."""
-    # An acker expires a tree between T and T + T/(b-1) after its init.
-    latest = message_timeout + message_timeout / max(buckets - 1, 1)
+def default_backstop(
+    message_timeout: float, buckets: int, *, timeout_mode: str = "fixed", max_tree_lifetime: float = 0.0
+) -> float:
+    """The spout's timeout: the latest an acker can expire a tree, plus a margin for delivery.
+
+    With the acker's ``progress`` timeout mode every ack restarts a tree's timeout,
+    and the spout sees no acks: only the acker's lifetime cap bounds the tree, so
+    the backstop follows the cap instead of the message timeout.
+    """
+    period = message_timeout / max(buckets - 1, 1)
+    # An acker expires a tree between T and T + T/(b-1) after its init (or its
+    # last restart), and a capped tree within one period after the cap.
+    if timeout_mode == "progress" and max_tree_lifetime > 0:
+        latest = max_tree_lifetime + period
+    else:
+        latest = message_timeout + period
     return latest + max(1.0, 0.2 * message_timeout)
+
+
+def cluster_backstop(cluster: Any) -> float:
+    """The backstop for ``cluster``'s trees: :func:`default_backstop` of the slowest shard that answers Describe."""
+    timeouts = []
+    for shard in range(cluster.shard_count):
+        try:
+            info = cluster.describe(shard)
+        except ShardUnavailable as exc:
+            log.warning("backstop: %s", exc)
+            continue
+        timeouts.append(
+            default_backstop(
+                info.message_timeout_seconds,
+                info.buckets,
+                timeout_mode=info.timeout_mode or "fixed",  # "" from an acker older than the field
+                max_tree_lifetime=info.max_tree_lifetime_seconds,
+            )
+        )
+    if not timeouts:
+        raise ShardUnavailable([], "no acker answered Describe; cannot choose the spout's backstop timeout")
+    return max(timeouts)
 
 
 class ShardClock:

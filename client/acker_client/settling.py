@@ -34,6 +34,7 @@ _STOP = object()
 _ACKED = int(Outcome.ACKED)
 _OUTCOME_OF = {int(o): o for o in Outcome}
 _COUNTER = {o: o.name.lower() for o in Outcome}
+_COUNTER[Outcome.LIFETIME_EXCEEDED] = "timed_out"  # a timeout at the acker's lifetime cap
 COUNTERS = ("emitted", "acked", "failed", "timed_out", "lost", "late", "dropped", "timeout_resets")
 
 

@@ -22,9 +22,9 @@ import numpy as np
 from acker_protocol.wire import Outcome
 
 from .columns import random_ids
-from .errors import AckerError, ShardUnavailable, SpoutFull
+from .errors import AckerError, SpoutFull
 from .ids import new_id
-from .pending import PendingTrees, default_backstop
+from .pending import PendingTrees, cluster_backstop, default_backstop
 from .settling import Settlement, SpoutStats
 from .subscription import OutcomeSubscription
 from .tuples import MessageId, TrackedTuple
@@ -33,7 +33,7 @@ __all__ = ["Spout", "SpoutStats", "OnOutcomes", "default_backstop"]
 
 OnOutcomes = Callable[[list[Any], list[tuple[Any, Outcome]]], None]
 """``on_outcomes(acked, failed)``: ``acked`` lists the message ids of records whose tree completed,
-``failed`` holds ``(message_id, reason)`` pairs, ``reason`` being FAILED, TIMED_OUT or LOST."""
+``failed`` holds ``(message_id, reason)`` pairs, ``reason`` being FAILED, TIMED_OUT, LIFETIME_EXCEEDED or LOST."""
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ _TIMEOUT_RESET = int(Outcome.TIMEOUT_RESET)
 # codes, so telling them apart costs two comparisons per batch (np.isin costs microseconds on small batches).
 _FIRST_END, _LAST_END = int(Outcome.ACKED), int(Outcome.TIMED_OUT)
 assert {Outcome.ACKED, Outcome.FAILED, Outcome.TIMED_OUT} == {Outcome(c) for c in range(_FIRST_END, _LAST_END + 1)}
+# The one end outside that range, checked only in batches that hold something other than the range.
+_LIFETIME_EXCEEDED = int(Outcome.LIFETIME_EXCEEDED)
 
 
 class Spout:
@@ -58,7 +60,8 @@ class Spout:
     its own backstop timeout fails the record with
     :attr:`Outcome.LOST <acker_protocol.wire.Outcome.LOST>`. ``reason`` is the
     :class:`~acker_protocol.wire.Outcome`: FAILED (a tuple was failed),
-    TIMED_OUT (the acker's timeout) or LOST.
+    TIMED_OUT (the acker's timeout), LIFETIME_EXCEEDED (the acker's lifetime
+    cap: a tree kept alive that long still did not finish) or LOST.
 
     The backstop restarts when an acker reports that a tree's timeout was
     reset. It counts time per shard, and stands still while that shard's
@@ -112,17 +115,7 @@ class Spout:
         self._closed = False
 
     def _default_timeout(self) -> float:
-        timeouts = []
-        for shard in range(self.cluster.shard_count):
-            try:
-                info = self.cluster.describe(shard)
-            except ShardUnavailable as exc:
-                log.warning("backstop: %s", exc)
-                continue
-            timeouts.append(default_backstop(info.message_timeout_seconds, info.buckets))
-        if not timeouts:
-            raise ShardUnavailable([], "no acker answered Describe; cannot choose the spout's backstop timeout")
-        return max(timeouts)
+        return cluster_backstop(self.cluster)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -350,6 +343,7 @@ class Spout:
         """One batch streamed by ``shard``'s acker: restart the backstops it asks for, settle the trees it ended."""
         ends = (outcomes >= _FIRST_END) & (outcomes <= _LAST_END)
         if not ends.all():
+            ends |= outcomes == _LIFETIME_EXCEEDED
             resets = outcomes == _TIMEOUT_RESET
             # Before the ends: an acker never reports a reset after the end of the same tree.
             if resets.any():

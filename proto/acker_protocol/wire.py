@@ -59,6 +59,9 @@ class Outcome(IntEnum):
     # Never from an acker: the Spark pipeline's verdict for a tree that timed out or was
     # lost because a bolt's acks for it could not be delivered (executor cannot reach it).
     ACKS_UNDELIVERED = acker_pb2.OUTCOME_ACKS_UNDELIVERED
+    # A timeout at the acker's --max-tree-lifetime cap: the tree was kept alive (by progress
+    # or RESET_TIMEOUTs) and still did not finish. The spout fails it like TIMED_OUT.
+    LIFETIME_EXCEEDED = acker_pb2.OUTCOME_LIFETIME_EXCEEDED
 
 
 def check_mirrors(enum: type[IntEnum], proto_enum: EnumDescriptor, prefix: str) -> None:

@@ -1,6 +1,12 @@
 """Spark integration for the acker service: tracked bolts over RDDs and DataFrames, a replaying driver spout.
 
-Typical use::
+Records read by Spark itself (``spark.read...``), each tree started in the executor that reads it,
+replays by re-reading, a durable checkpoint::
+
+    pipeline = SourcePipeline(spark, ClusterClient(addresses), "checkpoint/", dead_letters=DeadLetterStore(db))
+    stats = pipeline.run(spark.read.parquet("in/"), job, key="id")   # or spark.read.text(dir), no key
+
+Records fed from the driver (in-memory sources)::
 
     from acker_spark import Bolt, GuaranteedPipeline, DeadLetterStore
     split = Bolt(split_fn, addresses, name="split")    # emits children anchored to each input, acks it
@@ -34,6 +40,10 @@ _LAZY = {
     "ArrowCollector": "arrow_collector",
     "ArrowFunction": "arrow_bolt",
     "AckerSpoutDataSource": "streaming",
+    "DuplicateIdentity": "source_pipeline",
+    "SourcePipeline": "source_pipeline",
+    "SourceStats": "source_pipeline",
+    "UnstableIdentity": "identity",
     "StreamOptions": "streaming",
     "StreamSpout": "stream_spout",
     "register_acker_spout": "streaming",
@@ -62,18 +72,22 @@ __all__ = [
     "DeadLetterStore",
     "Delivery",
     "DeterministicEdgeIds",
+    "DuplicateIdentity",
     "GuaranteedPipeline",
     "Job",
     "LOCAL_MASTER",
     "PipelineStats",
     "Record",
     "ReplayPolicy",
+    "SourcePipeline",
+    "SourceStats",
     "StreamDelivery",
     "StreamLedger",
     "StreamOptions",
     "StreamSpout",
     "TRACKING_COLUMN",
     "TextDirectorySource",
+    "UnstableIdentity",
     "UntrackedCollector",
     "client_for",
     "close_clients",

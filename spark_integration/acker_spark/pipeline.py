@@ -370,7 +370,7 @@ class GuaranteedPipeline:
             for delivery, outcome, final in failed:
                 if outcome is Outcome.FAILED:
                     stats.failed += 1
-                elif outcome is Outcome.TIMED_OUT:
+                elif outcome in (Outcome.TIMED_OUT, Outcome.LIFETIME_EXCEEDED):  # the cap is a timeout too
                     stats.timed_out += 1
                 elif outcome is Outcome.ACKS_UNDELIVERED:
                     stats.acks_undelivered += 1

@@ -10,7 +10,7 @@ call, so every ledger test (the differential one included) checks the contract.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from acker_protocol.packed import encode_apply_request
@@ -67,6 +67,14 @@ class Driver:
         """At most ``max_expired`` timed-out trees and whether more are due."""
         columns, more = self.ledger.advance(max_expired)
         return columns.resolutions(), more
+
+    def force_fail(self, roots: Sequence[int]) -> list[Resolution]:
+        """The trees ``Ledger.force_fail`` ended, as resolutions."""
+        return self.ledger.force_fail(roots).resolutions()
+
+    def force_fail_spout(self, spout: str) -> list[Resolution]:
+        """The trees ``Ledger.force_fail_spout`` ended, as resolutions."""
+        return self.ledger.force_fail_spout(spout).resolutions()
 
 
 def _driven(engine: type) -> Callable[..., Driver]:

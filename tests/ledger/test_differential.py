@@ -54,6 +54,9 @@ class Workload:
     batch_mean: int
     dt_scale: float  # clock step between batches, in rotation periods
     jump: float  # chance a step is a jump past the whole window
+    mode: str  # timeout mode: fixed, or progress (every applied ack restarts the timeout)
+    cap: float  # lifetime cap in timeouts (0: none)
+    force: float  # chance per step of a force-fail of some roots (or, rarely, of a spout)
 
 
 workloads = st.builds(
@@ -72,6 +75,9 @@ workloads = st.builds(
     batch_mean=st.sampled_from([1, 7, 64, 500]),
     dt_scale=st.sampled_from([0.0, 0.01, 0.3, 1.0]),
     jump=st.sampled_from([0.0, 0.02]),
+    mode=st.sampled_from(["fixed", "progress"]),
+    cap=st.sampled_from([0.0, 0.7, 2.5]),
+    force=st.sampled_from([0.0, 0.05]),
 )
 
 
@@ -160,6 +166,11 @@ def assert_same_state(ref: Driver, nat: Driver, what: str, roots: bool) -> None:
     assert ref.seconds_until_rotation() == nat.seconds_until_rotation(), what
     if roots:
         assert sorted(ref.pending_roots()) == sorted(nat.pending_roots()), what
+        sample = sorted(ref.pending_roots())[:50] + [1, 2**64 - 1]
+        assert ref.inspect(sample) == nat.inspect(sample), what + " (inspect)"
+        assert ref.oldest(5) == nat.oldest(5), what + " (oldest)"
+        bounds = [ref.message_timeout / 4, ref.message_timeout]
+        assert ref.age_histogram(bounds)[0] == nat.age_histogram(bounds)[0], what + " (age histogram)"
 
 
 @settings(
@@ -174,9 +185,10 @@ def test_native_ledger_agrees_with_reference(trees_checked, w: Workload):
     Then silence: everything left must drain identically within one window.
     """
     clock = ManualClock()
+    rules = {"timeout_mode": w.mode, "max_tree_lifetime": w.cap * w.timeout}
     # Both through the one Ledger contract the server uses (Driver calls nothing else).
-    ref = Driver(ReferenceLedger(w.timeout, w.buckets, clock))
-    nat = Driver(NativeLedger(w.timeout, w.buckets, clock))
+    ref = Driver(ReferenceLedger(w.timeout, w.buckets, clock, **rules))
+    nat = Driver(NativeLedger(w.timeout, w.buckets, clock, **rules))
     rng = random.Random(w.seed ^ 0x5EED)
     msgs = traffic(w, FOREST)
     period = w.timeout / (w.buckets - 1)
@@ -211,6 +223,18 @@ def test_native_ledger_agrees_with_reference(trees_checked, w: Workload):
         assert_same_outcomes(a.timeout_resets, b.timeout_resets, what + " (timeout resets)")
         since_sync[0].extend(a.resolutions)
         since_sync[1].extend(b.resolutions)
+        if rng.random() < w.force:
+            # Force-fail outcomes join the others since the last sync point: a due root
+            # times out instead, and under sliced collection one engine may have collected it already.
+            if rng.random() < 0.1:
+                spout = f"spout-{rng.randrange(w.spouts)}"
+                x, y = ref.force_fail_spout(spout), nat.force_fail_spout(spout)
+            else:
+                roots = [m[1] for m in rng.sample(msgs[lo:hi], min(3, hi - lo))]
+                x, y = ref.force_fail(roots), nat.force_fail(roots)
+            since_sync[0].extend(x)
+            since_sync[1].extend(y)
+            event("force-fail")
         if expire_first is None or not sliced:
             # Nothing due is left in either: same outcomes since the last such point, same state.
             # (Which due trees a limited collection takes first differs between the engines: the
@@ -227,6 +251,8 @@ def test_native_ledger_agrees_with_reference(trees_checked, w: Workload):
             since_sync, sliced = ([], []), False
         lo, step = hi, step + 1
     clock.advance(w.timeout + period + 1e-9)
+    if w.cap:
+        event(f"lifetime cap, {w.mode} mode: {ref.stats.outlived > 0} trees outlived")
     since_sync[0].extend(ref.advance())
     since_sync[1].extend(nat.advance())
     if sliced:

@@ -27,6 +27,7 @@ DISTRIBUTION_OF = {
     "numpy": "numpy",
     "pyspark": "pyspark",
     "pyarrow": "pyarrow",
+    "pandas": "pandas",  # the [spark] extra: identity hashing (pandas.util.hash_array) and PySpark's Arrow UDFs
     "rich": "rich",
     "cryptography": "cryptography",
 }
@@ -38,6 +39,7 @@ PROJECT = {
     "acker_cluster",
     "acker_bench",
     "acker_demo",
+    "acker_ctl",
 }
 # Package -> (folder, the extras a user installs for it).
 PACKAGES = {
@@ -48,6 +50,7 @@ PACKAGES = {
     "acker_cluster": ("tools/acker_cluster", ("tools",)),
     "acker_bench": ("tools/acker_bench", ("tools",)),
     "acker_demo": ("tools/acker_demo", ("tools",)),
+    "acker_ctl": ("tools/acker_ctl", ()),
 }
 
 

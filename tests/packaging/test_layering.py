@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-TOOLS = {"acker_cluster", "acker_bench", "acker_demo"}
+TOOLS = {"acker_cluster", "acker_bench", "acker_demo", "acker_ctl"}
 # Library package -> (its folder, the project packages it must never import).
 FORBIDDEN = {
     "acker_protocol": (REPO / "proto" / "acker_protocol", {"acker_service", "acker_client", "acker_spark"} | TOOLS),

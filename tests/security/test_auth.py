@@ -12,7 +12,9 @@ from acker_service.auth import hash_token
 from acker_service.config import ServerConfig
 from acker_service.server import AckerServer
 
-TOKENS = {"orders-spout": "t-orders-0123", "executors": "t-exec-4567", "other-spout": "t-other-89ab"}
+TOKENS = {
+    "orders-spout": "t-orders-0123", "executors": "t-exec-4567", "other-spout": "t-other-89ab", "oncall": "t-oncall-cd",
+}  # fmt: skip
 SPOUT_CERT_SUBJECT = "CN=orders-spout,O=acker-tests"
 POLICY = f"""
 [principals."token:orders-spout"]
@@ -22,6 +24,10 @@ spout_prefixes = ["orders-"]
 [principals."token:executors"]
 executor = true
 describe = true
+
+[principals."token:oncall"]
+describe = true
+admin = true
 
 [principals."token:other-spout"]
 spouts = ["other", "orders"]
@@ -141,6 +147,22 @@ def test_only_executors_send_acks_and_describe(secured, stub_for):
     assert (_refusals(secured, "executor"), _refusals(secured, "describe")) == (1, 1)
 
 
+def test_force_fail_needs_admin_and_inspect_needs_describe(secured, stub_for):
+    """Executors may Inspect (like Describe) but not ForceFail; the admin may; a spout may do neither."""
+    spout, executor, oncall = stub_for("orders-spout"), stub_for("executors"), stub_for("oncall")
+    spout.Apply(_inits("orders"), timeout=5)
+    inspect = acker_pb2.InspectRequest(root_ids=[10], oldest=1)
+    fail = acker_pb2.ForceFailRequest(root_ids=[10])
+    assert _code(lambda: spout.Inspect(inspect, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    assert executor.Inspect(inspect, timeout=5).trees[0].status == acker_pb2.TREE_STATUS_PENDING
+    assert _code(lambda: executor.ForceFail(fail, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    assert _code(lambda: spout.ForceFail(fail, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    assert _pending(secured) == 1, "a refused ForceFail fails nothing"
+    assert (_refusals(secured, "admin"), _refusals(secured, "describe")) == (2, 1)
+    assert oncall.ForceFail(fail, timeout=5).failed == 1
+    assert _pending(secured) == 0
+
+
 def test_subscribe_needs_rights_and_takeover_needs_the_same_principal(secured, stub_for):
     """Executors may not subscribe to "orders"; another principal with rights may not take the stream over;
     the owner itself may."""
@@ -232,6 +254,24 @@ def test_sighup_reloads_the_tokens_of_a_running_acker_server(pki, tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+def test_acker_ctl_over_tls_with_an_admin_token(secured, stub_for, pki, tmp_path, capsys):
+    """acker-ctl speaks TLS with a token file: the admin's token fails a tree; an executor's is refused."""
+    from acker_ctl.cli import main
+
+    stub_for("orders-spout").Apply(_inits("orders"), timeout=5)
+    tokens = {}
+    for name in ("oncall", "executors"):
+        tokens[name] = tmp_path / f"{name}.token"
+        tokens[name].write_text(TOKENS[name] + "\n")
+    base = ["--ackers", secured.address, "--tls-ca", pki.ca, "--json"]
+    assert main([*base, "--token-file", str(tokens["executors"]), "fail", "10"]) == 1
+    assert "PERMISSION_DENIED" in capsys.readouterr().err
+    assert main([*base, "--token-file", str(tokens["executors"]), "inspect", "10"]) == 0
+    assert '"status": "pending"' in capsys.readouterr().out
+    assert main([*base, "--token-file", str(tokens["oncall"]), "fail", "10"]) == 0
+    assert _pending(secured) == 0
 
 
 def test_a_kind_hidden_in_a_wide_varint_is_checked_as_the_ledger_reads_it(secured, pki):

@@ -53,7 +53,7 @@ def test_reflection_lists_and_describes_the_acker_service(make_server):
         services = set(database.get_services())
         assert {SERVICE_NAME, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= services
         acker = DescriptorPool(database).FindServiceByName(SERVICE_NAME)
-        assert {m.name for m in acker.methods} == {"Apply", "Subscribe", "Describe"}
+        assert {m.name for m in acker.methods} == {"Apply", "Subscribe", "Describe", "Inspect", "ForceFail"}
 
 
 V1_METHOD = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"

@@ -143,3 +143,41 @@ def test_compare_untracked_refuses_no_tracking() -> None:
     """Asking for a comparison and for no tracking at once is a usage error, not a silent single run."""
     with pytest.raises(SystemExit):
         parse_args(["--compare-untracked", "2", "--no-tracking"])
+
+
+def test_demo_spark_read_with_faults(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--spark-read (make demo): records read by spark.read, failed words, a crashed task, a killed acker: exact."""
+    code, summary = run_main(
+        capsys,
+        "--spark-read",
+        "--records",
+        "120",
+        "--fail-percent",
+        "3",
+        "--crash-task",
+        "--kill-acker-after",
+        "1",
+        "--restart-after",
+        "1",
+        "--message-timeout",
+        "5",
+        "--backoff",
+        "0.05",
+        "--db",
+        str(tmp_path / "read.sqlite"),
+    )
+    assert code == 0
+    assert (summary["mode"], summary["api"]) == ("tracked", "spark-read")
+    assert summary["emitted"] == summary["records"] == 120
+    assert summary["acked"] + summary["dead_lettered"] == 120
+    assert summary["replayed"] > 0
+    assert summary["sink_matches_expected"] is True
+    assert Path(summary["checkpoint"], "pipeline.json").is_file()
+
+
+def test_demo_spark_read_refuses_untracked(capsys: pytest.CaptureFixture[str]) -> None:
+    """--spark-read is the tracked SourcePipeline: --no-tracking with it is refused, naming the benchmark to use."""
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--spark-read", "--no-tracking"])
+    assert exc.value.code == 2
+    assert "acker-bench --mode pipeline" in capsys.readouterr().err

@@ -85,7 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--embedded-ackers", type=int, default=1, help="acker processes to start when --ackers is not given (default 1)"
     )
-    p.add_argument("--message-timeout", type=float, default=30.0, help="embedded ackers' timeout (default 30)")
+    p.add_argument(
+        "--message-timeout",
+        type=float,
+        help="embedded ackers' timeout (default 30; pipeline mode 600, so no tree of a 1M-line job times out)",
+    )
     p.add_argument("--fan-out", type=int, default=2, help="children per tuple (default 2)")
     p.add_argument("--depth", type=int, default=2, help="levels below the spout tuple (default 2)")
     p.add_argument("--batch-size", type=int, default=512, help="client batch size (default 512)")
@@ -121,13 +125,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--mode",
-        choices=("trees", "apply", "memory", "ledger", "mass-timeout", "dataframe"),
+        choices=("trees", "apply", "memory", "ledger", "mass-timeout", "dataframe", "pipeline"),
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
         "throughput into the ackers; memory: acker RSS per pending tree (one embedded acker per engine); "
         "ledger: the ledger alone in this process, native against reference; "
         "mass-timeout: --trees trees expire at once while health checks and Apply are timed; "
-        "dataframe: --records through a 2-stage ArrowBolt pipeline on local Spark, tracked and untracked",
+        "dataframe: --records through a 2-stage ArrowBolt pipeline on local Spark, tracked and untracked; "
+        "pipeline: --records lines in text files, the plain spark.read job against the tracked SourcePipeline "
+        "(alternating --rounds), and the old driver-fed GuaranteedPipeline once",
     )
     p.add_argument(
         "--engine",
@@ -154,7 +160,16 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="memory mode: non-completing ACKs per tree, each with its own dedup key (a client batch key's cost)",
     )
-    p.add_argument("--records", type=int, default=200_000, help="dataframe mode: source records (default 200k)")
+    p.add_argument(
+        "--records", type=int, default=200_000, help="dataframe and pipeline modes: source records (default 200k)"
+    )
+    p.add_argument("--files", type=int, default=8, help="pipeline mode: text files the records are written to")
+    p.add_argument("--rounds", type=int, default=2, help="pipeline mode: alternating plain/tracked rounds")
+    p.add_argument(
+        "--no-driver-fed",
+        action="store_true",
+        help="pipeline mode: leave out the old driver-fed GuaranteedPipeline row",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--tls-ca", help="--ackers serve TLS: PEM CA that signed their certificates")
     p.add_argument("--tls-cert", help="client certificate for ackers that require mutual TLS")
@@ -180,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.message_timeout is None:
+        args.message_timeout = 600.0 if args.mode == "pipeline" else 30.0
     if args.fan_out < 1 or args.depth < 0 or args.processes < 1 or args.duration <= 0:
         print("acker-bench: --fan-out and --processes must be >= 1, --depth >= 0, --duration > 0", file=sys.stderr)
         return 2
@@ -205,6 +222,8 @@ def _main(args: argparse.Namespace) -> int:
         return _mass_timeout_mode(args)
     if args.mode == "dataframe":
         return _dataframe_mode(args)
+    if args.mode == "pipeline":
+        return _pipeline_mode(args)
     if args.compare_tls:
         return _compare_tls_mode(args)
     security = None
@@ -363,6 +382,28 @@ def _dataframe_mode(args: argparse.Namespace) -> int:
             [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
         )
     return 0 if result["records_acked"] == result["records"] else 1
+
+
+def _pipeline_mode(args: argparse.Namespace) -> int:
+    """The plain spark.read job against the tracked SourcePipeline over the same files, alternating, in one run."""
+    from .pipeline_bench import PipelineBenchConfig, run_pipeline_bench
+
+    if args.records < 1 or args.files < 1 or args.rounds < 1:
+        print("acker-bench: --records, --files and --rounds must be >= 1", file=sys.stderr)
+        return 2
+    config = PipelineBenchConfig(
+        records=args.records, files=args.files, rounds=args.rounds, ackers=args.embedded_ackers,
+        message_timeout=args.message_timeout, driver_fed=not args.no_driver_fed,
+    )  # fmt: skip
+    result = run_pipeline_bench(config)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_rows(
+            f"acker-bench --mode pipeline: {result['records']:,} lines in {result['files']} files",
+            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+        )
+    return 0 if result["sink_exact"] else 1
 
 
 def _ledger_mode(args: argparse.Namespace) -> int:

@@ -80,6 +80,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     track.add_argument(
         "--dataframe", action="store_true", help="the DataFrame job of ArrowBolts (mapInArrow) instead of RDD bolts"
     )
+    track.add_argument(
+        "--spark-read",
+        action="store_true",
+        help="read the records with spark.read on the executors (SourcePipeline: trees start where records are "
+        "read, replays re-read them; implies --dataframe) instead of feeding them from the driver",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     out.add_argument(
@@ -100,6 +106,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--fail-percent must be between 0 and 100")
     if args.kill_acker_after and args.shards < 2:
         p.error("--kill-acker-after needs at least 2 ackers (shard 1 is killed)")
+    if args.spark_read:
+        args.dataframe = True
+        if args.no_tracking or args.compare_untracked:
+            p.error(
+                "--spark-read runs the tracked SourcePipeline (acker-bench --mode pipeline compares it with plain Spark)"
+            )
     if args.compare_untracked < 0 or (args.compare_untracked and args.no_tracking):
         p.error("--compare-untracked takes a number of rounds >= 1 and runs both modes itself (no --no-tracking)")
     return args
@@ -272,13 +284,26 @@ def run_demo(args: argparse.Namespace, spark: Any, db: Path, *, show_progress: b
     wordcount.create_sink(db, clear=True)
     runner = _run_untracked if args.no_tracking else _run_tracked
     with _live_progress(len(records), show_progress) as live:
-        summary = runner(args, spark, records, db, live)
-    dead = DeadLetterStore(db).keys()
-    expected = wordcount.expected_counts(records, dead)
+        if args.spark_read:
+            from .source_run import run_source_tracked
+
+            def chaos(cluster: Any) -> AckerChaos:
+                event = live.event if live else log.warning
+                return AckerChaos(cluster, 1, args.kill_acker_after, args.restart_after, event)
+
+            summary = run_source_tracked(args, spark, records, db, live, chaos)
+        else:
+            summary = runner(args, spark, records, db, live)
+    if args.spark_read:
+        from .source_run import expected_without_dead
+
+        expected = expected_without_dead(records, db)
+    else:
+        expected = wordcount.expected_counts(records, DeadLetterStore(db).keys())
     actual = wordcount.sink_counts(db)
     summary.update(
         mode="untracked" if args.no_tracking else "tracked",
-        api="dataframe" if args.dataframe else "rdd",
+        api="spark-read" if args.spark_read else "dataframe" if args.dataframe else "rdd",
         records=len(records),
         words_expected=sum(expected.values()),
         words_in_sink=sum(actual.values()),

@@ -22,7 +22,7 @@ from acker_spark.sqlite import open_db, upsert
 
 from .wordcount import FailureInjection, InjectedCrash, Word
 
-__all__ = ["NO_FAULTS", "WORD_SCHEMA", "split_sentences", "CountWordRows", "build_job"]
+__all__ = ["NO_FAULTS", "WORD_SCHEMA", "split_sentences", "CountWordRows", "build_job", "build_source_job"]
 
 WORD_SCHEMA = "key string, position int, word string, attempt int"
 """The split bolt's output columns."""
@@ -106,3 +106,23 @@ def build_job(
         count.apply_df(words).count()
 
     return job, (split, count)
+
+
+def build_source_job(
+    addresses: Sequence[str] | None,
+    db_path: str | Path,
+    *,
+    partitions: int = 4,
+    injection: FailureInjection = NO_FAULTS,
+) -> tuple[Job, tuple[ArrowBolt, ArrowBolt]]:
+    """The same word count for ``SourcePipeline.run(spark.read.text(dir), job)``: lines keyed by their identity.
+
+    The pipeline's frame names the record ``_record_key`` and its delivery
+    ``_attempt``; the bolts read ``key`` and ``attempt``, so the job renames them.
+    """
+    inner, bolts = build_job(addresses, db_path, partitions=partitions, injection=injection)
+
+    def job(df: Any) -> None:
+        inner(df.selectExpr("_record_key AS key", "value", "_attempt AS attempt", "_acker_ids"))
+
+    return job, bolts

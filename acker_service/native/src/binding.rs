@@ -5,12 +5,12 @@
 //! refusals as the exception classes of `acker_service.batch`. The GIL is released while
 //! a batch is decoded, validated and applied.
 
-use numpy::{IntoPyArray, PyArray1};
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::ledger::{BatchOutput, Ledger, LedgerError, Outcomes};
+use crate::ledger::{BatchOutput, Ledger, LedgerError, Outcomes, TreeInfo};
 use crate::validate::{validate, BatchError, Limits, Refusal};
 use crate::wire::decode_apply_request;
 
@@ -187,6 +187,8 @@ impl NativeCore {
             ("orphaned", s.orphaned),
             ("duplicate_inits", s.duplicate_inits),
             ("deduplicated", s.deduplicated),
+            ("outlived", s.outlived),
+            ("force_failed", s.force_failed),
         ] {
             d.set_item(name, value)?;
         }
@@ -232,6 +234,60 @@ impl NativeCore {
     #[getter]
     fn capacity(&self) -> usize {
         self.ledger.capacity()
+    }
+
+    // -- operating a running ledger (issue 21; the core is in ledger/admin.rs) --
+
+    /// Set the timeout mode (`progress`: every applied ack restarts the timeout) and the
+    /// lifetime cap in seconds (0: none).
+    fn set_timeout_rules(&mut self, py: Python<'_>, progress: bool, max_lifetime: f64) -> PyResult<()> {
+        self.ledger
+            .set_timeout_rules(progress, max_lifetime)
+            .map_err(|e| ledger_error(py, e))
+    }
+
+    /// The state of each root at `now`: (root, status, spout name or None, age µs, failed, resets, dedup keys).
+    fn inspect(&self, roots: PyReadonlyArray1<'_, u64>, now: f64) -> PyResult<Vec<TreeRow>> {
+        let infos = self.ledger.inspect(roots.as_slice()?, now);
+        Ok(infos.iter().map(|i| self.row(i)).collect())
+    }
+
+    /// The `k` oldest pending trees, oldest first, as rows like `inspect`'s.
+    fn oldest(&self, py: Python<'_>, k: usize, now: f64) -> Vec<TreeRow> {
+        let ledger = &self.ledger;
+        let infos = py.detach(|| ledger.oldest(k, now));
+        infos.iter().map(|i| self.row(i)).collect()
+    }
+
+    /// Pending trees by age: (count per bucket of `bounds_us`, then above all; sum of ages in µs).
+    fn age_histogram(&self, py: Python<'_>, bounds_us: Vec<u64>, now: f64) -> (Vec<u64>, u128) {
+        let ledger = &self.ledger;
+        py.detach(|| ledger.age_histogram(&bounds_us, now))
+    }
+
+    /// Fail the pending trees among `roots` now; their outcome columns.
+    fn force_fail<'py>(&mut self, py: Python<'py>, roots: PyReadonlyArray1<'py, u64>, now: f64) -> PyResult<Columns<'py>> {
+        let mut out = Outcomes::default();
+        self.ledger.force_fail(roots.as_slice()?, now, &mut out);
+        columns(py, &self.ledger, out)
+    }
+
+    /// Fail every pending tree of `spout` now; their outcome columns.
+    fn force_fail_spout<'py>(&mut self, py: Python<'py>, spout: &str, now: f64) -> PyResult<Columns<'py>> {
+        let ledger = &mut self.ledger;
+        let mut out = Outcomes::default();
+        py.detach(|| ledger.force_fail_spout(spout, now, &mut out));
+        columns(py, &self.ledger, out)
+    }
+}
+
+/// One root's state as Python sees it (see `NativeCore::inspect`).
+type TreeRow = (u64, u8, Option<String>, u64, bool, u32, u32);
+
+impl NativeCore {
+    fn row(&self, i: &TreeInfo) -> TreeRow {
+        let spout = (i.spout != 0).then(|| self.ledger.spout_name(i.spout).to_owned());
+        (i.root, i.status as u8, spout, i.age_us, i.failed, i.resets, i.dedup_keys)
     }
 }
 

@@ -15,6 +15,9 @@ use hashbrown::{HashMap, HashSet};
 use crate::spouts::{Spouts, MAX_SPOUTS};
 use crate::table::{Entry, Table, GEN_MASK, STARTED_MASK};
 
+mod admin;
+pub use admin::{TimeoutRules, TreeInfo, TreeStatus};
+
 /// Operation kinds (the proto enum's wire values).
 pub const INIT: i32 = 1;
 /// See [`INIT`].
@@ -32,6 +35,8 @@ pub const FAILED: u8 = 2;
 pub const TIMED_OUT: u8 = 3;
 /// Not an end: a RESET_TIMEOUT gave a tree with a known spout a fresh timeout.
 pub const TIMEOUT_RESET: u8 = 4;
+/// The tree reached the maximum lifetime (`--max-tree-lifetime`): a timeout the spout can tell apart.
+pub const LIFETIME_EXCEEDED: u8 = 7;
 
 /// Most buckets: generations are stored modulo 64, and an expired entry must be
 /// collected before its age could wrap (ages stay below `2 * buckets`).
@@ -120,6 +125,10 @@ pub struct Stats {
     pub orphaned: u64,
     pub duplicate_inits: u64,
     pub deduplicated: u64,
+    /// Trees ended LIFETIME_EXCEEDED (also counted in `timed_out`).
+    pub outlived: u64,
+    /// Trees ended FAILED by `force_fail` (also counted in `failed`).
+    pub force_failed: u64,
 }
 
 /// Why a ledger refuses a whole call.
@@ -144,6 +153,13 @@ pub struct Ledger {
     generation: u64,
     open_trees: u64,
     stats: Stats,
+    /// Progress timeouts and the lifetime cap (see `admin`).
+    rules: TimeoutRules,
+    /// Ledger time (µs) of the rotation that began each generation, by generation modulo 64:
+    /// a due tree's lifetime is judged at the rotation that made it due, however late it is collected.
+    rotations_us: [u64; GEN_MASK as usize + 1],
+    /// Reset counts of roots whose entry has the notes bit (most trees have none).
+    notes: HashMap<u64, u32>,
 }
 
 /// CPython's float floor division (`a // b`), so rotation counts match the reference
@@ -199,6 +215,9 @@ impl Ledger {
             generation: 0,
             open_trees: 0,
             stats: Stats::default(),
+            rules: TimeoutRules::default(),
+            rotations_us: [0; GEN_MASK as usize + 1],
+            notes: HashMap::new(),
         })
     }
 
@@ -253,7 +272,7 @@ impl Ledger {
     }
 
     fn micros(&self, now: f64) -> u64 {
-        // Wrapping: start times are kept modulo 2^40 microseconds (see `table`).
+        // Wrapping: start times are kept modulo 2^39 microseconds (see `table`).
         (((now - self.epoch) * 1e6).round() as i64 as u64) & STARTED_MASK
     }
 
@@ -263,7 +282,7 @@ impl Ledger {
 
     #[inline]
     fn is_expired(&self, e: &Entry) -> bool {
-        (self.generation.wrapping_sub(e.gen()) & GEN_MASK) >= self.buckets
+        (self.generation.wrapping_sub(e.gen()) & GEN_MASK) >= self.buckets || self.outlived(e)
     }
 
     /// Rotate as many times as the clock says are due; return whether any rotation happened.
@@ -278,7 +297,13 @@ impl Ledger {
         self.next_rotation += due * self.period;
         // After `buckets` rotations everything has expired; more would change nothing.
         let steps = if due >= self.buckets as f64 { self.buckets } else { due as u64 };
+        // The lifetime cap is judged at rotations, like the timeout, so slicing changes nothing.
+        let now_us = self.micros(now);
+        for step in 1..=steps {
+            self.rotations_us[(self.generation.wrapping_add(step) & GEN_MASK) as usize] = now_us;
+        }
         self.generation = self.generation.wrapping_add(steps);
+        self.rules.rotated_at_us = now_us;
         if !self.table.is_empty() {
             // (Re)start the collecting scan: the expired set only grows, so one full pass suffices.
             self.table.scan_pos = Some(0);
@@ -328,9 +353,7 @@ impl Ledger {
     }
 
     fn settle_expired(&mut self, e: &Entry, now_us: u64, out: &mut Outcomes) {
-        if e.has_dedup() {
-            self.dedup.forget(e.root);
-        }
+        self.forget_side_state(e);
         let spout = e.spout();
         if spout == 0 {
             self.stats.orphaned += 1;
@@ -338,8 +361,25 @@ impl Ledger {
         }
         self.open_trees -= 1;
         self.stats.timed_out += 1;
-        out.push(spout, e.root, TIMED_OUT, Self::latency(now_us, e));
+        let outcome = if self.ended_outlived(e) {
+            self.stats.outlived += 1;
+            LIFETIME_EXCEEDED
+        } else {
+            TIMED_OUT
+        };
+        out.push(spout, e.root, outcome, Self::latency(now_us, e));
         self.spouts.release(spout);
+    }
+
+    /// Drop what the side tables hold for an entry that leaves the ledger.
+    #[inline]
+    fn forget_side_state(&mut self, e: &Entry) {
+        if e.has_dedup() {
+            self.dedup.forget(e.root);
+        }
+        if e.has_notes() {
+            self.notes.remove(&e.root);
+        }
     }
 
     /// Refuse a batch that would need more distinct pending spouts than ids exist.
@@ -424,7 +464,12 @@ impl Ledger {
                         out.deduplicated += 1;
                         continue;
                     }
-                    self.table.get_mut(s).val ^= value;
+                    let e = self.table.get_mut(s);
+                    e.val ^= value;
+                    if self.rules.progress {
+                        // Progress mode: an applied ack is progress, the tree gets a fresh timeout.
+                        e.set_gen(generation);
+                    }
                     acks += 1;
                 }
                 INIT => {
@@ -461,7 +506,9 @@ impl Ledger {
                     // reset_timeout: back to the nursery, a fresh timeout for slow work.
                     let e = self.table.get_mut(s);
                     e.set_gen(generation);
+                    e.set_notes();
                     let e = *e;
+                    *self.notes.entry(root).or_insert(0) += 1;
                     resets += 1;
                     out.applied += 1;
                     if e.spout() != 0 {
@@ -484,9 +531,7 @@ impl Ledger {
                     continue;
                 };
                 self.table.remove_at(s);
-                if e.has_dedup() {
-                    self.dedup.forget(root);
-                }
+                self.forget_side_state(&e);
                 out.ended.push(e.spout(), root, outcome, Self::latency(now_us, &e));
                 self.spouts.release(e.spout());
             }
@@ -545,6 +590,12 @@ impl DedupKeys {
         }
     }
 
+    /// Keys held for `root` (whose entry has the dedup bit).
+    fn count(&self, root: u64) -> u32 {
+        let first = u32::from(self.first.contains_key(&root));
+        first + self.more.get(&root).map_or(0, |m| m.len() as u32)
+    }
+
     #[cfg(test)]
     fn is_empty(&self) -> bool {
         self.first.is_empty() && self.more.is_empty()
@@ -561,7 +612,8 @@ mod tests {
         vec!["s".to_owned()]
     }
 
-    fn run(l: &mut Ledger, now: f64, kinds: &[i32], roots: &[u64], values: &[u64], keys: &[u64]) -> BatchOutput {
+    /// Apply one batch of spout "s" and check conservation (also used by `admin`'s tests).
+    pub(super) fn run(l: &mut Ledger, now: f64, kinds: &[i32], roots: &[u64], values: &[u64], keys: &[u64]) -> BatchOutput {
         run_limited(l, now, kinds, roots, values, keys, usize::MAX)
     }
 

@@ -8,10 +8,13 @@
 //!
 //! Root id 0 marks an empty slot: the wire protocol refuses zero root ids.
 
-/// Bits of `Entry::meta`: start time, spout, generation and two flags.
-const STARTED_BITS: u32 = 40;
-/// Start times are microseconds since the ledger's epoch, modulo 2^40 (12.7 days).
+/// Bits of `Entry::meta`: start time, spout, generation and three flags.
+const STARTED_BITS: u32 = 39;
+/// Start times are microseconds since the ledger's epoch, modulo 2^39 (6.4 days).
 pub const STARTED_MASK: u64 = (1 << STARTED_BITS) - 1;
+/// The ledger's side notes (see `ledger::notes`) hold something for this root: the
+/// bit lets an ending tree skip a hash lookup when it has none (most trees).
+const NOTES_BIT: u64 = 1 << STARTED_BITS;
 const SPOUT_SHIFT: u32 = 40;
 const GEN_SHIFT: u32 = 56;
 /// Generations are kept modulo 64; see `ledger::MAX_BUCKETS` for why that is enough.
@@ -27,7 +30,7 @@ pub struct Entry {
     pub root: u64,
     /// The XOR checksum of the tree's edges.
     pub val: u64,
-    /// started (40 bits) | spout id (16) | generation (6) | failed (1) | has dedup keys (1).
+    /// started (39 bits) | has notes (1) | spout id (16) | generation (6) | failed (1) | has dedup keys (1).
     meta: u64,
 }
 
@@ -41,7 +44,7 @@ impl Entry {
         }
     }
 
-    /// Microseconds since the ledger epoch (modulo 2^40) when the tree started.
+    /// Microseconds since the ledger epoch (modulo 2^39) when the tree started.
     pub fn started(&self) -> u64 {
         self.meta & STARTED_MASK
     }
@@ -89,6 +92,16 @@ impl Entry {
     /// Record that the dedup side table holds keys for this root.
     pub fn set_dedup(&mut self) {
         self.meta |= DEDUP_BIT;
+    }
+
+    /// Whether the ledger's side notes hold something for this root.
+    pub fn has_notes(&self) -> bool {
+        self.meta & NOTES_BIT != 0
+    }
+
+    /// Record that the ledger's side notes hold something for this root.
+    pub fn set_notes(&mut self) {
+        self.meta |= NOTES_BIT;
     }
 }
 
@@ -305,6 +318,11 @@ impl Table {
         }
     }
 
+    /// Every entry, in slot order (scans for diagnostics; not the hot path).
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.slots.iter().filter(|e| e.root != 0)
+    }
+
     /// All entries' roots (diagnostics and tests; not the hot path).
     pub fn roots(&self) -> Vec<u64> {
         self.slots.iter().filter(|e| e.root != 0).map(|e| e.root).collect()
@@ -335,6 +353,9 @@ mod tests {
         e.set_failed();
         e.set_dedup();
         assert_eq!((e.started(), e.spout(), e.gen(), e.failed(), e.has_dedup()), (STARTED_MASK, 0xffff, 63, true, true));
+        assert!(!e.has_notes(), "a full start time does not spill into the notes bit");
+        e.set_notes();
+        assert!(e.has_notes());
         e.set_started(5);
         e.set_gen(2);
         e.set_spout(9);

@@ -85,6 +85,11 @@ class _OutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Outcome.Value
     out or was lost because a bolt's acks for it could not be delivered (an
     executor could not reach its acker). Names the cause instead of TIMED_OUT.
     """
+    OUTCOME_LIFETIME_EXCEEDED: _Outcome.ValueType  # 7
+    """The tree reached the acker's maximum lifetime (--max-tree-lifetime): a
+    timeout, told apart from OUTCOME_TIMED_OUT so the spout knows the tree
+    was still being worked on (progress or RESET_TIMEOUTs kept it alive).
+    """
 
 class Outcome(_Outcome, metaclass=_OutcomeEnumTypeWrapper):
     """Tree outcomes."""
@@ -112,7 +117,42 @@ OUTCOME_ACKS_UNDELIVERED: Outcome.ValueType  # 6
 out or was lost because a bolt's acks for it could not be delivered (an
 executor could not reach its acker). Names the cause instead of TIMED_OUT.
 """
+OUTCOME_LIFETIME_EXCEEDED: Outcome.ValueType  # 7
+"""The tree reached the acker's maximum lifetime (--max-tree-lifetime): a
+timeout, told apart from OUTCOME_TIMED_OUT so the spout knows the tree
+was still being worked on (progress or RESET_TIMEOUTs kept it alive).
+"""
 Global___Outcome: _TypeAlias = Outcome  # noqa: Y015
+
+class _TreeStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TreeStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TreeStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TREE_STATUS_UNSPECIFIED: _TreeStatus.ValueType  # 0
+    TREE_STATUS_ABSENT: _TreeStatus.ValueType  # 1
+    """No entry: never started here, or already ended."""
+    TREE_STATUS_PENDING: _TreeStatus.ValueType  # 2
+    """Init applied, no outcome yet."""
+    TREE_STATUS_AWAITING_INIT: _TreeStatus.ValueType  # 3
+    """Acks or fails arrived but the init has not (yet)."""
+    TREE_STATUS_EXPIRING: _TreeStatus.ValueType  # 4
+    """Its timeout passed: the next expiry slice ends it."""
+
+class TreeStatus(_TreeStatus, metaclass=_TreeStatusEnumTypeWrapper):
+    """Where a root stands on its acker."""
+
+TREE_STATUS_UNSPECIFIED: TreeStatus.ValueType  # 0
+TREE_STATUS_ABSENT: TreeStatus.ValueType  # 1
+"""No entry: never started here, or already ended."""
+TREE_STATUS_PENDING: TreeStatus.ValueType  # 2
+"""Init applied, no outcome yet."""
+TREE_STATUS_AWAITING_INIT: TreeStatus.ValueType  # 3
+"""Acks or fails arrived but the init has not (yet)."""
+TREE_STATUS_EXPIRING: TreeStatus.ValueType  # 4
+"""Its timeout passed: the next expiry slice ends it."""
+Global___TreeStatus: _TypeAlias = TreeStatus  # noqa: Y015
 
 @_typing.final
 class ApplyRequest(_message.Message):
@@ -341,6 +381,8 @@ class DescribeResponse(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     RETAIN_OUTCOMES_FIELD_NUMBER: _builtins.int
     RETAIN_SECONDS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MODE_FIELD_NUMBER: _builtins.int
+    MAX_TREE_LIFETIME_SECONDS_FIELD_NUMBER: _builtins.int
     shard_index: _builtins.int
     shard_count: _builtins.int
     message_timeout_seconds: _builtins.float
@@ -351,6 +393,14 @@ class DescribeResponse(_message.Message):
     incarnation: _builtins.int
     retain_outcomes: _builtins.int
     retain_seconds: _builtins.float
+    timeout_mode: _builtins.str
+    """"fixed" (the timeout runs from the init or the last RESET_TIMEOUT) or
+    "progress" (every applied ACK restarts it too).
+    """
+    max_tree_lifetime_seconds: _builtins.float
+    """No tree lives longer than this after its init (0: no cap); it ends
+    OUTCOME_LIFETIME_EXCEEDED within one rotation period after it.
+    """
     def __init__(
         self,
         *,
@@ -364,11 +414,187 @@ class DescribeResponse(_message.Message):
         incarnation: _builtins.int = ...,
         retain_outcomes: _builtins.int = ...,
         retain_seconds: _builtins.float = ...,
+        timeout_mode: _builtins.str = ...,
+        max_tree_lifetime_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "incarnation", b"incarnation", "max_batch", b"max_batch", "message_timeout_seconds", b"message_timeout_seconds", "pending_trees", b"pending_trees", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "incarnation", b"incarnation", "max_batch", b"max_batch", "max_tree_lifetime_seconds", b"max_tree_lifetime_seconds", "message_timeout_seconds", b"message_timeout_seconds", "pending_trees", b"pending_trees", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "timeout_mode", b"timeout_mode", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeResponse: _TypeAlias = DescribeResponse  # noqa: Y015
+
+@_typing.final
+class InspectRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROOT_IDS_FIELD_NUMBER: _builtins.int
+    OLDEST_FIELD_NUMBER: _builtins.int
+    oldest: _builtins.int
+    """Also list this many of the oldest pending trees (0: none; at most 10000)."""
+    @_builtins.property
+    def root_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Roots to look up (at most 10000), all owned by this shard."""
+
+    def __init__(
+        self,
+        *,
+        root_ids: _abc.Iterable[_builtins.int] | None = ...,
+        oldest: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["oldest", b"oldest", "root_ids", b"root_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InspectRequest: _TypeAlias = InspectRequest  # noqa: Y015
+
+@_typing.final
+class TreeState(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROOT_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    AGE_SECONDS_FIELD_NUMBER: _builtins.int
+    SPOUT_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    RESETS_FIELD_NUMBER: _builtins.int
+    DEDUP_KEYS_FIELD_NUMBER: _builtins.int
+    root_id: _builtins.int
+    status: Global___TreeStatus.ValueType
+    age_seconds: _builtins.float
+    """Seconds since the init (since the first message while awaiting the init)."""
+    spout: _builtins.str
+    """The owning spout (empty before the init)."""
+    failed: _builtins.bool
+    """Some tuple of the tree was failed (it ends FAILED once the init is applied)."""
+    resets: _builtins.int
+    """RESET_TIMEOUTs applied to the tree."""
+    dedup_keys: _builtins.int
+    """Dedup keys the acker holds for the tree."""
+    def __init__(
+        self,
+        *,
+        root_id: _builtins.int = ...,
+        status: Global___TreeStatus.ValueType = ...,
+        age_seconds: _builtins.float = ...,
+        spout: _builtins.str = ...,
+        failed: _builtins.bool = ...,
+        resets: _builtins.int = ...,
+        dedup_keys: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["age_seconds", b"age_seconds", "dedup_keys", b"dedup_keys", "failed", b"failed", "resets", b"resets", "root_id", b"root_id", "spout", b"spout", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TreeState: _TypeAlias = TreeState  # noqa: Y015
+
+@_typing.final
+class InspectResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TREES_FIELD_NUMBER: _builtins.int
+    OLDEST_FIELD_NUMBER: _builtins.int
+    SHARD_INDEX_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    PENDING_TREES_FIELD_NUMBER: _builtins.int
+    TREES_INITIALIZED_FIELD_NUMBER: _builtins.int
+    TREES_ACKED_FIELD_NUMBER: _builtins.int
+    TREES_FAILED_FIELD_NUMBER: _builtins.int
+    TREES_TIMED_OUT_FIELD_NUMBER: _builtins.int
+    shard_index: _builtins.int
+    incarnation: _builtins.int
+    pending_trees: _builtins.int
+    trees_initialized: _builtins.int
+    """Counters since this incarnation started (two answers apart give rates)."""
+    trees_acked: _builtins.int
+    trees_failed: _builtins.int
+    trees_timed_out: _builtins.int
+    @_builtins.property
+    def trees(self) -> _containers.RepeatedCompositeFieldContainer[Global___TreeState]:
+        """One per requested root, in request order."""
+
+    @_builtins.property
+    def oldest(self) -> _containers.RepeatedCompositeFieldContainer[Global___TreeState]:
+        """The oldest pending trees, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        trees: _abc.Iterable[Global___TreeState] | None = ...,
+        oldest: _abc.Iterable[Global___TreeState] | None = ...,
+        shard_index: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        pending_trees: _builtins.int = ...,
+        trees_initialized: _builtins.int = ...,
+        trees_acked: _builtins.int = ...,
+        trees_failed: _builtins.int = ...,
+        trees_timed_out: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "oldest", b"oldest", "pending_trees", b"pending_trees", "shard_index", b"shard_index", "trees", b"trees", "trees_acked", b"trees_acked", "trees_failed", b"trees_failed", "trees_initialized", b"trees_initialized", "trees_timed_out", b"trees_timed_out"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InspectResponse: _TypeAlias = InspectResponse  # noqa: Y015
+
+@_typing.final
+class ForceFailRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROOT_IDS_FIELD_NUMBER: _builtins.int
+    SPOUT_FIELD_NUMBER: _builtins.int
+    spout: _builtins.str
+    """Or: fail every pending tree of this spout on this shard."""
+    @_builtins.property
+    def root_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Fail these roots (those pending; others are left alone). At most 10000."""
+
+    def __init__(
+        self,
+        *,
+        root_ids: _abc.Iterable[_builtins.int] | None = ...,
+        spout: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["root_ids", b"root_ids", "spout", b"spout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForceFailRequest: _TypeAlias = ForceFailRequest  # noqa: Y015
+
+@_typing.final
+class ForceFailResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FAILED_FIELD_NUMBER: _builtins.int
+    TIMED_OUT_FIELD_NUMBER: _builtins.int
+    FAILED_ROOT_IDS_FIELD_NUMBER: _builtins.int
+    failed: _builtins.int
+    """Trees ended FAILED by this call."""
+    timed_out: _builtins.int
+    """Named trees whose timeout had already passed: they ended by it instead."""
+    @_builtins.property
+    def failed_root_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The roots ended FAILED, when root_ids were given."""
+
+    def __init__(
+        self,
+        *,
+        failed: _builtins.int = ...,
+        timed_out: _builtins.int = ...,
+        failed_root_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed", b"failed", "failed_root_ids", b"failed_root_ids", "timed_out", b"timed_out"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForceFailResponse: _TypeAlias = ForceFailResponse  # noqa: Y015

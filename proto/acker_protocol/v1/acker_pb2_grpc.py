@@ -50,6 +50,16 @@ class AckerStub:
                 request_serializer=acker__protocol_dot_v1_dot_acker__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.DescribeResponse.FromString,
                 _registered_method=True)
+        self.Inspect = channel.unary_unary(
+                '/acker_service.v1.Acker/Inspect',
+                request_serializer=acker__protocol_dot_v1_dot_acker__pb2.InspectRequest.SerializeToString,
+                response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.InspectResponse.FromString,
+                _registered_method=True)
+        self.ForceFail = channel.unary_unary(
+                '/acker_service.v1.Acker/ForceFail',
+                request_serializer=acker__protocol_dot_v1_dot_acker__pb2.ForceFailRequest.SerializeToString,
+                response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.ForceFailResponse.FromString,
+                _registered_method=True)
 
 
 class AckerServicer:
@@ -92,6 +102,29 @@ class AckerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Inspect(self, request, context):
+        """For operators: the state of given roots and the oldest pending trees of
+        this shard. Read-only. Authorized like Describe.
+
+        Errors: INVALID_ARGUMENT (a zero root id, more than 10000 roots or
+        oldest above 10000), FAILED_PRECONDITION (a root this shard does not own).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForceFail(self, request, context):
+        """For operators: ends the given pending trees, or every pending tree of one
+        spout, with outcome FAILED now, so their spouts replay them without
+        waiting for the timeout. Needs the admin permission (docs/security.md).
+
+        Errors: INVALID_ARGUMENT (neither or both of root_ids and spout, a zero
+        root id, a bad spout name), FAILED_PRECONDITION (a root this shard does not own).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AckerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +142,16 @@ def add_AckerServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.DescribeRequest.FromString,
                     response_serializer=acker__protocol_dot_v1_dot_acker__pb2.DescribeResponse.SerializeToString,
+            ),
+            'Inspect': grpc.unary_unary_rpc_method_handler(
+                    servicer.Inspect,
+                    request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.InspectRequest.FromString,
+                    response_serializer=acker__protocol_dot_v1_dot_acker__pb2.InspectResponse.SerializeToString,
+            ),
+            'ForceFail': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForceFail,
+                    request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.ForceFailRequest.FromString,
+                    response_serializer=acker__protocol_dot_v1_dot_acker__pb2.ForceFailResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -193,6 +236,60 @@ class Acker:
             '/acker_service.v1.Acker/Describe',
             acker__protocol_dot_v1_dot_acker__pb2.DescribeRequest.SerializeToString,
             acker__protocol_dot_v1_dot_acker__pb2.DescribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Inspect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acker_service.v1.Acker/Inspect',
+            acker__protocol_dot_v1_dot_acker__pb2.InspectRequest.SerializeToString,
+            acker__protocol_dot_v1_dot_acker__pb2.InspectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForceFail(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acker_service.v1.Acker/ForceFail',
+            acker__protocol_dot_v1_dot_acker__pb2.ForceFailRequest.SerializeToString,
+            acker__protocol_dot_v1_dot_acker__pb2.ForceFailResponse.FromString,
             options,
             channel_credentials,
             insecure,

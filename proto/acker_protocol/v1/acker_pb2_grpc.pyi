@@ -59,6 +59,21 @@ class AckerStub:
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_acker_pb2.DescribeRequest, _acker_pb2.DescribeResponse]
     """Shard, timeout settings, pending trees and version of this acker."""
+    Inspect: _grpc.UnaryUnaryMultiCallable[_acker_pb2.InspectRequest, _acker_pb2.InspectResponse]
+    """For operators: the state of given roots and the oldest pending trees of
+    this shard. Read-only. Authorized like Describe.
+
+    Errors: INVALID_ARGUMENT (a zero root id, more than 10000 roots or
+    oldest above 10000), FAILED_PRECONDITION (a root this shard does not own).
+    """
+    ForceFail: _grpc.UnaryUnaryMultiCallable[_acker_pb2.ForceFailRequest, _acker_pb2.ForceFailResponse]
+    """For operators: ends the given pending trees, or every pending tree of one
+    spout, with outcome FAILED now, so their spouts replay them without
+    waiting for the timeout. Needs the admin permission (docs/security.md).
+
+    Errors: INVALID_ARGUMENT (neither or both of root_ids and spout, a zero
+    root id, a bad spout name), FAILED_PRECONDITION (a root this shard does not own).
+    """
 
 @_typing.type_check_only
 class AckerAsyncStub(AckerStub):
@@ -88,6 +103,21 @@ class AckerAsyncStub(AckerStub):
     """
     Describe: _aio.UnaryUnaryMultiCallable[_acker_pb2.DescribeRequest, _acker_pb2.DescribeResponse]  # type: ignore[assignment]
     """Shard, timeout settings, pending trees and version of this acker."""
+    Inspect: _aio.UnaryUnaryMultiCallable[_acker_pb2.InspectRequest, _acker_pb2.InspectResponse]  # type: ignore[assignment]
+    """For operators: the state of given roots and the oldest pending trees of
+    this shard. Read-only. Authorized like Describe.
+
+    Errors: INVALID_ARGUMENT (a zero root id, more than 10000 roots or
+    oldest above 10000), FAILED_PRECONDITION (a root this shard does not own).
+    """
+    ForceFail: _aio.UnaryUnaryMultiCallable[_acker_pb2.ForceFailRequest, _acker_pb2.ForceFailResponse]  # type: ignore[assignment]
+    """For operators: ends the given pending trees, or every pending tree of one
+    spout, with outcome FAILED now, so their spouts replay them without
+    waiting for the timeout. Needs the admin permission (docs/security.md).
+
+    Errors: INVALID_ARGUMENT (neither or both of root_ids and spout, a zero
+    root id, a bad spout name), FAILED_PRECONDITION (a root this shard does not own).
+    """
 
 class AckerServicer(metaclass=_abc_1.ABCMeta):
     """One acker shard."""
@@ -132,5 +162,32 @@ class AckerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_acker_pb2.DescribeResponse, _abc.Awaitable[_acker_pb2.DescribeResponse]]:
         """Shard, timeout settings, pending trees and version of this acker."""
+
+    @_abc_1.abstractmethod
+    def Inspect(
+        self,
+        request: _acker_pb2.InspectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_acker_pb2.InspectResponse, _abc.Awaitable[_acker_pb2.InspectResponse]]:
+        """For operators: the state of given roots and the oldest pending trees of
+        this shard. Read-only. Authorized like Describe.
+
+        Errors: INVALID_ARGUMENT (a zero root id, more than 10000 roots or
+        oldest above 10000), FAILED_PRECONDITION (a root this shard does not own).
+        """
+
+    @_abc_1.abstractmethod
+    def ForceFail(
+        self,
+        request: _acker_pb2.ForceFailRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_acker_pb2.ForceFailResponse, _abc.Awaitable[_acker_pb2.ForceFailResponse]]:
+        """For operators: ends the given pending trees, or every pending tree of one
+        spout, with outcome FAILED now, so their spouts replay them without
+        waiting for the timeout. Needs the admin permission (docs/security.md).
+
+        Errors: INVALID_ARGUMENT (neither or both of root_ids and spout, a zero
+        root id, a bad spout name), FAILED_PRECONDITION (a root this shard does not own).
+        """
 
 def add_AckerServicer_to_server(servicer: AckerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,174 @@
+"""The emission log: which roots the executors started, written by the tasks, read by the driver as numpy columns.
+
+Every task attempt that reads records appends one Arrow IPC stream under the
+checkpoint directory, ``emissions/r<round>/p<partition>-t<task attempt>.arrow``,
+with a batch ``(root, ident, attempt)`` per Arrow batch it read, flushed
+**before** the batch's inits are sent: a tree the ackers know is always in the
+log. A retried or speculative attempt writes its own file with the same roots
+(they are derived from the identities). The driver reads a round's files after
+its job, tolerating the truncated tail of an attempt that died mid-write.
+
+The round's filter (which records a round reads) lives next to it,
+``rounds/r<round>.npz``: ``all``, ``skip`` (identities already started: the
+first read resumed after a crash) or ``select`` (the replays, each with its
+attempt number).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .checkpoint import read_complete_batches
+
+__all__ = ["EMISSION_SCHEMA", "Emissions", "EmissionWriter", "RoundFilter", "read_round", "write_filter", "read_filter"]
+
+EMISSION_SCHEMA = pa.schema([("root", pa.uint64()), ("ident", pa.uint64()), ("attempt", pa.uint16())])
+
+
+def round_dir(checkpoint: str | Path, round_no: int) -> Path:
+    """The directory of round ``round_no``'s emission files."""
+    return Path(checkpoint) / "emissions" / f"r{round_no:05d}"
+
+
+class EmissionWriter:
+    """One task attempt's emission file, opened on the first batch (a task that reads nothing writes nothing)."""
+
+    def __init__(self, checkpoint: str | Path, round_no: int, partition: int, task_attempt: int) -> None:
+        self.path = round_dir(checkpoint, round_no) / f"p{partition:05d}-t{task_attempt}.arrow"
+        self._file: Any = None
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+
+    def write(self, roots: np.ndarray, idents: np.ndarray, attempts: np.ndarray) -> None:
+        """Append one batch and push it to the operating system (it must be there before its inits go out)."""
+        if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "wb")  # noqa: SIM115 - held open across batches, closed in close()
+            self._writer = pa.ipc.new_stream(self._file, EMISSION_SCHEMA)
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(roots, pa.uint64()), pa.array(idents, pa.uint64()), pa.array(attempts, pa.uint16())],
+            schema=EMISSION_SCHEMA,
+        )
+        self._writer.write_batch(batch)
+        assert self._file is not None
+        self._file.flush()
+
+    def close(self) -> None:
+        """Finish the stream (an end-of-stream marker) and close the file."""
+        if self._writer is not None:
+            self._writer.close()
+            assert self._file is not None
+            self._file.close()
+            self._writer = self._file = None
+
+
+@dataclass(frozen=True)
+class Emissions:
+    """A round's started deliveries as parallel arrays (one entry per root, repeats across attempts removed).
+
+    ``duplicates`` counts roots that two different partitions started, or one
+    attempt started twice: records sharing an identity.
+    """
+
+    roots: np.ndarray
+    idents: np.ndarray
+    attempts: np.ndarray
+    duplicates: int
+
+
+def read_round(checkpoint: str | Path, round_no: int) -> Emissions:
+    """Every root started in round ``round_no`` so far, from all of its task attempts' files."""
+    roots: list[np.ndarray] = []
+    idents: list[np.ndarray] = []
+    attempts: list[np.ndarray] = []
+    parts: list[np.ndarray] = []
+    files: list[np.ndarray] = []
+    folder = round_dir(checkpoint, round_no)
+    names = sorted(os.listdir(folder)) if folder.is_dir() else []
+    for name in names:
+        if not name.endswith(".arrow"):
+            continue
+        table = _read_tolerant(folder / name)
+        if table is None or table.num_rows == 0:
+            continue
+        roots.append(table.column("root").to_numpy())
+        idents.append(table.column("ident").to_numpy())
+        attempts.append(table.column("attempt").to_numpy())
+        parts.append(np.full(table.num_rows, int(name[1:6]), dtype=np.int32))
+        files.append(np.full(table.num_rows, len(files), dtype=np.int32))
+    if not roots:
+        empty = np.zeros(0, dtype=np.uint64)
+        return Emissions(empty, empty, np.zeros(0, dtype=np.uint16), 0)
+    all_roots = np.concatenate(roots)
+    order = np.argsort(all_roots, kind="stable")  # files are in partition order, so a root's entries stay so
+    sorted_roots = all_roots[order]
+    part, file = np.concatenate(parts)[order], np.concatenate(files)[order]
+    same = sorted_roots[1:] == sorted_roots[:-1]
+    # The same root twice in one file, or from two partitions, is two records with one identity;
+    # from two attempts (files) of one partition it is a re-run: expected, kept once.
+    duplicates = int((same & ((part[1:] != part[:-1]) | (file[1:] == file[:-1]))).sum())
+    first = order[np.concatenate(([True], ~same))]
+    return Emissions(all_roots[first], np.concatenate(idents)[first], np.concatenate(attempts)[first], duplicates)
+
+
+def _read_tolerant(path: Path) -> pa.Table | None:
+    """The complete batches of an attempt's file (a torn last batch: the task died mid-write)."""
+    batches = read_complete_batches(path)
+    return pa.Table.from_batches(batches, EMISSION_SCHEMA) if batches else None
+
+
+@dataclass(frozen=True)
+class RoundFilter:
+    """Which records a round reads: ``all``; ``skip`` the sorted ``idents``; or ``select`` them with ``attempts``."""
+
+    mode: str
+    idents: np.ndarray
+    attempts: np.ndarray
+
+    def apply(self, idents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(keep mask, attempt per kept row)`` for a batch's identity hashes."""
+        if self.mode == "all":
+            return np.ones(len(idents), dtype=bool), np.ones(len(idents), dtype=np.uint16)
+        pos = np.searchsorted(self.idents, idents)
+        pos[pos == len(self.idents)] = 0
+        found = (self.idents[pos] == idents) if len(self.idents) else np.zeros(len(idents), dtype=bool)
+        if self.mode == "skip":
+            return ~found, np.ones(int((~found).sum()), dtype=np.uint16)
+        return found, self.attempts[pos[found]]
+
+
+def write_filter(checkpoint: str | Path, round_no: int, rows: RoundFilter) -> Path:
+    """Store a round's filter (sorted by identity) atomically; executors read it by path."""
+    order = np.argsort(rows.idents, kind="stable")
+    path = Path(checkpoint) / "rounds" / f"r{round_no:05d}.npz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, mode=np.array(rows.mode), idents=rows.idents[order], attempts=rows.attempts[order])
+    os.replace(tmp, path)
+    return path
+
+
+_filters: dict[tuple[str, int, int], RoundFilter] = {}  # per executor process: one read per round, not per task
+
+
+def read_filter(path: str) -> RoundFilter:
+    """A round's filter (cached per process: every task of the round reads the same file).
+
+    The cache key includes the file's size and modification time: a worker
+    that outlives a driver (Spark Connect) must not reuse a filter rewritten
+    under the same name.
+    """
+    stat = os.stat(path)
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    cached = _filters.get(key)
+    if cached is None:
+        with np.load(path) as data:
+            cached = RoundFilter(str(data["mode"]), data["idents"], data["attempts"])
+        _filters.clear()  # an older round's filter is never read again
+        _filters[key] = cached
+    return cached

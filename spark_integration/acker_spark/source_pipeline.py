@@ -1,0 +1,445 @@
+"""SourcePipeline: records read by Spark on the executors, trees started there, replays by re-reading the source.
+
+The driver never holds a record. ``pipeline.run(spark.read.text(dir), job)``
+runs rounds of Spark jobs:
+
+1. The first round reads the whole source. Its tasks start each record's tree
+   where they read it (:class:`~acker_spark.source_reader.SourceReader`), log
+   the roots to the checkpoint's emission log, and the job's bolts ack them.
+2. After each job the driver reads the round's emission log into its
+   :class:`~acker_spark.record_table.RecordTable` (numpy columns, ~30 bytes per
+   record) and settles the outcomes the :class:`~acker_spark.outcome_feed.OutcomeFeed`
+   journaled, in bulk.
+3. Failed, timed-out and lost deliveries wait their backoff (``ReplayPolicy``),
+   then a replay round re-reads the source and keeps exactly those identities,
+   with the next attempt number (a new root each). After ``max_attempts`` a
+   record's last payload is read once more and written to the dead-letter store.
+
+Everything the driver knows is in the checkpoint directory
+(:mod:`acker_spark.checkpoint`): a driver killed at any moment and started again
+with the same checkpoint (and the same source and job) finishes the run
+without losing a record or processing again one already acked.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from acker_client import ClusterClient, ShardUnavailable, new_id
+from acker_client.pending import cluster_backstop
+from acker_protocol.wire import Outcome
+
+from .checkpoint import Checkpoint
+from .dead_letter import DeadLetterStore
+from .emission_log import RoundFilter, read_round, write_filter
+from .identity import (
+    IdentitySpec,
+    UnstableIdentity,
+    apply_pinned_conf,
+    check_unchanged,
+    derive_roots,
+    resolve_identity,
+)
+from .record_table import ACKED, FAILED, PENDING, RecordTable
+from .replays import ReplayPolicy
+from .source_reader import ATTEMPT_COLUMN, IDENT_COLUMN, KEY_COLUMN, SourceReader, reader_schema
+
+__all__ = ["DuplicateIdentity", "SourcePipeline", "SourceStats"]
+
+log = logging.getLogger(__name__)
+
+REPLAYED, DEAD = 3, 4  # further entry states: a failed delivery that was delivered again / dead-lettered
+
+_UNUSED = np.zeros(0, dtype=np.uint64)
+_PEEK_ROUND = 99_999  # the filter file of dead-letter reads (they start no trees and log nothing)
+
+
+class DuplicateIdentity(UnstableIdentity):
+    """Two records of the source share an identity (a key column that is not unique)."""
+
+
+@dataclass
+class SourceStats:
+    """What a run did, from the checkpoint's state (so a resumed run counts the whole run)."""
+
+    emitted: int = 0  # records read at least once
+    acked: int = 0
+    failed: int = 0  # deliveries that ended FAILED
+    timed_out: int = 0
+    lost: int = 0  # no outcome within the backstop, or in flight when a driver died
+    replayed: int = 0  # deliveries after the first
+    dead_lettered: int = 0
+    pending: int = 0
+    awaiting_replay: int = 0
+    rounds: int = 0  # Spark jobs run by this driver
+    job_errors: int = 0
+    resumed: bool = False  # this driver continued a checkpoint
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counters as a plain dict."""
+        return asdict(self)
+
+
+class SourcePipeline:
+    """Runs ``job`` over a DataFrame read by Spark, each record tracked from the executor that reads it.
+
+    ``cluster`` is the driver's client (for the outcome streams and for failing
+    the trees of a failed job); executors get their own client for the same
+    addresses (``security`` and ``client_options`` as for a Bolt).
+    ``checkpoint`` is a directory the driver and every executor can write
+    (a shared filesystem on a cluster). ``name`` is the spout name (default:
+    the checkpoint's, or a fresh one). ``journal_interval``: how often outcomes
+    that arrive during a job are journaled (each write is an ``fsync``; what a
+    crash leaves unjournaled is still retained by the ackers).
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        cluster: ClusterClient,
+        checkpoint: str | Path,
+        *,
+        name: str | None = None,
+        policy: ReplayPolicy = ReplayPolicy(),
+        dead_letters: DeadLetterStore | None = None,
+        spout_timeout: float | None = None,
+        progress_interval: float = 0.25,
+        journal_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        security: Any = None,
+        client_options: dict[str, Any] | None = None,
+        on_progress: Callable[[SourceStats], None] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.cluster = cluster
+        self.checkpoint = Checkpoint(checkpoint)
+        self.name = name
+        self.policy = policy
+        self.dead_letters = dead_letters
+        self.spout_timeout = spout_timeout
+        self.progress_interval = progress_interval
+        self.journal_interval = journal_interval
+        self.clock = clock
+        self.security = security
+        self.client_options = dict(client_options or {})
+        self.on_progress = on_progress
+        self.table = RecordTable()
+        self.stats = SourceStats()
+        self._deadlines: dict[int, float] = {}  # round -> when its pending trees count as lost
+        self._strays: tuple[np.ndarray, np.ndarray] = (_UNUSED, np.zeros(0, dtype=np.int8))
+        self._manifest: dict[str, Any] = {}
+        self._feed: Any = None
+        self._failed_jobs = 0  # in a row
+        self._last_error: Exception | None = None
+
+    # -- the run --------------------------------------------------------------------------
+
+    def run(self, df: Any, job: Callable[[Any], object], *, key: str | None = None) -> SourceStats:
+        """Process every record of ``df`` until each is acked or dead-lettered (resuming the checkpoint's run).
+
+        ``job(tracked)`` gets the source's columns plus ``_record_key``,
+        ``_attempt`` and ``_acker_ids`` and must run the actions that complete
+        the work (its bolts ack the rows). ``key`` names a unique, non-null
+        column as the record identity; without it, file sources are identified
+        by file and position (see :mod:`acker_spark.identity`).
+        """
+        spec = resolve_identity(self.spark, df, key)
+        self._open(spec)
+        backstop = self.spout_timeout if self.spout_timeout is not None else self._backstop()
+        from .outcome_feed import OutcomeFeed
+
+        self._feed = OutcomeFeed(self.cluster, self._manifest["name"], self.checkpoint, self.journal_interval).start()
+        try:
+            self._restore(backstop)
+            self._loop(df, job, backstop)
+        finally:
+            self._feed.close()
+        self._fill_stats()
+        self._report()
+        return self.stats
+
+    def _open(self, spec: IdentitySpec) -> None:
+        """Start a new checkpoint, or check that this source is the one the checkpoint's run was reading."""
+        manifest = self.checkpoint.manifest()
+        if manifest is None:
+            manifest = {
+                "version": 1,
+                "name": self.name or f"acker-source-{new_id():016x}",
+                "salt": new_id(),
+                "identity": spec.as_json(),
+                "source_done": False,
+                "next_round": 0,
+            }
+            apply_pinned_conf(self.spark, spec)
+            self.checkpoint.save_manifest(manifest)
+        else:
+            recorded = IdentitySpec.from_json(manifest["identity"])
+            check_unchanged(recorded, spec)
+            if self.name is not None and self.name != manifest["name"]:
+                raise ValueError(f"the checkpoint belongs to spout {manifest['name']!r}, not {self.name!r}")
+            apply_pinned_conf(self.spark, recorded)
+            self.stats.resumed = True
+        self._manifest = manifest
+        self.spec = IdentitySpec.from_json(manifest["identity"])
+
+    def _restore(self, backstop: float) -> None:
+        """Rebuild the table from the checkpoint; fail the trees an earlier driver left in flight."""
+        rounds = self._manifest["next_round"]
+        for round_no in range(rounds):
+            self._add_round(round_no, check=False)
+        roots, outcomes = self.checkpoint.read_outcomes()
+        if len(roots):
+            self._settle(roots, outcomes)
+        dead = self.checkpoint.read_dead()
+        if len(dead):
+            self.table.state[np.isin(self.table.idents, dead) & (self.table.state == FAILED)] = DEAD
+        self._mark_replayed(self.table.idents, self.table.attempts)
+        self.table.due[self.table.state == FAILED] = self.clock()  # their backoff ran while no driver was up
+        pending = self.table.pending()
+        if len(pending):
+            # That driver's executors are gone: whatever they did not finish never will. Failing
+            # the trees settles them now; trees that completed meanwhile keep their retained outcome.
+            log.info("resuming: failing %d trees left in flight by the previous driver", len(pending))
+            try:
+                self.cluster.fail_columns(self.table.roots[pending])
+                self.cluster.flush()
+            except ShardUnavailable as err:
+                log.warning("could not fail the trees left in flight (they will count as lost): %s", err)
+            for round_no in range(rounds):
+                self._deadlines[round_no] = self.clock() + backstop
+
+    def _loop(self, df: Any, job: Callable[[Any], object], backstop: float) -> None:
+        while True:
+            if self._failed_jobs > self.policy.max_attempts:
+                raise RuntimeError(
+                    f"{self._failed_jobs} Spark jobs in a row failed (last: {self._last_error}); stopping: the"
+                    " checkpoint keeps the run's progress, fix the job and run again"
+                )
+            if not self._manifest["source_done"]:
+                skip = np.unique(self.table.idents)
+                rows = RoundFilter("skip", skip, np.zeros(len(skip), dtype=np.uint16)) if len(skip) else _ALL
+                if self._run_round(df, job, rows, backstop):
+                    self._manifest["source_done"] = True
+                    self.checkpoint.save_manifest(self._manifest)
+            self._settle(*self._feed.take())
+            self._expire()
+            self._write_dead_letters(df)
+            due = self._due_replays()
+            if len(due):
+                idents, attempts = self.table.idents[due], self.table.attempts[due] + 1
+                roots = self.table.roots[due]
+                if self._run_round(df, job, RoundFilter("select", idents, attempts.astype(np.uint16)), backstop):
+                    self._check_found(roots)
+                continue
+            self._report()
+            if self._manifest["source_done"] and not self._busy():
+                return
+            self._feed.wait(self._wait_time())
+
+    def _run_round(self, df: Any, job: Callable[[Any], object], rows: RoundFilter, backstop: float) -> bool:
+        """Run one job over the source (filtered by ``rows``); add what it started; True if the job succeeded."""
+        round_no = self._manifest["next_round"]
+        path = write_filter(self.checkpoint.path, round_no, rows)
+        self._manifest["next_round"] = round_no + 1
+        self.checkpoint.save_manifest(self._manifest)  # before any task can start a tree of this round
+        tracked = self._frame(df, round_no, str(path), peek=False)
+        ok = True
+        try:
+            job(tracked)
+        except Exception as err:  # noqa: BLE001 - any job failure is handled the same way
+            ok = False
+            self.stats.job_errors += 1
+            self._failed_jobs += 1
+            self._last_error = err
+            log.warning("round %d's Spark job failed; its unfinished records will be replayed: %s", round_no, err)
+        self.stats.rounds += 1
+        if ok:
+            self._failed_jobs = 0
+        self._add_round(round_no, check=True)
+        self._deadlines[round_no] = self.clock() + backstop
+        if not ok:
+            self._fail_round(round_no)
+        return ok
+
+    def _frame(self, df: Any, round_no: int, filter_path: str, *, peek: bool) -> Any:
+        source = self.spec.with_columns(df)
+        reader = SourceReader(
+            self.spec,
+            self._manifest["salt"],
+            self._manifest["name"],
+            str(self.checkpoint.path),
+            round_no,
+            filter_path,
+            self.cluster.addresses,
+            self.security,
+            self.client_options,
+            peek=peek,
+        )
+        return source.mapInArrow(reader, reader_schema(source.schema, peek=peek))
+
+    def _add_round(self, round_no: int, *, check: bool) -> None:
+        emissions = read_round(self.checkpoint.path, round_no)
+        if check and emissions.duplicates:
+            raise DuplicateIdentity(
+                f"{emissions.duplicates} records of the source share their identity with another record"
+                f" ({self._identity_name()} is not unique): their trees would be mixed up. Use a unique key column."
+            )
+        if self.table.add(emissions, round_no):
+            self._mark_replayed(emissions.idents, emissions.attempts)
+        strays_roots, strays_outcomes = self._strays
+        if len(strays_roots):
+            self._strays = (_UNUSED, np.zeros(0, dtype=np.int8))
+            self._settle(strays_roots, strays_outcomes, keep_strays=False)
+
+    def _mark_replayed(self, idents: np.ndarray, attempts: np.ndarray) -> None:
+        """A delivery with attempt n > 1 supersedes its attempt n - 1: that one is no longer waiting."""
+        again = attempts > 1
+        if not again.any():
+            return
+        previous = derive_roots(self._manifest["salt"], idents[again], attempts[again] - 1)
+        pos = self.table.find(previous)
+        pos = pos[pos >= 0]
+        self.table.state[pos[self.table.state[pos] == FAILED]] = REPLAYED
+
+    def _check_found(self, roots: np.ndarray) -> None:
+        """After a replay round read the whole source, every replayed record must have been found again."""
+        pos = self.table.find(roots)
+        missing = int((self.table.state[pos] == FAILED).sum())
+        if missing:
+            raise UnstableIdentity(
+                f"{missing} failed records were not found again when the source was re-read: the source changed, "
+                f"{self._identity_name()} is not stable across reads, or the job did not run over all of its "
+                "input. The checkpoint keeps the run's state."
+            )
+
+    def _identity_name(self) -> str:
+        return f"key column {self.spec.column!r}" if self.spec.kind == "key" else f"the {self.spec.kind} identity"
+
+    # -- settling -------------------------------------------------------------------------
+
+    def _settle(self, roots: np.ndarray, outcomes: np.ndarray, *, keep_strays: bool = True) -> None:
+        if not len(roots):
+            return
+        settled, unknown = self.table.settle(roots, outcomes, int(Outcome.ACKED))
+        if len(settled.failed):
+            attempts = self.table.attempts[settled.failed]
+            delays = np.array([self.policy.delay(int(a)) for a in range(int(attempts.max()) + 1)])
+            self.table.due[settled.failed] = self.clock() + delays[attempts]
+        if keep_strays and len(unknown):
+            # An outcome can come before its root is read from the emission log (a job still
+            # running); it is matched after the next round is read, then dropped.
+            mask = np.isin(roots, unknown)
+            self._strays = (
+                np.concatenate((self._strays[0], roots[mask])),
+                np.concatenate((self._strays[1], outcomes[mask])),
+            )
+
+    def _expire(self) -> None:
+        """Pending trees of rounds past their backstop deadline are LOST (journaled, then settled)."""
+        now = self.clock()
+        late = [r for r, deadline in self._deadlines.items() if deadline <= now]
+        if not late:
+            return
+        pending = self.table.pending(np.asarray(late, dtype=np.uint16))
+        for round_no in late:
+            del self._deadlines[round_no]
+        if len(pending):
+            roots = self.table.roots[pending]
+            log.warning("%d trees had no outcome within the backstop timeout: replaying them as LOST", len(roots))
+            self._feed.record(roots, Outcome.LOST)
+            self._settle(roots, np.full(len(roots), int(Outcome.LOST), dtype=np.int8), keep_strays=False)
+
+    def _fail_round(self, round_no: int) -> None:
+        """A failed job: fail its unsettled trees at the ackers so they are replayed without waiting for timeouts."""
+        pending = self.table.pending(np.asarray([round_no], dtype=np.uint16))
+        if not len(pending):
+            return
+        try:
+            self.cluster.fail_columns(self.table.roots[pending])
+            self.cluster.flush()
+        except ShardUnavailable as err:
+            log.warning("could not fail the trees of a failed job (the backstop will): %s", err)
+
+    def _due_replays(self) -> np.ndarray:
+        table = self.table
+        waiting = (table.state == FAILED) & (table.attempts < self.policy.max_attempts)
+        return np.flatnonzero(waiting & (table.due <= self.clock()))
+
+    def _busy(self) -> bool:
+        return bool(((self.table.state == PENDING) | (self.table.state == FAILED)).any())
+
+    def _wait_time(self) -> float:
+        waiting = self.table.state == FAILED
+        timeout = self.progress_interval
+        if waiting.any():
+            timeout = min(timeout, max(0.0, float(self.table.due[waiting].min()) - self.clock()))
+        return timeout
+
+    # -- dead letters ---------------------------------------------------------------------
+
+    def _write_dead_letters(self, df: Any) -> None:
+        """Records that failed their last attempt: re-read their payload, store them, journal that they are done."""
+        table = self.table
+        dead = np.flatnonzero((table.state == FAILED) & (table.attempts >= self.policy.max_attempts))
+        if not len(dead):
+            return
+        idents, attempts, reasons = table.idents[dead], table.attempts[dead], table.reason[dead]
+        if self.dead_letters is not None:
+            self.dead_letters.add_many(self._dead_payloads(df, idents, attempts, reasons))
+        else:
+            log.error(
+                "%d records failed %d times; no dead-letter store to keep them", len(dead), self.policy.max_attempts
+            )
+        journal = self.checkpoint.dead_journal()
+        try:
+            journal.append(idents)
+        finally:
+            journal.close()
+        table.state[dead] = DEAD
+
+    def _dead_payloads(
+        self, df: Any, idents: np.ndarray, attempts: np.ndarray, reasons: np.ndarray
+    ) -> list[tuple[str, Any, Outcome, int]]:
+        """Each dead record's ``(key, payload, reason, attempts)``: its last attempt read again (a peek round)."""
+        path = write_filter(self.checkpoint.path, _PEEK_ROUND, RoundFilter("select", idents, attempts))
+        rows = self._frame(df, _PEEK_ROUND, str(path), peek=True).toArrow().to_pylist()
+        reason_of = dict(zip(idents.view(np.int64).tolist(), reasons.tolist()))
+        letters = []
+        for row in rows:
+            key, attempt, ident = row.pop(KEY_COLUMN), row.pop(ATTEMPT_COLUMN), row.pop(IDENT_COLUMN)
+            letters.append((key, row, Outcome(reason_of[ident]), attempt))
+        if len(letters) != len(idents):
+            log.warning("%d dead records were not found again in the source (changed?)", len(idents) - len(letters))
+        return letters
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def _fill_stats(self) -> None:
+        table, stats = self.table, self.stats
+        stats.emitted = int((table.attempts == 1).sum())
+        stats.acked = table.count(ACKED)
+        stats.replayed = int((table.attempts > 1).sum())
+        ended = table.state != PENDING
+        stats.failed = int((ended & (table.reason == int(Outcome.FAILED))).sum())
+        stats.timed_out = int((ended & (table.reason == int(Outcome.TIMED_OUT))).sum())
+        stats.lost = int((ended & (table.reason == int(Outcome.LOST))).sum())
+        stats.dead_lettered = table.count(DEAD)
+        stats.pending = table.count(PENDING)
+        stats.awaiting_replay = table.count(FAILED)
+
+    def _report(self) -> None:
+        if self.on_progress is not None:
+            self._fill_stats()
+            self.on_progress(self.stats)
+
+    def _backstop(self) -> float:
+        return cluster_backstop(self.cluster)
+
+
+_ALL = RoundFilter("all", _UNUSED, np.zeros(0, dtype=np.uint16))

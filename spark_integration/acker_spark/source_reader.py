@@ -1,0 +1,202 @@
+"""Executor side of the source pipeline: the task that reads the records starts their trees, column-wise.
+
+:class:`SourceReader` runs in ``mapInArrow`` directly over the user's reader
+(``spark.read...``), so it runs in the same task that reads the file split.
+Per Arrow batch it hashes each record's identity, keeps the rows the round
+reads (all of them, or the replays with their attempt numbers), derives each
+row's root id and first edge from (run, identity, attempt), appends them to
+the task attempt's emission file, then sends their inits with
+``init_columns``. A re-run or speculative attempt derives the same roots and
+re-sends the same set-once inits, which the ackers ignore for trees still
+pending. The rows go on with ``_record_key`` (the identity as text),
+``_attempt`` and ``_acker_ids``, ready for the job's bolts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .arrow_ids import PairColumn, encode_ids
+from .emission_log import EmissionWriter, read_filter
+from .frames import TRACKING_COLUMN
+from .identity import (
+    BLOCK_COLUMN,
+    PATH_COLUMN,
+    ROW_COLUMN,
+    IdentitySpec,
+    derive_roots,
+    first_edges,
+    hash_file_rows,
+    hash_key_column,
+    hash_strings,
+)
+
+__all__ = ["ATTEMPT_COLUMN", "IDENT_COLUMN", "KEY_COLUMN", "SourceReader", "reader_schema"]
+
+KEY_COLUMN = "_record_key"
+"""The record's identity as text (the key, or ``path#row`` / ``path@block#index``): name it in sinks and dead letters."""
+ATTEMPT_COLUMN = "_attempt"
+"""Which delivery of the record this row is (1 for the first read)."""
+
+_HIDDEN = (PATH_COLUMN, BLOCK_COLUMN, ROW_COLUMN)
+
+
+IDENT_COLUMN = "_ident"
+"""Peek rounds only (dead letters): the identity hash, as a signed long, in place of ``_acker_ids``."""
+
+
+def reader_schema(source_schema: Any, *, peek: bool = False) -> Any:
+    """The reader's output schema: the source's columns, then ``_record_key``, ``_attempt``, ``_acker_ids``."""
+    from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
+
+    fields = [f for f in source_schema.fields if f.name not in _HIDDEN]
+    return StructType(
+        [
+            *fields,
+            StructField(KEY_COLUMN, StringType(), False),
+            StructField(ATTEMPT_COLUMN, IntegerType(), False),
+            StructField(IDENT_COLUMN, LongType(), False) if peek else StructField(TRACKING_COLUMN, BinaryType(), False),
+        ]
+    )
+
+
+@dataclass
+class _LineState:
+    """Where the previous batch of a task ended: its last (file, block) group and the next index in it."""
+
+    path: int = -1
+    block: int = -1
+    next_index: int = 0
+
+
+@dataclass
+class SourceReader:
+    """The picklable ``mapInArrow`` function of one round (``peek=True``: read only, start no trees)."""
+
+    spec: IdentitySpec
+    salt: int
+    spout: str
+    checkpoint: str
+    round_no: int
+    filter_path: str
+    addresses: Sequence[str] | None
+    security: Any = None
+    client_options: dict[str, Any] = field(default_factory=dict)
+    peek: bool = False
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Run over one task's batches (Spark calls it with the partition's Arrow batches)."""
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition, attempt_id = (context.partitionId(), context.taskAttemptId()) if context else (0, 0)
+        return self.run(batches, partition, attempt_id)
+
+    def run(self, batches: Iterator[pa.RecordBatch], partition: int, task_attempt: int) -> Iterator[pa.RecordBatch]:
+        """Read, filter, log and init each batch, then yield it with the tracking columns; flush the inits at the end."""
+        rows = read_filter(self.filter_path)
+        tracking = self.addresses is not None and not self.peek
+        client = None
+        if tracking:
+            from .step import client_for
+
+            assert self.addresses is not None
+            client = client_for(self.addresses, self.security, **self.client_options)
+        writer = EmissionWriter(self.checkpoint, self.round_no, partition, task_attempt) if not self.peek else None
+        state = _LineState()
+        try:
+            for batch in batches:
+                idents, positions = self._idents(batch, state)
+                keep, attempts = rows.apply(idents)
+                if not keep.any():
+                    continue
+                if not keep.all():
+                    batch, idents = batch.filter(pa.array(keep)), idents[keep]
+                    positions = positions[keep] if positions is not None else None
+                roots = derive_roots(self.salt, idents, attempts)
+                edges = first_edges(roots)
+                if writer is not None:
+                    writer.write(roots, idents, attempts)  # logged before the ackers hear of the trees
+                if client is not None:
+                    client.init_columns(roots, edges, self.spout)
+                yield self._output(batch, positions, attempts, idents if self.peek else None, roots, edges)
+            if client is not None:
+                client.flush()  # a shard that cannot be reached fails the task: Spark retries it
+        finally:
+            if writer is not None:
+                writer.close()
+
+    def _idents(self, batch: pa.RecordBatch, state: _LineState) -> tuple[np.ndarray, np.ndarray | None]:
+        """Each row's identity hash, and for line-based files its index within its split (else None)."""
+        kind = self.spec.kind
+        if kind == "key":
+            assert self.spec.column is not None
+            return hash_key_column(batch.column(self.spec.column), self.spec.column), None
+        paths = batch.column(PATH_COLUMN)
+        if kind == "file_row":
+            return hash_file_rows(paths, batch.column(ROW_COLUMN).to_numpy(zero_copy_only=False)), None
+        blocks = batch.column(BLOCK_COLUMN).to_numpy(zero_copy_only=False).astype(np.int64)
+        positions = _line_positions(hash_strings(paths), blocks, state)
+        return hash_file_rows(paths, positions, blocks), positions
+
+    def _output(
+        self,
+        batch: pa.RecordBatch,
+        positions: np.ndarray | None,
+        attempts: np.ndarray,
+        idents: np.ndarray | None,
+        roots: np.ndarray,
+        edges: np.ndarray,
+    ) -> pa.RecordBatch:
+        names = [n for n in batch.schema.names if n not in _HIDDEN]
+        rows = batch.num_rows
+        columns = [batch.column(n) for n in names]
+        columns += [self._keys(batch, positions), pa.array(attempts.astype(np.int32))]
+        if idents is not None:
+            return pa.RecordBatch.from_arrays(
+                [*columns, pa.array(idents.view(np.int64))], names=[*names, KEY_COLUMN, ATTEMPT_COLUMN, IDENT_COLUMN]
+            )
+        if self.addresses is not None:
+            ids = encode_ids(PairColumn(np.arange(rows + 1, dtype=np.int64), roots, edges))
+        else:  # untracked: the same rows and columns, no tree
+            ids = encode_ids(PairColumn(np.zeros(rows + 1, dtype=np.int64), roots[:0], edges[:0]))
+        return pa.RecordBatch.from_arrays([*columns, ids], names=[*names, KEY_COLUMN, ATTEMPT_COLUMN, TRACKING_COLUMN])
+
+    def _keys(self, batch: pa.RecordBatch, positions: np.ndarray | None) -> pa.Array:
+        """The identity as text, for sinks and dead letters."""
+        kind = self.spec.kind
+        if kind == "key":
+            assert self.spec.column is not None
+            return pc.cast(batch.column(self.spec.column), pa.string())
+        path = batch.column(PATH_COLUMN)
+        if kind == "file_row":
+            return pc.binary_join_element_wise(path, pc.cast(batch.column(ROW_COLUMN), pa.string()), "#")
+        assert positions is not None
+        block = pc.cast(batch.column(BLOCK_COLUMN), pa.string())
+        return pc.binary_join_element_wise(
+            pc.binary_join_element_wise(path, block, "@"), pc.cast(pa.array(positions), pa.string()), "#"
+        )
+
+
+def _line_positions(paths: np.ndarray, blocks: np.ndarray, state: _LineState) -> np.ndarray:
+    """Each row's index within its (file, split) group; a group may continue from the task's previous batch."""
+    rows = len(paths)
+    if rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    paths = paths.view(np.int64)
+    new = np.ones(rows, dtype=bool)
+    new[1:] = (paths[1:] != paths[:-1]) | (blocks[1:] != blocks[:-1])
+    continues = paths[0] == state.path and blocks[0] == state.block
+    starts = np.flatnonzero(new)
+    lengths = np.diff(np.append(starts, rows))
+    positions = np.arange(rows, dtype=np.int64) - np.repeat(starts, lengths)
+    if continues:
+        positions[: lengths[0]] += state.next_index
+    state.path, state.block, state.next_index = int(paths[-1]), int(blocks[-1]), int(positions[-1]) + 1
+    return positions

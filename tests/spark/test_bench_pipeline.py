@@ -1,0 +1,30 @@
+"""acker-bench --mode pipeline at a tiny size, on the shared SparkSession: every figure is reported and every sink exact."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from acker_bench.cli import main
+
+pytestmark = pytest.mark.spark
+
+
+def test_pipeline_bench_reports_plain_tracked_and_driver_fed(spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Plain, tracked and driver-fed runs over the same files all end exact; the figures are there."""
+    code = main(["--mode", "pipeline", "--records", "1500", "--files", "2", "--rounds", "1", "--json"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    assert result["sink_exact"] is True and result["driver_fed_sink_exact"] is True
+    assert (result["tracked_acked"], result["tracked_replayed"]) == (1500, 0)
+    assert result["tracked_over_plain"] == round(result["tracked_seconds"] / result["plain_seconds"], 3)
+    for key in ("driver_cpu_us_per_record", "plain_driver_cpu_us_per_record", "driver_rss_bytes_after_tracked"):
+        assert result[key] > 0
+    assert result["record_table_bytes"] >= 1500 * 8  # at least the roots
+
+
+def test_pipeline_bench_refuses_nonsense_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    """--records 0 is refused before anything starts."""
+    assert main(["--mode", "pipeline", "--records", "0"]) == 2
+    assert "--records" in capsys.readouterr().err

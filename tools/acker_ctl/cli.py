@@ -1,0 +1,147 @@
+"""The ``acker-ctl`` command: status, inspect, top and fail against a running acker cluster.
+
+Flags fall back to ACKER_CTL_* environment variables (``ACKER_CTL_ACKERS``,
+``ACKER_CTL_TLS_CA``, ...). Output is a table, or with ``--json`` one JSON
+document (the same data). Exit status: 0 done, 1 an acker could not be reached
+or refused the call (stderr says which and why), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from acker_protocol.credentials import ChannelSecurity
+
+from .cluster import Cluster, CtlError
+
+__all__ = ["main", "build_parser"]
+
+
+def _root(text: str) -> int:
+    """A root id, decimal or 0x-hex."""
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a root id (decimal or 0x hex), got {text!r}") from None
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get("ACKER_CTL_" + name) or None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags and subcommands, each flag with its ACKER_CTL_* fallback."""
+    p = argparse.ArgumentParser(
+        prog="acker-ctl",
+        description="Look at and act on a running acker cluster: status, inspect trees, the oldest trees, "
+        "fail trees now so their spouts replay them.",
+    )
+    p.add_argument(
+        "--ackers",
+        default=_env("ACKERS"),
+        help="comma-separated host:port of every acker, in shard order (env ACKER_CTL_ACKERS)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    p.add_argument("--deadline", type=float, default=10.0, help="seconds each call may take (default 10)")
+    p.add_argument("--tls-ca", default=_env("TLS_CA"), help="the ackers serve TLS: PEM CA that signed them")
+    p.add_argument("--tls-cert", default=_env("TLS_CERT"), help="client certificate (ackers with mutual TLS)")
+    p.add_argument("--tls-key", default=_env("TLS_KEY"), help="key of --tls-cert")
+    p.add_argument(
+        "--token-file",
+        default=_env("TOKEN_FILE"),
+        help="file holding a bearer token (ackers with --auth-tokens; fail needs a principal with admin = true)",
+    )
+    p.add_argument("--server-name", default=_env("SERVER_NAME"), help="name to check the ackers' certificates against")
+    sub = p.add_subparsers(dest="command", required=True)
+    status = sub.add_parser("status", help="shards, incarnations, pending trees, the oldest tree, rates")
+    status.add_argument("--interval", type=float, default=1.0, help="seconds between the two samples of the rates")
+    inspect = sub.add_parser("inspect", help="the state of given roots")
+    inspect.add_argument("roots", nargs="+", type=_root, metavar="ROOT")
+    top = sub.add_parser("top", help="the oldest pending trees of the cluster")
+    top.add_argument("--oldest", type=int, default=10, metavar="N", help="how many (default 10)")
+    fail = sub.add_parser("fail", help="end trees FAILED now, so their spouts replay them")
+    what = fail.add_mutually_exclusive_group(required=True)
+    what.add_argument("roots", nargs="*", type=_root, default=[], metavar="ROOT")
+    what.add_argument("--spout", help="fail every pending tree of this spout")
+    return p
+
+
+def _security(args: argparse.Namespace) -> ChannelSecurity | None:
+    if not (args.tls_ca or args.tls_cert or args.token_file):
+        return None
+    return ChannelSecurity(
+        tls=True,
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        token_file=args.token_file,
+        server_name=args.server_name,
+    )
+
+
+def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    """Rows as aligned text columns (None shows as '-')."""
+    cells = [[("-" if row[c] is None else str(row[c])) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+    return "\n".join(lines)
+
+
+_TREE_COLUMNS = ("root", "shard", "status", "age_seconds", "spout", "failed", "resets", "dedup_keys")
+_STATUS_COLUMNS = (
+    "shard", "address", "incarnation", "pending_trees", "oldest_age_seconds", "oldest_root",
+    "started_per_s", "acked_per_s", "failed_per_s", "timed_out_per_s", "timeout_mode",
+)  # fmt: skip
+
+
+def _run(args: argparse.Namespace, cluster: Cluster) -> tuple[Any, str]:
+    """(JSON-ready result, its table) for the chosen subcommand."""
+    if args.command == "status":
+        result = cluster.status(args.interval)
+        return result, _table(result["shards"], _STATUS_COLUMNS) + f"\npending trees: {result['pending_trees']}"
+    if args.command == "inspect":
+        trees = cluster.inspect(args.roots)
+        return trees, _table(trees, _TREE_COLUMNS)
+    if args.command == "top":
+        trees = cluster.top(args.oldest)
+        return trees, _table(trees, _TREE_COLUMNS) if trees else "no pending trees"
+    if args.spout:
+        result = cluster.fail_spout(args.spout)
+        text = _table(result["shards"], ("shard", "failed", "timed_out"))
+        return result, text + f"\nfailed {result['failed']} trees of spout {args.spout}"
+    result = cluster.fail_roots(args.roots)
+    text = f"failed: {' '.join(map(str, result['failed'])) or '-'}"
+    if result["not_failed"]:
+        text += (
+            f"\nnot failed (not pending, awaiting their init, or timed out): {' '.join(map(str, result['not_failed']))}"
+        )
+    return result, text
+
+
+def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
+    """Run one subcommand; 0 done, 1 an acker failed the call, 2 bad usage."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.ackers:
+        parser.error("give the ackers: --ackers host:port,... in shard order (or ACKER_CTL_ACKERS)")
+    if args.command == "top" and args.oldest < 1:
+        parser.error("--oldest must be at least 1")
+    try:
+        security = _security(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    addresses = [a.strip() for a in args.ackers.split(",") if a.strip()]
+    try:
+        with Cluster(addresses, security, args.deadline) as cluster:
+            result, text = _run(args, cluster)
+    except CtlError as exc:
+        print(f"acker-ctl: {exc}", file=sys.stderr)
+        return 1
+    out(json.dumps(result, indent=2) if args.json else text)
+    return 0
