@@ -65,8 +65,7 @@ def cluster_timeouts(client: Any, clock: Callable[[], float] = time.monotonic) -
         except Exception as exc:  # an unreachable shard: another may answer
             log.debug("leases: Describe of shard %d failed: %s", shard, exc)
             continue
-        # max_tree_lifetime_seconds: 0 or absent (an acker without --max-tree-lifetime) is no cap.
-        lifetime = float(getattr(info, "max_tree_lifetime_seconds", 0.0))
+        lifetime = float(info.max_tree_lifetime_seconds)  # 0: the acker runs without --max-tree-lifetime
         found = ClusterTimeouts(float(info.message_timeout_seconds), lifetime or None)
         break
     if found is None:

@@ -140,3 +140,23 @@ def test_a_bolt_holds_every_tree_of_the_tuples_its_function_reads():
     assert [t.value for t in reading] == ["b", "c"]
     keeper.renew_now()
     assert renewals.calls == [[3], [3, 4, 5]]
+
+
+def test_a_bolt_learns_timeout_and_lifetime_cap_from_a_real_acker():
+    """Against an acker run with --message-timeout 9 --max-tree-lifetime 120: renew every 3 s, stop at 120 s."""
+    from acker_client import ClusterClient
+
+    from acker_service.config import ServerConfig
+    from acker_service.server import AckerServer
+
+    server = AckerServer(
+        ServerConfig(host="127.0.0.1", port=0, grace=0.2, message_timeout=9.0, max_tree_lifetime=120.0)
+    ).start()
+    try:
+        with ClusterClient([server.address]) as client:
+            keeper = Bolt(lambda tuples, collector: iter(()), [server.address]).start_leases(client)
+            assert keeper is not None
+            keeper.stop()
+    finally:
+        server.stop(0)
+    assert (keeper.interval, keeper.cap) == (3.0, 120.0)
