@@ -219,6 +219,29 @@ def _reap_all(procs: list[subprocess.Popen[bytes]], spawns: queue.SimpleQueue[An
                 proc.wait(timeout=5)
 
 
+# acker-server flags the launcher sets per shard, and the launcher's own flag for each:
+# passed through in extra_args they would contradict the layout it announces.
+LAUNCHER_OWNED_FLAGS = {
+    "--shard-index": "--count",
+    "--shard-count": "--count",
+    "--host": "--host",
+    "--port": "--base-port",
+    "--metrics-port": "--metrics-base-port",
+    "--message-timeout": "--message-timeout",
+    "--buckets": "--buckets",
+}
+
+
+def layout_conflicts(extra_args: Sequence[str]) -> list[str]:
+    """One line per extra acker-server argument that sets what the launcher sets per shard (empty: none)."""
+    found = []
+    for arg in extra_args:
+        flag = str(arg).split("=", 1)[0]
+        if flag in LAUNCHER_OWNED_FLAGS:
+            found.append(f"{flag} is set per shard by the launcher; use its {LAUNCHER_OWNED_FLAGS[flag]} instead")
+    return found
+
+
 class ProcessCluster:
     """n acker processes on this machine, shard i of n each; use as a context manager.
 
@@ -251,6 +274,9 @@ class ProcessCluster:
     ) -> None:
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
+        conflicts = layout_conflicts(extra_args)
+        if conflicts:
+            raise ValueError("extra acker-server arguments contradict the cluster's layout: " + "; ".join(conflicts))
         self.count = count
         self.host = host
         self.base_port = base_port or None

@@ -33,10 +33,12 @@ class BoltCollector:
         self.edge_ids: EdgeIdSource = edge_ids if edge_ids is not None else RandomEdgeIds()
         self.hold = hold
         self._held_acks: dict[int, int] = {}  # root -> xor of held ack values
-        self._held_fails: dict[int, None] = {}
+        self._held_fails: dict[int, str | None] = {}  # root -> the reason given, if any
         # Roots of the last commit whose operations were dropped (their shard was
         # unreachable): the trees that will time out because of it, not of the work.
         self.undelivered: tuple[int, ...] = ()
+        # The reasons given to fail() for the trees failed by the last commit (root -> reason).
+        self.fail_reasons: dict[int, str] = {}
 
     def emit(self, value: Any, anchors: Sequence[TrackedTuple] | TrackedTuple = ()) -> TrackedTuple:
         """Return a child tuple anchored to ``anchors`` (one tuple or several; none: unanchored, untracked)."""
@@ -96,12 +98,17 @@ class BoltCollector:
             else:
                 self.cluster.ack(root, ident ^ out)
 
-    def fail(self, t: TrackedTuple) -> None:
-        """Fail ``t``: every tree it belongs to fails (and its spout replays the record)."""
+    def fail(self, t: TrackedTuple, reason: str | None = None) -> None:
+        """Fail ``t``: every tree it belongs to fails (and its spout replays the record).
+
+        ``reason`` (e.g. ``"bad date: 2026-13-01"``) says why; with ``hold=True``
+        the last commit's reasons are in :attr:`fail_reasons`, which a Spark
+        ``Bolt`` reports to its driver for the record's dead letter.
+        """
         self._settle(t)
         for root in t.message_id.roots:
             if self.hold:
-                self._held_fails[root] = None
+                self._held_fails[root] = reason
             else:
                 self.cluster.fail(root)
 
@@ -129,6 +136,7 @@ class BoltCollector:
         acks, fails = self._held_acks, self._held_fails
         self._held_acks, self._held_fails = {}, {}
         self.undelivered = ()
+        self.fail_reasons = {root: why for root, why in fails.items() if why}
         try:
             for root in fails:
                 self.cluster.fail(root)
@@ -153,6 +161,20 @@ class BoltCollector:
         if not isinstance(count, int) or not shards:
             return tuple(dict.fromkeys(roots))  # unknown layout: every root of the commit may be affected
         return tuple(dict.fromkeys(r for r in roots if shard_of(r, count) in shards))
+
+    def withhold(self, shards: set[int], shard_count: int) -> tuple[int, ...]:
+        """Drop the held acks and fails of trees on ``shards`` (known unreachable); return their roots.
+
+        The next commit then sends the other shards' operations without waiting
+        on those shards; the caller reports the returned trees as undelivered.
+        """
+        gone = tuple(
+            r for r in dict.fromkeys([*self._held_acks, *self._held_fails]) if shard_of(r, shard_count) in shards
+        )
+        for root in gone:
+            self._held_acks.pop(root, None)
+            self._held_fails.pop(root, None)
+        return gone
 
     def discard(self) -> None:
         """Drop the held acks and fails (the attempt failed; its re-run will send its own)."""

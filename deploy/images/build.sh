@@ -26,6 +26,9 @@ ACKER_IMAGE=${ACKER_IMAGE:-pyspark-acker:latest}
 ACKER_BUILD_STAGE_IMAGE=${ACKER_BUILD_STAGE_IMAGE:-pyspark-acker-build:latest}
 PROMETHEUS_IMAGE=${ACKER_PROMETHEUS_IMAGE:-pyspark-acker-prometheus:latest}
 WHEELS="$REPO/build/docker/wheels"
+# What this checkout's builds of these tags carry as their label value: the prune after
+# a build removes only their own superseded images, never another checkout's or user's.
+BUILD_ID=$(printf '%s|%s|%s' "$REPO" "$ACKER_IMAGE" "$ACKER_BUILD_STAGE_IMAGE" | sha256sum | cut -c1-16)
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$REPO/.venv/bin/python" ]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
 fi
@@ -95,12 +98,13 @@ build_acker() {
   build_wheels
   local started=$SECONDS
   log "building $ACKER_IMAGE on $BASE_IMAGE"
-  local build=(docker build --quiet -f "$REPO/deploy/Dockerfile" --build-arg "BASE_IMAGE=$BASE_IMAGE")
+  local build=(docker build --quiet -f "$REPO/deploy/Dockerfile" --build-arg "BASE_IMAGE=$BASE_IMAGE"
+    --build-arg "ACKER_BUILD_ID=$BUILD_ID")
   # The install stage gets a name too: tagged, it stays the build cache, and every
-  # untagged image with the project's label is a superseded build that can go.
+  # untagged image with this build's label value is a superseded build of ours that can go.
   "${build[@]}" --target install -t "$ACKER_BUILD_STAGE_IMAGE" "$REPO" >/dev/null
   "${build[@]}" -t "$ACKER_IMAGE" "$REPO" >/dev/null
-  docker image prune --force --filter label=io.pyspark-acker.image=acker >/dev/null
+  docker image prune --force --filter "label=io.pyspark-acker.build=$BUILD_ID" >/dev/null
   log "$ACKER_IMAGE built in $((SECONDS - started)) s, $(docker image inspect -f '{{.Size}}' "$ACKER_IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
 }
 

@@ -27,7 +27,7 @@ from .dead_letter import DeadLetter, DeadLetterStore
 from .executor import Bolt, BoltFunction, CommitErrors, UntrackedCollector, client_for, close_clients, commit_errors
 from .frames import TRACKING_COLUMN, pack_ids, unpack_ids
 from .ids import DeterministicEdgeIds, dedup_key, stable_id
-from .pipeline import AcksUndelivered, GuaranteedPipeline, Job, PipelineStats, run_untracked
+from .pipeline import AcksUndelivered, GuaranteedPipeline, Job, PipelineStats, RecordsFailed, ShardDown, run_untracked
 from .replays import ReplayPolicy
 from .session import LOCAL_MASTER, local_session
 from .sources import Delivery, Record, TextDirectorySource, generated_sentences, records_from
@@ -77,6 +77,8 @@ __all__ = [
     "Job",
     "LOCAL_MASTER",
     "PipelineStats",
+    "RecordsFailed",
+    "ShardDown",
     "Record",
     "ReplayPolicy",
     "SourcePipeline",

@@ -246,6 +246,21 @@ class ArrowCollector:
             self.undelivered = tuple(every.tolist())
             raise
 
+    def withhold(self, shards: set[int], shard_count: int) -> tuple[int, ...]:
+        """Drop the held acks and fails of trees on ``shards`` (known unreachable); return their roots."""
+        on = np.asarray(sorted(shards), dtype=np.uint64)
+        count = np.uint64(shard_count)
+        gone: list[np.ndarray] = []
+        for held in (self._held_fails, self._held_roots):
+            for i, roots in enumerate(held):
+                mine = np.isin(roots % count, on)
+                if mine.any():
+                    gone.append(roots[mine])
+                    held[i] = roots[~mine]
+                    if held is self._held_roots:
+                        self._held_values[i] = self._held_values[i][~mine]
+        return tuple(np.unique(np.concatenate(gone)).tolist()) if gone else ()
+
     def discard(self) -> None:
         """Drop the held acks and fails (the attempt failed; its re-run sends its own)."""
         self._held_roots, self._held_values, self._held_fails = [], [], []

@@ -1,4 +1,4 @@
-"""The dead-letter table: records that failed on every allowed attempt, with the last reason."""
+"""The dead-letter table: records that failed on every allowed attempt, with the last reason and its cause."""
 
 from __future__ import annotations
 
@@ -21,9 +21,12 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     record     TEXT NOT NULL,      -- the record's value as JSON (repr() for what JSON cannot hold)
     reason     TEXT NOT NULL,      -- the last failure: FAILED, TIMED_OUT or LOST
     attempts   INTEGER NOT NULL,   -- deliveries made, the last one included
-    created_at REAL NOT NULL       -- seconds since the epoch
+    created_at REAL NOT NULL,      -- seconds since the epoch
+    cause      TEXT                -- why, when known: the exception that convicted the record
 ) WITHOUT ROWID
 """
+
+_COLUMNS = "(record_key, record, reason, attempts, created_at, cause)"
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class DeadLetter:
     reason: Outcome  # the last failure: FAILED, TIMED_OUT or LOST
     attempts: int
     created_at: float
+    cause: str | None = None  # e.g. "ValueError: bad record (at /app/job.py:12 in store)"
 
 
 class DeadLetterStore:
@@ -48,35 +52,46 @@ class DeadLetterStore:
         self.path = Path(path)
         with open_db(self.path) as conn:
             conn.execute(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(dead_letters)")}
+            if "cause" not in columns:  # a table made before causes were kept
+                conn.execute("ALTER TABLE dead_letters ADD COLUMN cause TEXT")
 
-    def add(self, key: str, record: Any, reason: Outcome, attempts: int) -> None:
-        """Store one record with its last failure reason and the number of deliveries made."""
-        payload = json.dumps(record, default=repr, ensure_ascii=False)
-        with open_db(self.path) as conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?)",
-                (key, payload, reason.name, attempts, time.time()),
+    def add(self, key: str, record: Any, reason: Outcome, attempts: int, cause: str | None = None) -> None:
+        """Store one record with its last failure reason, the number of deliveries made and the cause if known."""
+        self.add_letters([DeadLetter(key, record, reason, attempts, time.time(), cause)])
+
+    def add_letters(self, letters: Iterable[DeadLetter]) -> int:
+        """Store these dead letters in one transaction (a key already stored is replaced); how many."""
+        rows = [
+            (
+                d.key,
+                json.dumps(d.record, default=repr, ensure_ascii=False),
+                d.reason.name,
+                d.attempts,
+                d.created_at,
+                d.cause,
             )
+            for d in letters
+        ]
+        if rows:
+            with open_db(self.path) as conn:
+                conn.executemany(f"INSERT OR REPLACE INTO dead_letters {_COLUMNS} VALUES (?, ?, ?, ?, ?, ?)", rows)
+        return len(rows)
 
     def add_many(self, letters: Iterable[tuple[str, Any, Outcome, int]]) -> int:
         """Store ``(key, record, reason, attempts)`` rows as :meth:`add` does, in one transaction; how many."""
         at = time.time()
-        rows = [
-            (key, json.dumps(record, default=repr, ensure_ascii=False), reason.name, attempts, at)
-            for key, record, reason, attempts in letters
-        ]
-        if rows:
-            with open_db(self.path) as conn:
-                conn.executemany("INSERT OR REPLACE INTO dead_letters VALUES (?, ?, ?, ?, ?)", rows)
-        return len(rows)
+        return self.add_letters(
+            DeadLetter(key, record, reason, attempts, at) for key, record, reason, attempts in letters
+        )
 
     def all(self) -> list[DeadLetter]:
         """Every dead letter, ordered by key."""
         with open_db(self.path) as conn:
-            rows = conn.execute("SELECT * FROM dead_letters ORDER BY record_key").fetchall()
+            rows = conn.execute(f"SELECT {_COLUMNS[1:-1]} FROM dead_letters ORDER BY record_key").fetchall()
         return [
-            DeadLetter(key, json.loads(record), Outcome[reason], attempts, at)
-            for key, record, reason, attempts, at in rows
+            DeadLetter(key, json.loads(record), Outcome[reason], attempts, at, cause)
+            for key, record, reason, attempts, at, cause in rows
         ]
 
     def keys(self) -> set[str]:

@@ -53,7 +53,7 @@ class UntrackedCollector:
     def ack(self, t: TrackedTuple) -> None:
         """Do nothing."""
 
-    def fail(self, t: TrackedTuple) -> None:
+    def fail(self, t: TrackedTuple, reason: str | None = None) -> None:
         """Do nothing."""
 
     def reset_timeout(self, t: TrackedTuple) -> None:

@@ -6,7 +6,10 @@ it shares with the streaming source, runs the user's job on an RDD
 (or a DataFrame) of the batch's TrackedTuples, and receives each tree's
 outcome. Failed, timed-out and lost records are delivered again as new trees
 after an exponential backoff, up to ``max_attempts`` deliveries; then they go
-to the dead-letter table.
+to the dead-letter table. When a job raises, its records are not charged an
+attempt: they are replayed in halves, each half a job of its own, until the
+record that makes it raise runs alone (:mod:`acker_spark.isolation`); that
+record's dead letter names the exception.
 """
 
 from __future__ import annotations
@@ -23,16 +26,27 @@ from typing import Any, Literal
 from acker_client import AckerError, ClusterClient, MessageId, TrackedTuple, new_id
 from acker_protocol.wire import Outcome
 
-from .dead_letter import DeadLetterStore
+from .dead_letter import DeadLetter, DeadLetterStore
 from .executor import CommitErrors, merge_errors, tracked_bolts
 from .frames import delivery_frame
+from .isolation import Isolation
+from .job_errors import JobError, job_error
 from .replaying_spout import ReplayingSpout
 from .replays import ReplayPolicy
 from .session import default_parallelism, spark_context_of
+from .shard_watch import ShardDown, ShardWatch
 from .sources import Delivery, Record
 from .step import TrackedStep
 
-__all__ = ["AcksUndelivered", "PipelineStats", "GuaranteedPipeline", "run_untracked", "Job"]
+__all__ = [
+    "AcksUndelivered",
+    "RecordsFailed",
+    "ShardDown",
+    "PipelineStats",
+    "GuaranteedPipeline",
+    "run_untracked",
+    "Job",
+]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +111,33 @@ def _undelivered_message(stats: PipelineStats, errors: dict[str, CommitErrors]) 
     )
 
 
+class RecordsFailed(AckerError):
+    """Records were dead-lettered because a job raised, or the run stopped on a misconfiguration (from ``run``).
+
+    ``stats`` is the finished run's :class:`PipelineStats`; ``causes`` the
+    distinct causes (exception type, message, place), the first ones first;
+    ``stopped`` the configuration error that stopped the run (no record was
+    replayed after it and the source was not read further), or None.
+    """
+
+    def __init__(self, stats: PipelineStats, causes: list[str], stopped: JobError | None) -> None:
+        self.stats, self.causes, self.stopped = stats, causes, stopped
+        shown = "; ".join(causes[:_CAUSES_SHOWN]) + (
+            f"; and {len(causes) - _CAUSES_SHOWN} more" if len(causes) > _CAUSES_SHOWN else ""
+        )
+        if stopped is not None:
+            head = (
+                f"the run stopped at a job that failed on a misconfiguration: {stopped}; "
+                f"{stats.dead_lettered} records dead-lettered, the rest of the source not read"
+            )
+        else:
+            head = f"{stats.dead_lettered} records dead-lettered, because a job raised: {shown}"
+        super().__init__(head + " (see the dead-letter table's cause column)")
+
+
+_CAUSES_SHOWN = 3
+
+
 class GuaranteedPipeline:
     """Runs a Spark job over a source with per-record tracking, replay and dead letters.
 
@@ -111,7 +152,10 @@ class GuaranteedPipeline:
     :class:`~acker_protocol.wire.Outcome`: ACKED, FAILED, TIMED_OUT or LOST);
     ``on_outcomes(acked, failed)`` once per batch of outcomes, with the acked
     deliveries and ``(delivery, outcome)`` pairs for the others (either hook,
-    or both, may be given); ``on_progress(stats)`` from the driver thread.
+    or both, may be given); ``on_progress(stats)`` from the driver thread;
+    ``on_dead_letter(letter)`` once per dead-lettered record, from the driver
+    thread, with its reason, attempts and cause (the exception that convicted
+    it, see :mod:`acker_spark.isolation`).
     Outcomes are counted, scheduled for replay and queued for the dead-letter
     table a batch at a time.
     """
@@ -134,12 +178,24 @@ class GuaranteedPipeline:
         progress_interval: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
         on_undelivered: Literal["raise", "warn"] = "raise",
+        on_dead_letter: Callable[[DeadLetter], None] | None = None,
+        on_job_error: Literal["raise", "warn"] = "raise",
+        shard_down_after: float | None = 120.0,
+        log_interval: float = 10.0,
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         if on_undelivered not in ("raise", "warn"):
             raise ValueError(f'on_undelivered must be "raise" or "warn", got {on_undelivered!r}')
         self.on_undelivered = on_undelivered
+        if on_job_error not in ("raise", "warn"):
+            raise ValueError(f'on_job_error must be "raise" or "warn", got {on_job_error!r}')
+        self.on_job_error = on_job_error
+        # A shard unreachable this long stops the run (ShardDown) instead of a silent wait; None waits forever.
+        self.shard_down_after = shard_down_after
+        self.log_interval = log_interval  # seconds between progress lines while the driver waits
+        self._watch = ShardWatch(cluster, clock)
+        self._logged_at: float | None = None
         # None on Spark Connect: no RDDs and no accumulators there, DataFrame jobs only.
         self.sc = spark_context_of(spark)
         self._spark = spark if spark is not self.sc else None
@@ -156,6 +212,7 @@ class GuaranteedPipeline:
         self.on_progress = on_progress
         self.on_outcome = on_outcome
         self.on_outcomes = on_outcomes
+        self.on_dead_letter = on_dead_letter
         self.progress_interval = progress_interval
         self.clock = clock
         self.stats = PipelineStats()
@@ -171,6 +228,10 @@ class GuaranteedPipeline:
         self._undelivered: set[tuple[str, int]] = set()  # (key, attempt)
         self._errors: dict[str, CommitErrors] = {}
         self._dead_undelivered = 0  # records dead-lettered as ACKS_UNDELIVERED
+        self._isolation = Isolation(policy, clock)  # guarded by _cond
+        self._fail_reasons: dict[str, str] = {}  # key -> the reason its last collector.fail gave (driver thread)
+        self._job_causes: dict[str, None] = {}  # causes of dead letters convicted by a job error, in order
+        self._stopped: JobError | None = None  # the configuration error that stopped the run
 
     # -- the driver loop -------------------------------------------------------
 
@@ -204,11 +265,19 @@ class GuaranteedPipeline:
             clock=self.clock,
             backstop_clock=self.clock,
             cond=self._cond,
+            isolation=self._isolation,
         )
         spout.start()
+        self.cluster.add_error_listener(self._watch)
         try:
             records = iter(source)
             while True:
+                self._check_shards()
+                probe = self._take_probe(spout)
+                if probe:
+                    self._run_job(job, probe)
+                    self._report()
+                    continue
                 batch = self._take_batch(spout, records)
                 if batch:
                     self._run_job(job, batch)
@@ -217,14 +286,60 @@ class GuaranteedPipeline:
                 self._write_dead_letters()
                 if self._finished():
                     break
+                self._log_progress()
                 self._wait()
                 self._report()
         finally:
+            self.cluster.remove_error_listener(self._watch)
             spout.close()
         self._write_dead_letters()
         self._report()
         self._check_undelivered()
+        self._check_job_errors()
         return self.stats
+
+    def _check_shards(self) -> None:
+        """Raise ShardDown if a shard has been unreachable longer than ``shard_down_after``."""
+        if self.shard_down_after is None:
+            return
+        now = self.clock()
+        if any(now - shard.since > self.shard_down_after for shard in self._watch.check()):
+            # Probed again now: the error names what a connection attempt says this moment.
+            for shard in self._watch.check(force=True):
+                if now - shard.since > self.shard_down_after:
+                    raise ShardDown(shard, now - shard.since, self.snapshot())
+
+    def _log_progress(self) -> None:
+        """While the driver waits: one INFO line per ``log_interval`` with the counts and any shard it waits on."""
+        now = self.clock()
+        if self._logged_at is None:
+            self._logged_at = now
+            return
+        if now - self._logged_at < self.log_interval:
+            return
+        self._logged_at = now
+        stats = self.snapshot()
+        waiting = "; ".join(
+            f"waiting on shard {d.shard} at {d.address}, unreachable for {now - d.since:.0f} s: {d.cause}"
+            for d in self._watch.down()
+        )
+        log.info(
+            "progress: %d acked, %d dead-lettered, %d pending, %d awaiting replay%s",
+            stats.acked,
+            stats.dead_lettered,
+            stats.pending,
+            stats.awaiting_replay,
+            f"; {waiting}" if waiting else "",
+        )
+
+    def _check_job_errors(self) -> None:
+        """Raise (or warn) if records were dead-lettered because a job raised, or the run stopped on a misconfiguration."""
+        if not self._job_causes and self._stopped is None:
+            return
+        error = RecordsFailed(self.snapshot(), list(self._job_causes), self._stopped)
+        if self.on_job_error == "raise" or self._stopped is not None:
+            raise error
+        log.warning("%s", error)
 
     def _check_undelivered(self) -> None:
         """Raise (or warn) if a record was dead-lettered because its acks could not be delivered.
@@ -246,6 +361,19 @@ class GuaranteedPipeline:
             self._count_delivery(tracked.value)
         return batch
 
+    def _take_probe(self, spout: ReplayingSpout) -> list[TrackedTuple]:
+        """The next isolation probe, emitted alone (its deliveries are replays with no attempt charged)."""
+        with self._cond:
+            probe = self._isolation.pop_probe(self.max_pending - spout.pending)
+        if not probe:
+            return []
+        emitted, rest = spout.emit_exactly(probe)
+        with self._cond:
+            self._isolation.push_back(rest)
+        for tracked in emitted:
+            self._count_delivery(tracked.value, probe=True)
+        return emitted
+
     def _fresh(self, records: Iterator[Any]) -> Delivery | None:
         """The first delivery of the source's next record, or None once it is exhausted."""
         if self._exhausted:
@@ -257,29 +385,86 @@ class GuaranteedPipeline:
             return None
         return Delivery(str(key), value, 1)
 
-    def _count_delivery(self, delivery: Delivery) -> None:
+    def _count_delivery(self, delivery: Delivery, *, probe: bool = False) -> None:
         with self._cond:
             self.stats.attempts += 1
-            if delivery.attempt == 1:
+            if delivery.attempt == 1 and not probe:
                 self.stats.emitted += 1
             else:
                 self.stats.replayed += 1
                 self.stats.replayed_keys.add(delivery.key)
 
     def _run_job(self, job: Job, batch: list[TrackedTuple]) -> None:
+        deliveries = [t.value for t in batch]
+        with self._cond:
+            self._isolation.job_started(deliveries)
         try:
             job(self._batch_input(batch))
         except Exception as err:  # noqa: BLE001 - any job failure is handled the same way
             # Spark gave up on a task (it failed on every retry). Trees the job
             # did finish stay acked; failing the rest now replays them without
             # waiting for their timeout.
-            log.warning("Spark job over %d records failed, replaying its unfinished records: %s", len(batch), err)
+            error = job_error(err)
+            if error.configuration:
+                self._stop(batch, error)
+                return
+            log.warning(
+                "Spark job over %d records failed, replaying its unfinished records%s: %s",
+                len(batch),
+                " in halves" if len(batch) > 1 else " alone",
+                error,
+            )
             with self._cond:
                 self.stats.job_errors += 1
+                # Before the trees are failed: their outcomes must find them suspects.
+                self._isolation.job_failed(deliveries, error)
+                self._dead.extend(self._isolation.take_final())
             self._fail_trees(batch)
+        else:
+            self._charge_held(deliveries)
         self._collect_commit_errors(batch)
+        self._collect_fail_reasons(batch)
         with self._cond:
             self.stats.batches += 1
+
+    def _stop(self, batch: list[TrackedTuple], error: JobError) -> None:
+        """A job failed on a misconfiguration: stop reading and replaying; every unfinished record is dead-lettered."""
+        log.error("Spark job failed on a misconfiguration, stopping the run: %s", error)
+        spout = self._spout
+        assert spout is not None
+        with self._cond:
+            self.stats.job_errors += 1
+            self._stopped = error
+            self._exhausted = True  # the source is not read further
+            held = self._isolation.abort(error) + spout.schedule.drain()
+            self._dead.extend((d, Outcome.FAILED) for d in held)
+            self._cond.notify_all()
+        self._fail_trees(batch)
+
+    def _charge_held(self, deliveries: list[Delivery]) -> None:
+        """The job returned: failures held while it ran (timeouts) are charged and replayed as usual."""
+        spout = self._spout
+        assert spout is not None
+        with self._cond:
+            held = self._isolation.job_succeeded(deliveries)
+            if held:
+                finals = spout.charge([d for d, _ in held])
+                self._dead.extend(failure for failure, final in zip(held, finals) if final)
+                self._cond.notify_all()
+
+    def _collect_fail_reasons(self, batch: list[TrackedTuple]) -> None:
+        """Remember the reasons bolts gave ``collector.fail(t, reason)`` for this batch's trees (dead-letter causes)."""
+        reasons: dict[int, str] = {}
+        for bolt in tracked_bolts():
+            reasons.update(bolt.reasons())
+        if not reasons:
+            return
+        for tracked in batch:
+            for root in tracked.message_id.roots:
+                reason = reasons.get(root)
+                if reason is not None:
+                    self._fail_reasons[tracked.value.key] = reason
+                    break
 
     def _collect_commit_errors(self, batch: list[TrackedTuple]) -> None:
         """Read the bolts' commit reports (Spark accumulators, complete once the job's actions returned)."""
@@ -341,6 +526,9 @@ class GuaranteedPipeline:
         with self._cond:
             timeout = self.progress_interval
             due = self._spout.schedule.next_due() if self._spout is not None else None
+            probe = self._isolation.next_due()
+            if probe is not None:
+                due = probe if due is None else min(due, probe)
             if due is not None:
                 timeout = max(0.0, min(timeout, due - self.clock()))
             self._cond.wait(timeout)
@@ -420,19 +608,49 @@ class GuaranteedPipeline:
             return
         dead = [(delivery, self._late_reason(delivery, reason)) for delivery, reason in dead]
         self._dead_undelivered += sum(1 for _, reason in dead if reason is Outcome.ACKS_UNDELIVERED)
+        with self._cond:
+            errors = [self._isolation.error_of(d.key) for d, _ in dead]
+        at = time.time()
+        # A record convicted by a job error failed: its tree may have timed out first, while Spark retried the task.
+        letters = [
+            DeadLetter(
+                d.key,
+                d.value,
+                reason if error is None else Outcome.FAILED,
+                d.attempt,
+                at,
+                self._cause(d, reason, error),
+            )
+            for (d, reason), error in zip(dead, errors)
+        ]
         if self.dead_letters is not None:
-            # One transaction for the batch.
-            self.dead_letters.add_many((d.key, d.value, reason, d.attempt) for d, reason in dead)
+            self.dead_letters.add_letters(letters)  # one transaction for the batch
         else:
-            for delivery, reason in dead:
+            for letter in letters:
                 log.error(
-                    "record %s failed %d times (last: %s); no dead-letter store",
-                    delivery.key,
-                    delivery.attempt,
-                    reason.name,
+                    "record %s failed %d times (last: %s%s); no dead-letter store",
+                    letter.key,
+                    letter.attempts,
+                    letter.reason.name,
+                    f", {letter.cause}" if letter.cause else "",
                 )
         with self._cond:
             self.stats.dead_lettered += len(dead)
+        if self.on_dead_letter is not None:
+            for letter in letters:
+                try:
+                    self.on_dead_letter(letter)
+                except Exception:  # one record's hook error must not skip the others'
+                    log.exception("on_dead_letter for %r raised", letter.key)
+
+    def _cause(self, delivery: Delivery, reason: Outcome, error: JobError | None) -> str | None:
+        """The dead letter's cause: the job error that convicted the record, or the reason its bolt failed it."""
+        if error is not None:
+            self._job_causes[str(error)] = None
+            return str(error)
+        if reason is Outcome.FAILED:
+            return self._fail_reasons.get(delivery.key)
+        return None
 
 
 def run_untracked(

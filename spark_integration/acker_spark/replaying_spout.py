@@ -22,6 +22,7 @@ from typing import Any
 from acker_client import ClusterClient, Spout, TrackedTuple
 from acker_protocol.wire import Outcome
 
+from .isolation import Isolation, Verdict
 from .replays import ReplayPolicy, ReplaySchedule
 from .sources import Delivery
 
@@ -46,6 +47,11 @@ class ReplayingSpout:
     (per delivery) or ``on_outcomes`` (per batch); it runs on the client
     spout's callback thread, and a delivery counts as unsettled until it
     returns, so whoever sees :meth:`busy` turn False finds its effects done.
+
+    ``isolation`` (an :class:`~acker_spark.isolation.Isolation` guarded by
+    ``cond``) sees every delivery emitted and every outcome first: the failed
+    deliveries it holds as suspects are not scheduled here (no attempt is
+    charged); the driver emits its probes with :meth:`emit_exactly`.
     """
 
     def __init__(
@@ -61,6 +67,7 @@ class ReplayingSpout:
         clock: Callable[[], float] = time.monotonic,
         backstop_clock: Callable[[], float] = time.monotonic,
         cond: threading.Condition | None = None,
+        isolation: Isolation | None = None,
     ) -> None:
         if (on_outcome is None) == (on_outcomes is None):
             raise ValueError("give exactly one of on_outcome (per delivery) and on_outcomes (per batch)")
@@ -70,6 +77,7 @@ class ReplayingSpout:
         self._on_outcomes = on_outcomes
         self._unsettled = 0
         self._closing = False
+        self.isolation = isolation
         self.spout = Spout(
             cluster,
             on_outcomes=self._settle,
@@ -104,7 +112,8 @@ class ReplayingSpout:
     def busy(self) -> bool:
         """True while a delivery is unsettled or a record waits for its replay."""
         with self.cond:
-            return bool(self._unsettled) or not self.schedule.empty
+            held = self.isolation is not None and self.isolation.busy
+            return bool(self._unsettled) or not self.schedule.empty or held
 
     def take(self, limit: int | None, fresh: Callable[[], Delivery | None]) -> list[TrackedTuple]:
         """Emit up to ``limit`` deliveries (None: no limit): due replays first, then ``fresh()`` ones.
@@ -126,22 +135,39 @@ class ReplayingSpout:
             deliveries.append(delivery)
         if not deliveries:
             return []
+        emitted, rest = self._emit(deliveries)
+        if rest:
+            with self.cond:
+                self.schedule.push_back_many(rest)
+        return emitted
+
+    def emit_exactly(self, deliveries: list[Delivery]) -> tuple[list[TrackedTuple], list[Delivery]]:
+        """Emit these deliveries (an isolation probe) as they are: ``(emitted, not emitted)``, nothing scheduled."""
+        return self._emit(deliveries)
+
+    def _emit(self, deliveries: list[Delivery]) -> tuple[list[TrackedTuple], list[Delivery]]:
         with self.cond:
             self._unsettled += len(deliveries)  # before emit: the outcomes may come at once
+            if self.isolation is not None:
+                self.isolation.emitted(deliveries)
         try:
             emitted = self.spout.try_emit_many(deliveries, deliveries)
         except BaseException:
-            self._put_back(deliveries)
+            self._withdraw(deliveries)
+            with self.cond:
+                self.schedule.push_back_many(deliveries)
             raise
-        if len(emitted) < len(deliveries):
-            self._put_back(deliveries[len(emitted) :])
-        return emitted
+        rest = deliveries[len(emitted) :]
+        if rest:
+            self._withdraw(rest)
+        return emitted, rest
 
-    def _put_back(self, deliveries: list[Delivery]) -> None:
-        """Deliveries taken but not emitted: no longer unsettled, first in line next time."""
+    def _withdraw(self, deliveries: list[Delivery]) -> None:
+        """Deliveries taken but not emitted: no longer unsettled."""
         with self.cond:
             self._unsettled -= len(deliveries)
-            self.schedule.push_back_many(deliveries)
+            if self.isolation is not None:
+                self.isolation.withdrawn(deliveries)
             self.cond.notify_all()
 
     def _settle(self, acked: list[Any], failed: list[tuple[Any, Outcome]]) -> None:
@@ -152,7 +178,7 @@ class ReplayingSpout:
             if self._closing:
                 finals = [False] * len(failed)
             else:
-                finals = [not queued for queued in self.schedule.retry_many([d for d, _ in failed])]
+                finals = self._triage(acked, failed)
         failures = [(delivery, reason, final) for (delivery, reason), final in zip(failed, finals)]
         try:
             if self._on_outcomes is not None:
@@ -163,6 +189,19 @@ class ReplayingSpout:
             with self.cond:
                 self._unsettled -= len(acked) + len(failed)
                 self.cond.notify_all()
+
+    def _triage(self, acked: list[Delivery], failed: list[tuple[Delivery, Outcome]]) -> list[bool]:
+        """Whether each failure is final: the isolation's verdict for its suspects, the schedule's for the rest."""
+        if self.isolation is None:
+            return [not queued for queued in self.schedule.retry_many([d for d, _ in failed])]
+        verdicts = self.isolation.settle(acked, failed)
+        mine = [d for (d, _), v in zip(failed, verdicts) if v is Verdict.NOT_MINE]
+        queued = iter(self.schedule.retry_many(mine))
+        return [not next(queued) if v is Verdict.NOT_MINE else bool(v) for v in verdicts]
+
+    def charge(self, failed: list[Delivery]) -> list[bool]:
+        """Schedule the replays of failures the isolation held and handed back (caller holds ``cond``); True: final."""
+        return [not queued for queued in self.schedule.retry_many(failed)]
 
     def _each(self, acked: list[Delivery], failures: list[tuple[Delivery, Outcome, bool]]) -> None:
         """The per-delivery callback for every delivery of the batch; one's error does not skip the others."""

@@ -103,6 +103,13 @@ class ReplaySchedule:
             out.append(self._lookahead.popleft())
         return out
 
+    def drain(self) -> list[Delivery]:
+        """Remove and return every queued delivery, due or not (a run that stops replaying)."""
+        out = [item[2] for item in sorted(self._replays)] + list(self._lookahead)
+        self._replays.clear()
+        self._lookahead.clear()
+        return out
+
     def next_due(self) -> float | None:
         """When the earliest queued replay is due (clock time), or None if none is queued."""
         return self._replays[0][0] if self._replays else None

@@ -1,4 +1,4 @@
-"""A quiet local SparkSession configured for tracked pipelines (the demo and the tests share it)."""
+"""A local SparkSession configured for tracked pipelines (the demo and the tests share it): Spark's errors shown."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ __all__ = ["local_session", "LOCAL_MASTER", "spark_context_of", "default_paralle
 # retries a failed task, which would hide exactly what the integration must survive.
 LOCAL_MASTER = "local[2,4]"
 
-# Errors only, and to stderr: the task failures the demo injects on purpose would
-# otherwise print a Java stack trace each.
+# Errors only, and to stderr: Spark's INFO and WARN chatter hidden, but a failed task
+# (the demo's injected crashes included) is shown, as every user copying this needs.
+LOG_LEVEL = "ERROR"
 _LOG4J2 = """\
-rootLogger.level = fatal
+rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = stderr
 appender.stderr.type = Console
 appender.stderr.name = stderr
@@ -44,6 +45,8 @@ def local_session(
 ) -> Any:
     """Get or create a local SparkSession whose Python workers run this interpreter.
 
+    ``quiet=True`` shows Spark's log at ERROR and above only (failed tasks
+    included); ``quiet=False`` leaves Spark's own logging as configured.
     If a session already exists in this process it is returned unchanged
     (Spark allows one SparkContext per process).
     """
@@ -71,7 +74,7 @@ def local_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if quiet:
-        spark.sparkContext.setLogLevel("FATAL")
+        spark.sparkContext.setLogLevel(LOG_LEVEL)
     return spark
 
 

@@ -13,17 +13,20 @@ report ``ACKS_UNDELIVERED`` instead of a plain timeout.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from acker_client import ClusterClient, ShardUnavailable, new_id
+import grpc
+from acker_client import AckerError, ClusterClient, ShardUnavailable, new_id
 from acker_client.shared import close_shared_clients, shared_client
 from acker_protocol.credentials import ChannelSecurity
 
 from .ids import dedup_key
+from .layout import check_layout
 from .leases import LEASE_FRACTION, LeaseKeeper, check_seconds, cluster_timeouts
 
 __all__ = ["CommitErrors", "TrackedStep", "client_for", "close_clients", "commit_errors", "tracked_bolts"]
@@ -36,8 +39,8 @@ def client_for(addresses: Sequence[str], security: ChannelSecurity | None = None
 
     ``options`` are further :class:`~acker_client.ClusterClient` arguments (e.g. ``wait_for_shard``).
     """
-    # verify=False: the driver's spout already checked the shard layout, and an
-    # executor must not fail its task because one acker is restarting right now.
+    # verify=False: an executor must not fail its task because one acker is
+    # restarting right now; TrackedStep.client checks the layout of the shards it reaches.
     return shared_client(addresses, verify=False, security=security, **options)
 
 
@@ -48,6 +51,9 @@ def close_clients() -> None:
 
 # Causes kept per bolt: enough to name every dead shard, bounded however many tasks fail.
 _MAX_CAUSES = 16
+# collector.fail(t, reason) reasons reported per task: bounded, so a task failing every
+# record does not ship them all to the driver (the others' dead letters have no cause).
+_MAX_REASONS_PER_TASK = 1_000
 
 
 class _SetUnion:
@@ -149,6 +155,8 @@ class TrackedStep:
         self.commit_errors: Any = None
         self.undelivered: Any = None  # roots whose acks were dropped (a set accumulator)
         self.commit_causes: Any = None  # one line per unreachable shard (a set accumulator)
+        self._refused: dict[int, Any] = {}  # this task's shards that refused connections at its start
+        self.fail_reasons: Any = None  # (root, reason) given to collector.fail (a set accumulator)
 
     @property
     def tracking(self) -> bool:
@@ -158,7 +166,11 @@ class TrackedStep:
     def client(self) -> ClusterClient:
         """This executor process's client for the step's ackers."""
         assert self.addresses is not None, "an untracked step has no client"
-        return client_for(self.addresses, self.security, **self.client_options)
+        client = client_for(self.addresses, self.security, **self.client_options)
+        # As the driver's client does (once per process and address list); the shards that
+        # refuse connections now are withheld at this task's commit (see _commit).
+        self._refused = check_layout(client, self.name)
+        return client
 
     def start_leases(self, client: ClusterClient) -> LeaseKeeper | None:
         """Executor side: a started keeper renewing the task's held trees, or None (leases off, timeout unknown)."""
@@ -179,6 +191,7 @@ class TrackedStep:
             self.commit_errors = sc.accumulator(0)
             self.undelivered = sc.accumulator(frozenset(), _SetUnion())
             self.commit_causes = sc.accumulator(frozenset(), _SetUnion())
+            self.fail_reasons = sc.accumulator(frozenset(), _SetUnion())
             _tracked.add(self)
 
     def commit_report(self) -> CommitErrors:
@@ -188,7 +201,35 @@ class TrackedStep:
         causes = tuple(sorted(self.commit_causes.value))[:_MAX_CAUSES]
         return CommitErrors(self.name, self.commit_errors.value, frozenset(self.undelivered.value), causes)
 
+    def _report_undelivered(self, partition: int, roots: Any, causes: set[str]) -> None:
+        """Log and count (accumulators, read by the driver) a task's trees whose acks did not reach their shard."""
+        roots = frozenset(roots)
+        log.warning(
+            "bolt %s partition %d: could not deliver the task's acks to %s; its %d trees will fail as %s",
+            self.name,
+            partition,
+            "; ".join(sorted(causes)),
+            len(roots),
+            "ACKS_UNDELIVERED",
+        )
+        if self.commit_errors is not None:
+            self.commit_errors.add(1)
+            self.undelivered.add(roots)
+            self.commit_causes.add(frozenset(causes))
+
+    def reasons(self) -> dict[int, str]:
+        """Driver side: the reasons committed tasks gave ``collector.fail(t, reason)``, by root (read after an action)."""
+        if self.fail_reasons is None:
+            return {}
+        return dict(self.fail_reasons.value)
+
     def _commit(self, collector: Any, partition: int) -> None:
+        refused = self._refused
+        withheld: tuple[int, ...] = ()
+        if refused and self.addresses is not None:
+            # Shards that refused connections at this task's start: the others' acks go out
+            # now instead of after wait_for_shard, so downstream work (and their trees) is not held up.
+            withheld = collector.withhold(set(refused), len(self.addresses))
         try:
             collector.commit(dedup_key(self.uid, partition))
         except ShardUnavailable as err:
@@ -197,22 +238,35 @@ class TrackedStep:
             # (accumulators), which names the cause when they time out and fails
             # the run. A warning: an executor that cannot reach its ackers must be
             # visible in its log, not only as timeouts on the driver.
-            causes = frozenset(_cause(f) for f in err.failures)
-            log.warning(
-                "bolt %s partition %d: could not deliver the task's acks to %s; its %d trees will fail as %s",
-                self.name,
-                partition,
-                "; ".join(sorted(causes)),
-                len(collector.undelivered),
-                "ACKS_UNDELIVERED",
-            )
-            if self.commit_errors is not None:
-                self.commit_errors.add(1)
-                self.undelivered.add(frozenset(collector.undelivered))
-                self.commit_causes.add(causes)
+            client = client_for(self.addresses or (), self.security, **self.client_options)
+            causes = {_cause(_probed(client, f)) for f in err.failures} | {_cause(f) for f in refused.values()}
+            self._report_undelivered(partition, (*withheld, *collector.undelivered), causes)
             return
+        if withheld:
+            self._report_undelivered(partition, withheld, {_cause(f) for f in refused.values()})
         if self.commits is not None:
             self.commits.add(1)
+            reasons = getattr(collector, "fail_reasons", None)
+            if reasons:
+                self.fail_reasons.add(frozenset(itertools.islice(reasons.items(), _MAX_REASONS_PER_TASK)))
+
+
+def _probed(client: Any, failure: Any) -> Any:
+    """``failure``, or for a deadline (the batch waited for a connection) what a Describe probe says happened.
+
+    A batch waits for its shard's connection until its deadline, so a refused
+    connection reads DEADLINE_EXCEEDED; a probe that does not wait reports the
+    connection's own error (e.g. UNAVAILABLE: ... Connection refused).
+    """
+    if failure.code is not grpc.StatusCode.DEADLINE_EXCEEDED or not hasattr(client, "describe"):
+        return failure
+    try:
+        client.describe(failure.shard)
+    except ShardUnavailable as err:
+        return err.failures[0] if err.failures else failure
+    except AckerError:
+        return failure
+    return failure
 
 
 def _cause(failure: Any) -> str:

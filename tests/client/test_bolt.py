@@ -264,3 +264,19 @@ def test_commit_of_many_roots_sends_columns(trees):
     assert columns == ([("ack_columns", trees, 5)] if trees >= COLUMNS_FROM else [])
     assert len([c for c in cluster.calls if c[0] == "ack"]) == (0 if columns else trees)
     assert all(cluster.complete(root) for root in range(1, trees + 1))
+
+
+def test_withhold_drops_the_held_operations_of_unreachable_shards_and_a_fails_reason_is_kept():
+    """withhold(shards, n) removes those shards' roots from the next commit and names them; fail reasons survive."""
+    cluster = RecordingCluster(shard_count=3)
+    bolt = BoltCollector(cluster, hold=True)
+    (a,) = spout_tuple(cluster, root=3 * 7 + 1)  # shard 1
+    (b,) = spout_tuple(cluster, root=3 * 7 + 2)  # shard 2
+    (c,) = spout_tuple(cluster, root=3 * 8 + 1)  # shard 1
+    bolt.ack(a)
+    bolt.fail(b, "bad value")
+    bolt.fail(c)
+    assert bolt.withhold({1}, 3) == (a.message_id.roots[0], c.message_id.roots[0])
+    bolt.commit(dedup_key=5)
+    assert [call for call in cluster.calls if call[0] != "init"] == [("fail", b.message_id.roots[0])]
+    assert bolt.fail_reasons == {b.message_id.roots[0]: "bad value"}

@@ -196,7 +196,7 @@ def test_cli_prints_addresses_and_stops_cleanly(launch: Callable[..., Launcher],
 
 def test_cli_reports_a_crashed_shard(launch: Callable[..., Launcher]) -> None:
     """kill -9 of a child makes the launcher say which shard died and how; the others keep serving."""
-    launcher = launch("--count", "2", "--base-port", "0")
+    launcher = launch("--count", "2", "--base-port", "0", "--restart")
     addresses = launcher.first_line().split(",")
     pids = launcher.child_pids(2)
     os.kill(pids[1], signal.SIGKILL)
@@ -232,10 +232,10 @@ def test_cli_flags_fall_back_to_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setenv("ACKER_CLUSTER_COUNT", "5")
     monkeypatch.setenv("ACKER_CLUSTER_METRICS_BASE_PORT", "9300")
-    monkeypatch.setenv("ACKER_CLUSTER_RESTART", "1")
+    monkeypatch.setenv("ACKER_CLUSTER_RESTART", "0")
     parser = cluster_module._parser()
     args = parser.parse_args([])
-    assert (args.count, args.metrics_base_port, args.restart) == (5, 9300, True)
+    assert (args.count, args.metrics_base_port, args.restart) == (5, 9300, False)
     help_text = " ".join(parser.format_help().split())
     for flag in ("COUNT", "HOST", "BASE_PORT", "METRICS_BASE_PORT", "MESSAGE_TIMEOUT", "BUCKETS", "RESTART"):
         assert f"ACKER_CLUSTER_{flag}" in help_text
@@ -305,14 +305,43 @@ def test_kill_9_of_the_launcher_leaves_no_shard(launch: Callable[..., Launcher])
     _wait_for(lambda: all(_dead(pid) for pid in pids), "the orphaned shards to stop")
 
 
-def test_cli_without_restart_ends_when_every_shard_has_exited(launch: Callable[..., Launcher]) -> None:
-    """A launcher with no live shard and no --restart says so and exits 1 instead of serving nothing."""
-    launcher = launch("--count", "1", "--base-port", "0")
+def test_cli_restarts_a_dead_shard_by_default(launch: Callable[..., Launcher], describe_acker: Callable) -> None:
+    """Issue 23: a shard killed under a plain `acker-cluster` used to stay dead (and a job hung 480 s on it)."""
+    launcher = launch("--count", "2", "--base-port", "0")
+    addresses = launcher.first_line().split(",")
+    pids = launcher.child_pids(2)
+    os.kill(pids[1], signal.SIGKILL)
+    _wait_for(lambda: "acker shard 1 is SERVING again" in launcher.stderr(), "the restart")
+    assert describe_acker(addresses[1]).shard_index == 1
+    assert launcher.stop() == 0
+
+
+def test_cli_with_no_restart_exits_when_a_shard_exits(launch: Callable[..., Launcher]) -> None:
+    """--no-restart: one dead shard stops the launcher (exit 1, naming it) and every other shard."""
+    launcher = launch("--count", "2", "--base-port", "0", "--no-restart")
     launcher.first_line()
-    (pid,) = launcher.child_pids(1)
-    os.kill(pid, signal.SIGKILL)
+    pids = launcher.child_pids(2)
+    os.kill(pids[1], signal.SIGKILL)
     assert launcher.proc.wait(timeout=DEADLINE) == 1
-    assert "every shard has exited" in launcher.stderr()
+    assert "acker shard 1 exited and --no-restart is set; stopping every shard" in launcher.stderr()
+    _wait_for(lambda: _dead(pids[0]), "the other shard to stop")
+
+
+@pytest.mark.parametrize("extra", [["--shard-count", "4"], ["--shard-index=1"], ["--port", "9999"]])
+def test_cli_refuses_pass_through_flags_that_contradict_its_layout(
+    launch: Callable[..., Launcher], extra: list[str]
+) -> None:
+    """Issue 23: `acker-cluster -- --shard-count 4` ran shards of 4 and reported "shard 0/3 SERVING"."""
+    launcher = launch("--count", "3", "--base-port", "0", "--", *extra)
+    assert launcher.proc.wait(timeout=DEADLINE) == 2
+    assert launcher.proc.stdout is not None and launcher.proc.stdout.read() == b""
+    err = launcher.stderr()
+    assert f"{extra[0].split('=')[0]} is set per shard by the launcher; use its" in err and "SERVING" not in err
+
+
+def test_process_cluster_refuses_extra_args_that_contradict_its_layout() -> None:
+    with pytest.raises(ValueError, match="--shard-count is set per shard by the launcher; use its --count"):
+        ProcessCluster(count=3, extra_args=["--shard-count", "4"])
 
 
 def test_a_shard_restarted_from_a_short_lived_thread_outlives_it() -> None:

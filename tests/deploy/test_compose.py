@@ -40,6 +40,23 @@ def ackers(compose: dict[str, Any]) -> dict[int, tuple[str, dict[str, Any]]]:
     return found
 
 
+def _resolved_with(
+    docker_compose: str, repo: Path, load_yaml: Callable[[str], Any], env: dict[str, str]
+) -> dict[str, Any]:
+    """The compose file's services as docker-compose resolves them with ``env`` added to the environment."""
+    done = subprocess.run(
+        [docker_compose, "-f", "deploy/docker-compose.yml", "config"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 0, done.stderr
+    return load_yaml(done.stdout)["services"]
+
+
 def _port_mappings(service: dict[str, Any]) -> list[tuple[str, int, int]]:
     """(host ip, published, target) of a resolved service's ports, short ("ip:pub:target/tcp") or long syntax."""
     found = []
@@ -117,17 +134,7 @@ def test_ports_are_published_on_loopback_unless_told_otherwise(
     for name, service in compose["services"].items():
         assert {ip for ip, _, _ in _port_mappings(service)} == {"127.0.0.1"}, name
     env = {"ACKER_PUBLISH_HOST": "0.0.0.0", "ACKER_1_PORT": "17101", "PROMETHEUS_PORT": "19090"}
-    done = subprocess.run(
-        [docker_compose, "-f", "deploy/docker-compose.yml", "config"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, **env},
-    )
-    assert done.returncode == 0, done.stderr
-    moved = load_yaml(done.stdout)["services"]
+    moved = _resolved_with(docker_compose, repo, load_yaml, env)
     assert _port_mappings(moved["acker-1"]) == [("0.0.0.0", 17101, 7101)]
     assert _port_mappings(moved["prometheus"]) == [("0.0.0.0", 19090, 9090)]
 
@@ -237,3 +244,27 @@ def test_dockerfile_installs_the_package_and_runs_unprivileged(repo: Path, deplo
     assert re.search(r"\bACKER_HOST=0\.0\.0\.0\b", "\n".join(instructions))
     scripts = pyproject["project"]["scripts"]
     assert {"acker-server", "acker-healthcheck"} <= set(scripts)
+
+
+def _documented_command(repo: Path, marker: str) -> str:
+    """The shell command in docs/deployment.md whose text contains ``marker`` (continuation lines joined)."""
+    text = (repo / "docs" / "deployment.md").read_text().replace("\\\n", " ")
+    (line,) = [line for line in text.splitlines() if marker in line]
+    return " ".join(line.split())
+
+
+def test_the_registry_free_command_starts_only_locally_built_images(
+    docker_compose: str, repo: Path, load_yaml: Callable[[str], Any]
+) -> None:
+    """Issue 23: the documented `up -d` pulled Prometheus and Grafana; the registry-free one names local images only."""
+    command = _documented_command(repo, "PROMETHEUS_IMAGE=pyspark-acker-prometheus")
+    variable, _, rest = command.partition(" docker-compose ")
+    name, _, image = variable.partition("=")
+    services = rest.split(" up -d ", 1)[1].split()
+    build_sh = (repo / "deploy" / "images" / "build.sh").read_text()
+    assert f"PROMETHEUS_IMAGE=${{ACKER_PROMETHEUS_IMAGE:-{image}}}" in build_sh  # what make images builds
+    resolved = _resolved_with(docker_compose, repo, load_yaml, {name: image})
+    local = {"pyspark-acker:latest", image}
+    assert {resolved[s]["image"] for s in services} <= local
+    # Every service but the ones needing a registry is started, and none of those is.
+    assert set(services) == {s for s, spec in resolved.items() if spec["image"] in local}

@@ -91,3 +91,17 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
         assert needed in patterns, needed
     assert "!build/docker/wheels" in patterns
     assert patterns.index("!build/docker/wheels") > patterns.index("build")
+
+
+def test_the_build_prunes_only_its_own_superseded_images() -> None:
+    """Issue 23: build.sh pruned every dangling image with the project's label, other checkouts' included."""
+    script = "\n".join(ln for ln in (IMAGES / "build.sh").read_text().splitlines() if not ln.lstrip().startswith("#"))
+    prunes = re.findall(r"docker image prune[^\n]*", script)
+    assert prunes and all('--filter "label=io.pyspark-acker.build=$BUILD_ID"' in p for p in prunes), prunes
+    # The value is this checkout's and these tags', and every build passes it to the Dockerfile.
+    (build_id,) = re.findall(r"^BUILD_ID=(.*)$", script, flags=re.M)
+    assert all(v in build_id for v in ("$REPO", "$ACKER_IMAGE", "$ACKER_BUILD_STAGE_IMAGE")), build_id
+    assert '--build-arg "ACKER_BUILD_ID=$BUILD_ID"' in script
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    stages = dockerfile.split("\nFROM ")[1:]
+    assert len(stages) == 2 and all("io.pyspark-acker.build=${ACKER_BUILD_ID}" in stage for stage in stages)

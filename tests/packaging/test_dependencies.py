@@ -8,9 +8,12 @@ tools have extras of their own. Import names are mapped to distributions here.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
 import sys
 import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -139,3 +142,34 @@ def test_make_demo_installs_only_what_the_demo_needs_with_progress(tmp_path: Pat
     installs = [line for line in plan.splitlines() if " pip install " in line]
     assert any("-e '.[tools]'" in line for line in installs), plan
     assert not any("[dev]" in line or "--quiet" in line for line in installs), plan
+
+
+def test_a_build_without_cargo_says_how_to_install_rust(tmp_path: Path) -> None:
+    """Issue 23: without cargo, setuptools-rust's error suggested a prebuilt wheel that does not exist."""
+    env = {k: v for k, v in os.environ.items() if k != "CARGO"}
+    env["PATH"] = str(tmp_path)  # nothing on it: no cargo
+    done = subprocess.run(
+        [sys.executable, "setup.py", "bdist_wheel", "--dist-dir", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "needs cargo, which is not on PATH" in done.stderr and "https://sh.rustup.rs" in done.stderr
+    assert "prebuilt wheel" not in done.stderr.replace("There is no prebuilt wheel", "")
+    assert not list(tmp_path.glob("*.whl"))
+
+
+def test_the_installed_pandas_is_one_pyspark_supports_without_a_warning() -> None:
+    """Issue 23: every Spark run printed PySpark's FutureWarning about pandas 3; the extras keep pandas below 3."""
+    from pyspark.sql.pandas.utils import require_minimum_pandas_version
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        require_minimum_pandas_version()
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in ("spark", "connect"):
+        assert any(dep.replace(" ", "").startswith("pandas>=2.2,<3") for dep in extras[extra]), extra

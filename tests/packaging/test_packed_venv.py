@@ -57,12 +57,7 @@ DRIVER = textwrap.dedent(
         yield collector.emit(acker_client.__file__)  # unanchored: tracks nothing
 
 
-    spark = (
-        SparkSession.builder.master("local-cluster[1,1,1024]")
-        .config("spark.archives", os.environ["ACKER_TEST_ARCHIVE"] + "#environment")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
-    )
+    spark = SparkSession.builder.config("spark.ui.enabled", "false").getOrCreate()  # spark-submit set the rest
     split_bolt, store_bolt = Bolt(split, ADDRESSES, name="split"), Bolt(store, ADDRESSES, name="store")
     files = set()
     records = [(f"r{i}", f"alpha beta gamma {i}") for i in range(20)]
@@ -129,14 +124,19 @@ def test_a_packed_venv_ships_the_client_to_executors(project_wheel: Path, ackers
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     env = _clean_env()  # executors must not see this checkout
+    spark_home = _spark_home(tmp_path / "spark-home")
+    # The README's two exports and spark-submit line, as written (issue 23: without
+    # PYSPARK_DRIVER_PYTHON the driver ran ./environment/bin/python and failed).
     env.update(
+        PYSPARK_DRIVER_PYTHON=sys.executable,  # the driver's Python, with the package
         PYSPARK_PYTHON="./environment/bin/python",
         ACKER_ADDRESSES=",".join(ackers),
-        ACKER_TEST_ARCHIVE=str(archive),
         ACKER_TEST_DRIVER_PATH=json.dumps([p for p in sys.path if p]),
-        SPARK_HOME=str(_spark_home(tmp_path / "spark-home")),
+        SPARK_HOME=str(spark_home),
     )
-    done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    submit = [str(spark_home / "bin" / "spark-submit"), "--master", "local-cluster[1,1,1024]"]
+    submit += ["--archives", f"{archive}#environment", str(script)]
+    done = subprocess.run(submit, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     (tmp_path / "driver.err").write_text(done.stderr)
     assert done.returncode == 0, done.stderr[-5000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

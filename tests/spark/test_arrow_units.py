@@ -258,3 +258,16 @@ def test_an_unreachable_shard_at_commit_is_counted_not_raised(caplog: pytest.Log
     assert line.levelname == "WARNING"
     assert "sink" in line.getMessage() and "could not deliver" in line.getMessage()
     assert "its 1 trees will fail as ACKS_UNDELIVERED" in line.getMessage()
+
+
+def test_withhold_drops_the_held_rows_of_unreachable_shards() -> None:
+    """An ArrowCollector's withhold(shards, n): those shards' acks and fails leave the commit, their roots returned."""
+    client = RecordingClient()
+    collector = ArrowCollector(9, pa.schema([("x", pa.int64())]), client)
+    collector._start_batch(pairs_of([MessageId.single(r, 100 + r) for r in (3, 4, 5, 7)]))
+    collector.fail(np.array([False, True, False, False]))  # root 4: shard 1 of 3
+    collector._finish_batch()
+    assert collector.withhold({1}, 3) == (4, 7)
+    collector.commit(dedup_key=77)
+    assert client.fails == set()
+    assert client.acks == {3: 103, 5: 105}

@@ -205,10 +205,12 @@ def test_killed_acker_loses_no_record(spark: Any, db: Path) -> None:
 
         stats, audit = run(spark, client, db, records, job, max_pending=120)
     failures = audit.first_failures()
-    assert failures and set(failures.values()) <= {Outcome.LOST, Outcome.TIMED_OUT}
+    # A task that finds shard 1 refusing connections withholds its acks and reports them at once,
+    # so its trees may end ACKS_UNDELIVERED (reported before their timeout) rather than TIMED_OUT.
+    assert failures and set(failures.values()) <= {Outcome.LOST, Outcome.TIMED_OUT, Outcome.ACKS_UNDELIVERED}
     assert stats.replayed_keys == set(failures)
     assert all(seq[-1] is Outcome.ACKED for seq in audit.outcomes.values())
     assert (stats.acked, stats.dead_lettered) == (len(records), 0)
-    assert stats.lost + stats.timed_out == stats.replayed
+    assert stats.lost + stats.timed_out + stats.acks_undelivered == stats.replayed
     assert audit.false_acks == []
     assert sink_counts(db) == expected_counts(records)

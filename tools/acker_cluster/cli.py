@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from acker_service.process_cluster import ClusterError, ProcessCluster
+from acker_service.process_cluster import ClusterError, ProcessCluster, layout_conflicts
 
 __all__ = ["main"]
 
@@ -56,12 +56,14 @@ def _parser() -> argparse.ArgumentParser:
         env = "ACKER_CLUSTER_" + flag[2:].upper().replace("-", "_")
         shown = "" if default is None else "; default: %(default)s"
         p.add_argument(flag, type=kind, default=os.environ.get(env, default), help=f"{text} (env {env}{shown})")
-    restart_env = os.environ.get("ACKER_CLUSTER_RESTART", "").lower() in ("1", "true", "yes", "on")
+    # On by default: a dead shard that stays dead stalls every job whose trees it owns.
+    restart_env = os.environ.get("ACKER_CLUSTER_RESTART", "1").lower() not in ("0", "false", "no", "off")
     p.add_argument(
         "--restart",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=restart_env,
-        help="restart a shard that exits unexpectedly, same shard and ports (env ACKER_CLUSTER_RESTART=1)",
+        help="restart a shard that exits unexpectedly, same shard and ports (the default); with --no-restart "
+        "the launcher stops every shard and exits 1 when one exits (env ACKER_CLUSTER_RESTART=0)",
     )
     p.add_argument("server_args", nargs="*", metavar="-- SERVER_ARGS", help="extra acker-server flags for every shard")
     return p
@@ -79,7 +81,11 @@ def _install_stop_handlers(stop: threading.Event) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `acker-cluster`: start, print the addresses, supervise until signalled, stop; return exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    conflicts = layout_conflicts(args.server_args)
+    if conflicts:
+        parser.error("; ".join(conflicts))  # exit 2 before anything starts
     logging.basicConfig(level=logging.INFO, format="acker-cluster: %(message)s", stream=sys.stderr)
     stop = threading.Event()
     _install_stop_handlers(stop)
@@ -107,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _announce(cluster)
         while not stop.wait(0.5):
-            # Without --restart a launcher whose every shard exited serves nothing: say so and end.
-            if not args.restart and not any(cluster.is_alive(i) for i in range(cluster.count)):
-                log.error("every shard has exited; stopping")
+            # With --no-restart a missing shard is never coming back: clients would wait on it
+            # for nothing, so stop the rest and say which one (its exit is logged above).
+            dead = [] if args.restart else [i for i in range(cluster.count) if not cluster.is_alive(i)]
+            if dead:
+                log.error("acker shard %s exited and --no-restart is set; stopping every shard", dead[0])
                 code = 1
                 break
         else:

@@ -1,0 +1,97 @@
+"""Driver side: which acker shards have been unreachable, since when and why, for progress lines and a bound.
+
+A :class:`ShardWatch` listens to the driver's ``ClusterClient`` errors
+(``add_error_listener``): a shard whose batch could not be delivered is
+marked down from that moment. :meth:`ShardWatch.check` asks a marked shard
+for its Describe (no wait for a connection, so the answer is the real cause,
+e.g. "Connection refused", not a deadline) at most once per ``probe_interval``;
+a shard that answers is up again. A shard down longer than ``bound`` seconds
+is returned, so the pipeline can stop the run naming it instead of waiting
+silently on trees it will never settle.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from acker_client import AckerError, ClusterClient, ShardUnavailable
+
+__all__ = ["ShardDown", "ShardWatch", "DownShard"]
+
+
+@dataclass(frozen=True)
+class DownShard:
+    """One unreachable shard: its index, address, when it was first seen down (clock time) and the last cause."""
+
+    shard: int
+    address: str
+    since: float
+    cause: str
+
+
+class ShardDown(AckerError):
+    """An acker shard stayed unreachable longer than the pipeline's bound (raised by ``run``).
+
+    ``shard`` is the :class:`DownShard`; ``stats`` the run's stats when it stopped.
+    """
+
+    def __init__(self, shard: DownShard, seconds: float, stats: object) -> None:
+        self.shard, self.stats = shard, stats
+        super().__init__(
+            f"acker shard {shard.shard} at {shard.address} has been unreachable for {seconds:.0f} s: {shard.cause}. "
+            "Its trees cannot complete: restart it (acker-cluster restarts a dead shard by default) "
+            "or fix the address list, then run again"
+        )
+
+
+class ShardWatch:
+    """Shards of ``cluster`` seen unreachable: marked by the client's error listener, cleared by a Describe probe."""
+
+    def __init__(self, cluster: ClusterClient, clock: Callable[[], float], probe_interval: float = 1.0) -> None:
+        self.cluster = cluster
+        self.clock = clock
+        self.probe_interval = probe_interval
+        self._down: dict[int, DownShard] = {}
+        self._probed = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self, error: AckerError) -> None:
+        """The client's error listener: mark every shard a dropped batch could not reach."""
+        if not isinstance(error, ShardUnavailable):
+            return
+        now = self.clock()
+        with self._lock:
+            for failure in error.failures:
+                # A shard already marked keeps its probe's cause: a batch's own reads DEADLINE_EXCEEDED.
+                if failure.shard not in self._down:
+                    self._down[failure.shard] = DownShard(failure.shard, failure.address, now, failure.describe())
+
+    def down(self) -> list[DownShard]:
+        """The shards marked down now, by index."""
+        with self._lock:
+            return [self._down[i] for i in sorted(self._down)]
+
+    def check(self, force: bool = False) -> list[DownShard]:
+        """Probe the marked shards (at most once per ``probe_interval``, unless ``force``); those still down."""
+        now = self.clock()
+        if not self._down or (now - self._probed < self.probe_interval and not force):
+            return self.down()
+        self._probed = now
+        for shard in self.down():
+            try:
+                self.cluster.describe(shard.shard)
+            except ShardUnavailable as err:
+                cause = "; ".join(f.describe() for f in err.failures)
+                with self._lock:
+                    self._down[shard.shard] = DownShard(shard.shard, shard.address, shard.since, cause)
+            except AckerError:
+                self._up(shard.shard)  # it answered, with a refusal: reachable
+            else:
+                self._up(shard.shard)
+        return self.down()
+
+    def _up(self, shard: int) -> None:
+        with self._lock:
+            self._down.pop(shard, None)
