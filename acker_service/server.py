@@ -22,7 +22,6 @@ import grpc
 from acker_protocol import grpc_options
 from acker_protocol.v1 import acker_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from .auth import Authenticator, AuthInterceptor
 from .config import ServerConfig
@@ -32,6 +31,7 @@ from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
 from .operate import AGE_BUCKETS
 from .outcome_hub import OutcomeHub
+from .reflection import enable_reflection
 from .servicer import AckerServicer, add_acker_servicer
 from .shard import EXPIRY_SLICE, Shard
 
@@ -233,7 +233,7 @@ class AckerServer:
         add_acker_servicer(self.servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
         try:
             credentials = server_credentials(config)
             if credentials is None:

@@ -15,6 +15,8 @@ from acker_protocol.packed import encode_apply_request
 from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import OpKind
 
+from .columns import distinct
+
 __all__ = ["OpBuffer", "INIT", "ACK", "FAIL", "RESET_TIMEOUT"]
 
 # Plain ints: they go into a protobuf repeated enum field by the thousand.
@@ -223,8 +225,8 @@ class OpBuffer:
             [np.asarray(self._init_spouts, dtype=np.uint32)]
             + [np.full(c[1].size, c[3], dtype=np.uint32) for c in init_chunks]
         )
-        fails = np.unique(self._column(FAIL, list(self._fails)))
-        resets = np.unique(self._column(RESET_TIMEOUT, list(self._resets)))
+        fails = distinct(self._column(FAIL, list(self._fails)))
+        resets = distinct(self._column(RESET_TIMEOUT, list(self._resets)))
         ack_roots, ack_values, ack_keys = self._folded_acks(batch_key)
         n_init, n_fail, n_ack, n_reset = init_roots.size, fails.size, ack_roots.size, resets.size
         kinds = np.repeat(np.array([INIT, FAIL, ACK, RESET_TIMEOUT], dtype=np.uint8), [n_init, n_fail, n_ack, n_reset])

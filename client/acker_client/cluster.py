@@ -21,7 +21,7 @@ from acker_protocol.wire import MAX_ID, check_id, check_replicas, check_root, ch
 
 from . import process
 from .batching import ACK, FAIL, INIT, RESET_TIMEOUT, OpBuffer
-from .columns import as_ids, as_roots, fold_xor, replica_slices
+from .columns import as_ids, as_roots, distinct, fold_xor, replica_slices
 from .errors import AckerError, ClusterMisconfigured, batch_error, connect_error, shard_failure
 from .process import ClientStats, ProcessState
 from .sender import Sender, undelivered
@@ -360,6 +360,29 @@ class ClusterClient:
         if full is not None:
             self._sender.send_now(st, *full)
 
+    def init_within(self, root: int, value: int, spout: str, timeout: float) -> bool:
+        """Buffer INIT like :meth:`init`, waiting at most ``timeout`` seconds for room; False if none (nothing buffered).
+
+        :meth:`init` lets the caller that fills a shard's buffer send it and
+        wait for the shard, for up to ``wait_for_shard`` seconds while it is
+        unreachable. Here a full buffer goes to a background sender instead,
+        and only while that shard already has a batch on its way does a
+        caller that would fill the buffer again wait, for the shard's batch
+        to end or ``timeout`` to pass, whichever comes first: the spout's
+        ``emit(timeout=...)`` and ``try_emit`` (``timeout=0``) keep their promise.
+        """
+        if not (0 < root <= MAX_ID and 0 <= value <= MAX_ID):
+            check_id(root, value)
+        if spout not in self._known_spouts:
+            check_spout_name(spout)
+            self._known_spouts.add(spout)
+        # Every shard that keeps the tree (its replicas) gets the init, all or none.
+        needs = [(shard, 1) for shard in replica_shards(root, self._n, self._replicas)]
+        buffered = self._buffer_within(needs, lambda _, buf: buf.init(root, value, spout), timeout)
+        if buffered is None:  # the buffer is as large as a request may be: the plain way sends it first
+            self.init(root, value, spout)
+        return buffered is not False
+
     def ack(self, root: int, value: int, dedup_key: int = 0) -> None:
         """Buffer ACK(root, value); acks with the same root and dedup key in one batch fold into one."""
         # The hot path: checks and the common case inlined (about 0.5 µs per call).
@@ -459,6 +482,65 @@ class ClusterClient:
             self._known_spouts.add(spout)
         self._add_columns(INIT, roots_array, values_array, spout=spout)
 
+    def init_columns_within(self, roots: object, values: object, spout: str, timeout: float) -> bool:
+        """:meth:`init_columns`, all or none, waiting at most ``timeout`` seconds for room; False: nothing buffered.
+
+        As :meth:`init_within` for every shard the roots go to: full buffers go
+        to background senders, and while a shard already has a batch on its way
+        the call waits for it, or gives up at ``timeout``. A shard's share must
+        fit in one request (``column_batch_size`` operations, with what its
+        buffer holds); a larger one is buffered by :meth:`init_columns`, which
+        waits as long as the back-pressure lasts.
+        """
+        roots_array, values_array = as_roots(roots), as_ids(values)
+        _same_length(roots_array, values_array)
+        if spout not in self._known_spouts:
+            check_spout_name(spout)
+            self._known_spouts.add(spout)
+        # With replicas a shard may both own and follow some of the roots: one share per shard.
+        slices: dict[int, np.ndarray] = {}
+        for shard, positions in replica_slices(roots_array, self._n, self._replicas):
+            slices[shard] = np.concatenate((slices[shard], positions)) if shard in slices else positions
+
+        def add(shard: int, buf: OpBuffer) -> None:
+            here = slices[shard]
+            buf.add_columns(INIT, roots_array[here], values_array[here], spout=spout)
+
+        buffered = self._buffer_within([(s, p.size) for s, p in slices.items()], add, timeout)
+        if buffered is None:
+            self._add_columns(INIT, roots_array, values_array, spout=spout)
+        return buffered is not False
+
+    def _buffer_within(
+        self, needs: list[tuple[int, int]], add: Callable[[int, OpBuffer], None], timeout: float
+    ) -> bool | None:
+        """Give each ``(shard, operations)`` of ``needs`` room, all at once, within ``timeout``, and ``add`` them.
+
+        True: added (full buffers handed to background senders); False: no room
+        in time, nothing added; None: a shard's share would not fit in one request.
+        """
+        st = self._state()
+        give_up_at = time.monotonic() + max(0.0, timeout)
+        with st.lock:
+            if any(st.buffers[s].size + n > self.column_batch_size for s, n in needs):
+                return None
+            # Room: the shard has no batch on its way, or these operations do not fill its buffer.
+            while any(s in st.busy and st.buffers[s].size + n >= self.batch_size for s, n in needs):
+                left = give_up_at - time.monotonic()
+                if left <= 0 or st.closed:
+                    return False
+                st.room.wait(left)
+            for shard, _ in needs:
+                buf = st.buffers[shard]
+                add(shard, buf)
+                if buf.started is None:
+                    buf.started = time.monotonic()
+                    self._sender.ensure_flusher(st)
+                    st.wake.notify()
+                if buf.size >= self.batch_size:
+                    self._sender.send_in_background(st, shard)
+        return True
+
     def ack_columns(self, roots: object, values: object, dedup_key: int = 0) -> None:
         """Buffer ACK(roots[i], values[i]) for every i, folded per root (one operation per root and key)."""
         roots_array, values_array = as_roots(roots), as_ids(values)
@@ -470,11 +552,11 @@ class ClusterClient:
 
     def fail_columns(self, roots: object) -> None:
         """Buffer FAIL for every root (repeats are sent once)."""
-        self._add_columns(FAIL, np.unique(as_roots(roots)))
+        self._add_columns(FAIL, distinct(as_roots(roots)))
 
     def reset_timeout_columns(self, roots: object) -> None:
         """Buffer RESET_TIMEOUT for every root (repeats are sent once)."""
-        self._add_columns(RESET_TIMEOUT, np.unique(as_roots(roots)))
+        self._add_columns(RESET_TIMEOUT, distinct(as_roots(roots)))
 
     def _add_columns(
         self, kind: int, roots: np.ndarray, values: np.ndarray | None = None, *, dedup_key: int = 0, spout: str = ""

@@ -101,7 +101,8 @@ class ClusterMisconfigured(AckerError):
 
 
 class SpoutFull(AckerError):
-    """The spout has ``max_pending`` trees in flight and none completed within the timeout."""
+    """The spout has ``max_pending`` trees in flight and none completed within the timeout,
+    or the client's buffer for the record's acker stayed full that long (the acker is unreachable)."""
 
 
 def shard_failure(

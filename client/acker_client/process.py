@@ -132,6 +132,9 @@ class ProcessState:
         # that a shard waiting for its connection holds up no other shard.
         self.senders: ThreadPoolExecutor | None = None
         self.busy: set[int] = set()  # shards with a background send in progress
+        # Notified when a shard stops being busy: callers waiting, with a timeout, for room in its buffer.
+        # Not ``wake``: its notify() is meant for the flusher and must never wake such a caller instead.
+        self.room = threading.Condition(self.lock)
         self.closed = False
         self.sending: set[Sending] = set()
         self.stats = ClientStats()

@@ -141,15 +141,25 @@ class Sender:
                     # and the caller that fills it waits (back-pressure).
                     if shard in st.busy or buf.started is None or now - buf.started < interval:
                         continue
-                    batches, sending = self.take(st, lambda b: b is buf)  # noqa: B023
-                    st.busy.add(shard)
-                    if st.senders is None:
-                        st.senders = ThreadPoolExecutor(len(st.buffers), thread_name_prefix="acker-client-sender")
-                    st.senders.submit(self._background_send, st, shard, batches, sending)
+                    self.send_in_background(st, shard)
                     started = True
                 if not started:
                     starts = [b.started for i, b in enumerate(st.buffers) if b.started is not None and i not in st.busy]
                     st.wake.wait(min(starts) + interval - now if starts else None)
+
+    def send_in_background(self, st: ProcessState, shard: int) -> None:
+        """Take ``shard``'s buffer and send it on a sender thread; the shard is busy until that send ends.
+
+        Call with ``st.lock`` held and the shard not busy. The caller does not
+        wait: the flusher, and a caller with a timeout of its own
+        (:meth:`ClusterClient.init_within`), use this.
+        """
+        buf = st.buffers[shard]
+        batches, sending = self.take(st, lambda b: b is buf)
+        st.busy.add(shard)
+        if st.senders is None:
+            st.senders = ThreadPoolExecutor(len(st.buffers), thread_name_prefix="acker-client-sender")
+        st.senders.submit(self._background_send, st, shard, batches, sending)
 
     def _background_send(self, st: ProcessState, shard: int, batches: dict[int, OpBuffer], sending: Sending) -> None:
         try:
@@ -158,6 +168,7 @@ class Sender:
             with st.lock:
                 st.busy.discard(shard)
                 st.wake.notify_all()
+                st.room.notify_all()
         if error is None:
             return
         if undelivered(error) is None:

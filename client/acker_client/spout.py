@@ -215,17 +215,37 @@ class Spout:
         value = 0
         for edge in edges:
             value ^= edge
+        # The timeout also bounds the wait for room in the client's buffer of the root's shard (see
+        # ClusterClient.init_within); None: as long as the shard's back-pressure lasts. Real time, not
+        # self._clock: these waits are real ones, which a test's manual clock would never run down.
+        budget = timeout if block else 0.0
+        give_up_at = None if budget is None else time.monotonic() + budget
         with self._cond:
             self._wait_for_room(1, block, timeout)
             self._pending.add(root, message_id, self._clock())
             self._counts["emitted"] += 1
+        buffered = True
         try:
-            self.cluster.init(root, value, self.name)
+            if give_up_at is None:
+                self.cluster.init(root, value, self.name)
+            else:
+                buffered = self.cluster.init_within(root, value, self.name, give_up_at - time.monotonic())
         except AckerError as exc:
             # The batch holding this init was dropped; the error listener has
             # already failed its roots as LOST, so the caller sees no exception.
             log.debug("init of root %d not delivered: %s", root, exc)
+        if not buffered:
+            self._withdraw([root])
+            raise SpoutFull(f"the client's buffer for the acker of spout {self.name!r} stayed full for {budget} s")
         return [TrackedTuple(record, MessageId.single(root, edge)) for edge in edges]
+
+    def _withdraw(self, roots: list[int]) -> None:
+        """Forget roots whose inits were never buffered (the caller gets SpoutFull): no outcome will come for them."""
+        with self._cond:
+            for root in roots:
+                self._pending.pop(root)
+            self._counts["emitted"] -= len(roots)
+            self._cond.notify_all()
 
     def _wait_for_room(self, count: int, block: bool, timeout: float | None) -> None:
         """With the lock held: return once ``count`` more trees fit under ``max_pending``, else SpoutFull."""
@@ -297,6 +317,10 @@ class Spout:
             raise ValueError(f"cannot emit {count} records at once with max_pending={self.max_pending}")
         ids = random_ids(2 * count)  # drawn before taking the lock: one urandom read for roots and edges
         roots, edges = ids[:count], ids[count:]
+        # The timeout also bounds the wait for the client's buffers, as in _emit. A prefix emit keeps the
+        # buffers' plain back-pressure: the replaying spout takes an empty prefix for "no room until an outcome".
+        budget = timeout if block else 0.0
+        give_up_at = None if budget is None or prefix else time.monotonic() + budget
         with self._cond:
             if prefix:
                 if self._closed:
@@ -308,12 +332,19 @@ class Spout:
             if count:
                 self._pending.add_many(roots, message_ids, self._clock())
                 self._counts["emitted"] += count
+        buffered = True
         if count:
             try:
-                self.cluster.init_columns(roots, edges, self.name)
+                if give_up_at is None:
+                    self.cluster.init_columns(roots, edges, self.name)
+                else:
+                    buffered = self.cluster.init_columns_within(roots, edges, self.name, give_up_at - time.monotonic())
             except AckerError as exc:
                 # As in _emit: the error listener has failed the dropped inits as LOST.
                 log.debug("inits of %d roots not delivered: %s", count, exc)
+        if not buffered:
+            self._withdraw(roots.tolist())
+            raise SpoutFull(f"the client's buffers for the ackers of spout {self.name!r} stayed full for {budget} s")
         return roots, edges
 
     # -- outcomes ------------------------------------------------------------

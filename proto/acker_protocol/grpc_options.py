@@ -11,6 +11,8 @@ from __future__ import annotations
 __all__ = [
     "KEEPALIVE_TIME_MS",
     "MIN_PING_INTERVAL_MS",
+    "MAX_PING_STRIKES",
+    "MIN_RECV_PING_INTERVAL_OPTION",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "server_options",
     "client_options",
@@ -19,16 +21,37 @@ __all__ = [
 # Both sides ping every 4 s and give up on a peer that has not answered for
 # 2 s, so a vanished acker (or client) is noticed within about 6 s, even on an
 # idle Subscribe stream whose TCP connection would otherwise look alive for
-# minutes. The server accepts pings every 1 s or slower, well below the
-# clients' interval, and tolerates 10 early ones before it sends
-# "too_many_pings": a client's keepalive ping can follow closely on the pings
-# gRPC itself sends (flow-control probes, after cancelled calls), and a
-# disconnect would break the spout's idle outcome stream. A ping every 4 s per
-# connection costs nothing measurable.
+# minutes. A ping every 4 s per connection costs nothing measurable.
+#
+# gRPC's server polices the pings it receives (chttp2's ping abuse policy):
+# - a ping that arrives sooner than MIN_RECV_PING_INTERVAL_WITHOUT_DATA after
+#   the previous one is a strike (on a connection without calls the minimum is
+#   two hours unless the server permits pings without calls, which it does
+#   here: the spout's idle outcome stream must survive between calls);
+# - the server sending headers or data clears the strikes, so only an idle
+#   connection collects them;
+# - past MAX_PING_STRIKES strikes it sends GOAWAY ENHANCE_YOUR_CALM
+#   "too_many_pings", and the client doubles its keepalive interval for the
+#   next connections of that channel ("Current keepalive time (before
+#   throttling)" in its log).
+# The channel argument that sets the minimum is "grpc.http2.min_ping_interval_
+# without_data_ms" (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS). An
+# unknown option name is ignored without a word: spelled after the C macro, as
+# it was until issue 21, the server kept gRPC's default of five minutes, every
+# 4 s keepalive ping of an idle stream was a strike, and the eleventh closed the
+# connection about 40 s in. tests/service/test_keepalive.py keeps a stream idle
+# past the strike limit.
+# The server accepts pings every 1 s or slower, a quarter of the clients'
+# interval, and tolerates 10 early ones: a client's keepalive ping can follow
+# closely on the pings gRPC itself sends (flow-control probes, after cancelled
+# calls). The client's "grpc.http2.max_pings_without_data" 0 lets keepalive
+# ping while no data flows (the default stops after two).
 KEEPALIVE_TIME_MS = 4_000
 KEEPALIVE_TIMEOUT_MS = 2_000
 MIN_PING_INTERVAL_MS = 1_000
 MAX_PING_STRIKES = 10
+
+MIN_RECV_PING_INTERVAL_OPTION = "grpc.http2.min_ping_interval_without_data_ms"
 
 # Reconnect backoff for ackers on a LAN: first retry after 100 ms, doubling up
 # to 1 s, so a healed network is used again within about a second (gRPC's
@@ -59,7 +82,8 @@ def server_options(
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
         # A client pinging more often than this collects strikes, then gets GOAWAY "too_many_pings".
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", min_ping_interval_ms),
+        # gRPC's name for GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS (see above).
+        (MIN_RECV_PING_INTERVAL_OPTION, min_ping_interval_ms),
         ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
         ("grpc.http2.max_pings_without_data", 0),
     ]
@@ -70,8 +94,9 @@ def client_options(
     *,
     initial_reconnect_backoff_ms: int = INITIAL_RECONNECT_BACKOFF_MS,
     max_reconnect_backoff_ms: int = MAX_RECONNECT_BACKOFF_MS,
+    keepalive_time_ms: int = KEEPALIVE_TIME_MS,
 ) -> list[tuple[str, int]]:
-    """Options for client channels to an acker.
+    """Options for client channels to an acker (``keepalive_time_ms``: a test's shorter interval).
 
     gRPC's own retries stay off: the client decides what may be repeated
     (acker_client.delivery), because a repeated unkeyed XOR ack undoes itself.
@@ -90,7 +115,7 @@ def client_options(
         ("grpc.min_reconnect_backoff_ms", MIN_CONNECT_TIMEOUT_MS),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_time_ms", keepalive_time_ms),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),

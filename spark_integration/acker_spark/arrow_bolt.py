@@ -31,6 +31,7 @@ from acker_protocol.credentials import ChannelSecurity
 from .arrow_collector import ArrowCollector
 from .arrow_ids import PairColumn, decode_ids
 from .frames import TRACKING_COLUMN, require_tracking_column, tracked_schema
+from .leases import LeaseKeeper
 from .session import spark_context_of
 from .step import TrackedStep
 
@@ -48,7 +49,9 @@ class ArrowBolt(TrackedStep):
     ``_acker_ids``. ``fn`` must be deterministic per input row (the same
     children, in the same order), so that a re-run derives the same edge ids.
     ``addresses=None`` runs the same function without tracking. Create one
-    ArrowBolt per pipeline step: its uid salts the step's ids.
+    ArrowBolt per pipeline step: its uid salts the step's ids. While a task
+    runs, its trees' timeouts are extended (``leases``, ``message_timeout``,
+    ``lease_cap``: see :class:`~acker_spark.step.TrackedStep`).
     """
 
     def __init__(
@@ -62,6 +65,9 @@ class ArrowBolt(TrackedStep):
         security: ChannelSecurity | None = None,
         pandas: bool = False,
         client_options: dict[str, Any] | None = None,
+        leases: bool = True,
+        message_timeout: float | None = None,
+        lease_cap: float | None = None,
     ) -> None:
         super().__init__(
             name or getattr(fn, "__name__", None) or type(fn).__name__,
@@ -69,6 +75,9 @@ class ArrowBolt(TrackedStep):
             uid=uid,
             security=security,
             client_options=client_options,
+            leases=leases,
+            message_timeout=message_timeout,
+            lease_cap=lease_cap,
         )
         self.fn = fn
         self._schema_spec = schema
@@ -122,24 +131,34 @@ class ArrowBolt(TrackedStep):
         """Run the function over one partition's batches, then commit its held acks and fails (task's dedup key)."""
         client = self.client() if self.tracking else None
         collector = ArrowCollector(self.uid if self.tracking else None, self.output_schema, client)
+        keeper = self.start_leases(client) if client is not None else None
         try:
-            for batch in batches:
-                yield from self._process(batch, collector)
-        except BaseException:
-            # Includes GeneratorExit (the consumer stopped early): the work is not
-            # done, so nothing may reach a ledger; Spark's retry redoes it all.
-            collector.discard()
-            raise
-        if self.tracking:
-            self._commit(collector, partition)
+            try:
+                for batch in batches:
+                    yield from self._process(batch, collector, keeper)
+            except BaseException:
+                # Includes GeneratorExit (the consumer stopped early): the work is not
+                # done, so nothing may reach a ledger; Spark's retry redoes it all.
+                collector.discard()
+                raise
+            if self.tracking:
+                self._commit(collector, partition)
+        finally:
+            # After the commit: until its acks are sent, the task's trees cannot complete.
+            if keeper is not None:
+                keeper.stop()
 
-    def _process(self, batch: pa.RecordBatch, collector: ArrowCollector) -> list[pa.RecordBatch]:
+    def _process(
+        self, batch: pa.RecordBatch, collector: ArrowCollector, keeper: LeaseKeeper | None = None
+    ) -> list[pa.RecordBatch]:
         names = batch.schema.names
         if TRACKING_COLUMN not in names:
             raise ValueError(f"bolt {self.name!r}: the input batch has no {TRACKING_COLUMN!r} column ({names})")
         index = names.index(TRACKING_COLUMN)
         if self.tracking:
             parents = decode_ids(batch.column(index))
+            if keeper is not None:
+                keeper.hold_column(parents.roots)
         else:
             parents = PairColumn(np.zeros(batch.num_rows + 1, dtype=np.int64), *_no_pairs())
         user = batch.remove_column(index)

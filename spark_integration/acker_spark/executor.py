@@ -16,6 +16,7 @@ from acker_client import BoltCollector, MessageId, TrackedTuple
 from acker_protocol.credentials import ChannelSecurity
 
 from .ids import DeterministicEdgeIds
+from .leases import LeaseKeeper
 from .step import (  # re-exported: the executor module is where users and the pipeline look for them
     CommitErrors,
     TrackedStep,
@@ -73,7 +74,9 @@ class Bolt(TrackedStep):
     delivered logs a warning and is reported to the driver through the
     ``commit_errors``, ``undelivered`` and ``commit_causes`` accumulators
     (:meth:`commit_report`); the pipeline turns that into ``ACKS_UNDELIVERED``. Create one Bolt per pipeline step: its uid salts the ids, so
-    two steps sharing a Bolt would look like re-runs of each other.
+    two steps sharing a Bolt would look like re-runs of each other. While a
+    task runs, its trees' timeouts are extended (``leases``, ``message_timeout``,
+    ``lease_cap``: see :class:`~acker_spark.step.TrackedStep`).
     """
 
     def __init__(
@@ -85,6 +88,9 @@ class Bolt(TrackedStep):
         uid: int | None = None,
         security: ChannelSecurity | None = None,
         client_options: dict[str, Any] | None = None,
+        leases: bool = True,
+        message_timeout: float | None = None,
+        lease_cap: float | None = None,
     ) -> None:
         super().__init__(
             name or str(getattr(fn, "__name__", "bolt")),
@@ -92,6 +98,9 @@ class Bolt(TrackedStep):
             uid=uid,
             security=security,
             client_options=client_options,
+            leases=leases,
+            message_timeout=message_timeout,
+            lease_cap=lease_cap,
         )
         self.fn = fn
 
@@ -130,19 +139,34 @@ class Bolt(TrackedStep):
             yield from self.fn(iter(tuples), UntrackedCollector())
             return
         assert self.addresses is not None
-        collector = BoltCollector(
-            self.client(),
-            edge_ids=DeterministicEdgeIds(self.uid),
-            hold=True,
-        )
+        client = self.client()
+        collector = BoltCollector(client, edge_ids=DeterministicEdgeIds(self.uid), hold=True)
+        keeper = self.start_leases(client)
         try:
-            yield from self.fn(iter(tuples), collector)
-        except BaseException:
-            # Includes GeneratorExit (the consumer stopped early): the work is not
-            # done, so nothing may reach a ledger; Spark's retry redoes it all.
-            collector.discard()
-            raise
-        self._commit(collector, partition)
+            try:
+                yield from self.fn(_holding(iter(tuples), keeper) if keeper else iter(tuples), collector)
+            except BaseException:
+                # Includes GeneratorExit (the consumer stopped early): the work is not
+                # done, so nothing may reach a ledger; Spark's retry redoes it all.
+                collector.discard()
+                raise
+            self._commit(collector, partition)
+        finally:
+            # After the commit: until its acks are sent, the task's trees cannot complete.
+            if keeper is not None:
+                keeper.stop()
 
     def __repr__(self) -> str:
         return f"Bolt({self.name!r}, uid={self.uid:#x}, tracking={self.tracking})"
+
+
+def _holding(tuples: Iterator[TrackedTuple], keeper: LeaseKeeper) -> Iterator[TrackedTuple]:
+    """``tuples``, each tuple's trees handed to the lease keeper as the function reads it."""
+    hold = keeper.hold
+    for t in tuples:
+        if t._root:  # one tree, the commonest case: its root without making a MessageId
+            hold(t._root)
+        else:
+            for root in t.message_id.roots:
+                hold(root)
+        yield t

@@ -28,6 +28,7 @@ from acker_protocol.wire import owners_without_replica
 
 from .ids import dedup_key
 from .layout import check_layout
+from .leases import LEASE_FRACTION, LeaseKeeper, check_seconds, cluster_timeouts
 
 __all__ = ["CommitErrors", "TrackedStep", "client_for", "close_clients", "commit_errors", "tracked_bolts"]
 
@@ -120,6 +121,12 @@ class TrackedStep:
     edge ids and dedup keys (drawn once, on the driver, so every task attempt
     sees the same); ``client_options`` are further ClusterClient arguments for
     the executors' client (e.g. ``wait_for_shard``).
+
+    Leases (:mod:`acker_spark.leases`): while a task works, the trees it holds
+    get ``reset_timeout`` every third of ``message_timeout`` (None: the
+    ackers' own, asked once per executor process with Describe), for at most
+    ``lease_cap`` seconds per tree (None: the ackers' ``--max-tree-lifetime``
+    when they report one, else no cap); ``leases=False`` turns this off.
     """
 
     def __init__(
@@ -130,7 +137,15 @@ class TrackedStep:
         uid: int | None = None,
         security: ChannelSecurity | None = None,
         client_options: dict[str, Any] | None = None,
+        leases: bool = True,
+        message_timeout: float | None = None,
+        lease_cap: float | None = None,
     ) -> None:
+        check_seconds("message_timeout", message_timeout)
+        check_seconds("lease_cap", lease_cap)
+        self.leases = leases
+        self.message_timeout = message_timeout
+        self.lease_cap = lease_cap
         self.name = name
         self.addresses = tuple(addresses) if addresses is not None else None
         self.security = security  # TLS files and token: paths that must exist on the executors too
@@ -157,6 +172,18 @@ class TrackedStep:
         # refuse connections now are withheld at this task's commit (see _commit).
         self._refused = check_layout(client, self.name)
         return client
+
+    def start_leases(self, client: ClusterClient) -> LeaseKeeper | None:
+        """Executor side: a started keeper renewing the task's held trees, or None (leases off, timeout unknown)."""
+        if not self.leases:
+            return None
+        learned = cluster_timeouts(client) if self.message_timeout is None or self.lease_cap is None else None
+        timeout = self.message_timeout or (learned.message_timeout if learned else None)
+        if timeout is None:  # no acker answered (logged there): the task runs without leases
+            return None
+        # No cap of our own: the ackers' --max-tree-lifetime (renewing past it would be refused anyway).
+        cap = self.lease_cap if self.lease_cap is not None else (learned.max_tree_lifetime if learned else None)
+        return LeaseKeeper(client.reset_timeout_columns, timeout * LEASE_FRACTION, cap=cap).start()
 
     def track_commits(self, sc: Any) -> None:
         """Create the commit and commit-error accumulators on first use (driver side)."""

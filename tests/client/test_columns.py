@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from acker_client.columns import as_ids, as_roots, derive_ids, fold_xor, mix64, row_digests, shard_slices
+from acker_client.columns import as_ids, as_roots, derive_ids, distinct, fold_xor, mix64, row_digests, shard_slices
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -80,3 +80,12 @@ def test_shard_slices_cover_every_root_once_on_its_shard():
     assert sorted(seen.tolist()) == list(range(roots.size))
     for shard, positions in slices:
         assert (roots[positions] % 3 == shard).all()
+
+
+@given(st.lists(root, max_size=60), st.integers(min_value=0, max_value=5))
+def test_distinct_equals_numpy_unique(values, repeats):
+    """distinct (by sorting) gives np.unique's answer: sorted, each value once, with repeats and empty input."""
+    ids = np.array(values + values[:repeats], dtype=np.uint64)
+    result = distinct(ids)
+    assert result.dtype == np.uint64
+    assert result.tolist() == np.unique(ids).tolist()

@@ -140,7 +140,7 @@ def test_client_keepalive_is_within_what_the_server_permits_and_notices_a_dead_p
     """Client pings no more often than the server accepts (no too_many_pings), and gives up on silence fast."""
     server = dict(grpc_options.server_options())
     client = dict(grpc_options.client_options())
-    assert client["grpc.keepalive_time_ms"] > server["grpc.http2.min_recv_ping_interval_without_data_ms"]
+    assert client["grpc.keepalive_time_ms"] > server[grpc_options.MIN_RECV_PING_INTERVAL_OPTION]
     assert client["grpc.keepalive_time_ms"] + client["grpc.keepalive_timeout_ms"] <= 10_000
     assert client["grpc.http2.ping_timeout_ms"] <= 5_000  # a half-open connection with traffic on it
     assert client["grpc.enable_retries"] == 0  # the client alone decides what may be repeated

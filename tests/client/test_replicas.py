@@ -55,6 +55,20 @@ def test_every_operation_reaches_both_replicas(make_ackers, make_client):
     assert sum(s.call(lambda s=s: s.ledger.stats.acked) for s in servers) == 6
 
 
+@pytest.mark.parametrize("columns", [False, True], ids=["init_within", "init_columns_within"])
+def test_inits_with_a_timeout_reach_both_replicas(make_ackers, make_client, columns):
+    """The timed inits (what emit(timeout=...) and try_emit use) go to every replica, as plain inits do."""
+    servers = make_ackers(3, replicas=2)
+    client = make_client([s.address for s in servers])
+    roots = [3, 4, 5]  # owners 0, 1, 2; followers 1, 2, 0
+    if columns:
+        assert client.init_columns_within(roots, [9, 9, 9], "s", timeout=1.0)
+    else:
+        assert all(client.init_within(root, 9, "s", timeout=1.0) for root in roots)
+    client.flush()
+    assert [_pending_on(s) for s in servers] == [{3, 5}, {3, 4}, {4, 5}]
+
+
 @pytest.mark.parametrize("bulk", [False, True], ids=["single", "bulk"])
 def test_second_outcome_is_a_duplicate_never_a_callback(make_ackers, make_client, make_spout, recorder, bulk):
     """Both replicas report every tree: one callback per record, the other outcome counted as a duplicate."""

@@ -145,3 +145,21 @@ def test_security_flags_fall_back_to_environment(pki, tmp_path):
     config = config_from_args(build_parser(env).parse_args([]))
     assert (config.tls_cert, config.tls_key, config.tls_client_ca) == (pki.server.cert, pki.server.key, pki.ca)
     assert (config.auth_policy, config.metrics_tls_cert) == (str(policy), None)
+
+
+def test_mutual_tls_answers_no_health_check_or_reflection_without_a_certificate(start, pki):
+    """What docs/security.md promises: under --tls-client-ca nothing answers a caller without a certificate."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    server = start(tls_cert=pki.server.cert, tls_key=pki.server.key, tls_client_ca=pki.ca)
+    with open_channel(server.address, ChannelSecurity(tls_ca=pki.ca)) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(grpc.RpcError):
+            ProtoReflectionDescriptorDatabase(channel).get_services()
+    with_cert = ChannelSecurity(tls_ca=pki.ca, tls_cert=pki.spout.cert, tls_key=pki.spout.key)
+    with open_channel(server.address, with_cert) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
