@@ -106,6 +106,7 @@ def fan_out(counts: list[int]) -> Any:
 def run_bolt(bolt: ArrowBolt, batches: list[pa.RecordBatch], client: RecordingClient) -> list[pa.RecordBatch]:
     """Run ``bolt`` over one partition's batches with ``client`` standing in for the ackers."""
     bolt.client = lambda: client  # type: ignore[method-assign]  # this bolt's executor client, replaced
+    bolt.leases = False  # the stand-in answers no Describe; leases have tests of their own (test_leases.py)
     return list(bolt.run_batches(3, batches))
 
 
