@@ -192,10 +192,18 @@ def test_acker_killed_under_load_with_replicas_two_replays_nothing():
 
 
 @pytest.mark.parametrize("fault", ["cut", "half_open"])
-def test_every_replica_cut_at_once_replays_nothing(fault):
-    """Replicas 2, every connection of spout and bolts broken at once: no replica covers another, so each
-    batch waits for its shard as with one replica; no copy is skipped on both replicas, nothing replayed."""
+def test_every_replica_cut_at_once_loses_nothing(fault):
+    """Replicas 2, every connection of spout and bolts broken at once: nothing lost, no false ack, one callback each.
+
+    Replicas skip copies per batch, so a tree whose operations were skipped on
+    different replicas can time out and be replayed (docs/acker-semantics.md,
+    "What replication does not cover"): a replay is allowed here, a loss is not.
+    """
     workload = WorkloadConfig(rate=300.0, bolt_threads=2, hold=0.5)
     with local_cluster(3, message_timeout=10.0, replicas=2) as ackers:
         result = run_cuts(ackers.addresses, cuts=CUTS, seconds=SECONDS, side="both", workload=workload, fault=fault)
-    _check(result)
+    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, sort_keys=True))
+    assert result["drained"], "the spout still had records pending long after the workload stopped"
+    assert result["emitted"] > 0 and result["emits_without_exactly_one_callback"] == 0
+    assert result["false_acks"] == 0 and result["lost"] == 0 and result["completed_but_lost"] == 0
+    assert result["completed"] == result["emitted"]
