@@ -1,116 +1,29 @@
-"""A Structured Streaming source that is a spout: ``spark.readStream.format("acker_spout")``.
+"""The ``acker_spout`` source's driver-fed mode (option ``generated``): records made in Spark's planning process.
 
-Built on PySpark 4's Python Data Source API (needs pyarrow: ``pip install
-pyspark-acker[streaming]``; this module itself imports without it). Spark runs
-the reader's planning calls in a long-lived Python process of its own: there
-:meth:`AckerSpoutStreamReader.latestOffset` starts one tuple tree per record
-(through :class:`~acker_spark.stream_spout.StreamSpout`), and each micro-batch
-holds rows ``key``, ``value``, ``attempt``, ``_acker_ids``, the same columns
-``GuaranteedPipeline.run(..., as_dataframe=True)`` hands a job, so
-``foreachBatch`` can run ``Bolt.apply_df`` on them.
+Kept for compatibility and tests only; the documented source reads files on
+the executors (:mod:`acker_spark.streaming`). Here Spark's planning process
+holds every record: :meth:`MemorySpoutStreamReader.latestOffset` starts one
+tuple tree per record (through :class:`~acker_spark.stream_spout.StreamSpout`),
+and each micro-batch's partitions carry their rows to the executors. Records
+in flight are lost when the query stops.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from acker_protocol.credentials import ChannelSecurity
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from .replays import ReplayPolicy
 from .stream_spout import Row, StreamSpout
+from .streaming import StreamOptions
 
-__all__ = [
-    "FORMAT",
-    "SCHEMA",
-    "StreamOptions",
-    "AckerSpoutDataSource",
-    "AckerSpoutStreamReader",
-    "register_acker_spout",
-]
-
-FORMAT = "acker_spout"
-"""The format name to pass to ``spark.readStream.format``."""
-
-SCHEMA = "key string, value string, attempt int, _acker_ids binary"
-"""The stream's columns: the record, which delivery of it this is (1 = first), its packed MessageId."""
+__all__ = ["MemorySpoutStreamReader", "RowsPartition"]
 
 # How long latestOffset waits, under Trigger.AvailableNow, for the outcome of
 # trees in flight before answering again (it loops until every record settled).
 _AVAILABLE_NOW_POLL = 1.0
-
-
-@dataclass(frozen=True)
-class StreamOptions:
-    """The source's options, parsed from the strings Spark passes."""
-
-    ackers: tuple[str, ...]
-    database: str
-    path: str | None = None
-    generated: int | None = None
-    seed: int = 42
-    name: str | None = None
-    max_pending: int = 1_000
-    partitions: int = 2
-    policy: ReplayPolicy = ReplayPolicy()
-    security: ChannelSecurity | None = None  # options tls_ca, tls_cert, tls_key, token_file, server_name
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> StreamOptions:
-        """Validate ``options``; raise ValueError naming the option that is wrong."""
-        opts = {k.lower(): v for k, v in options.items()}  # Spark's option keys are case-insensitive
-        ackers = tuple(a.strip() for a in opts.get("ackers", "").split(",") if a.strip())
-        if not ackers:
-            raise ValueError('option "ackers" is required: the acker addresses in shard order, comma-separated')
-        if "database" not in opts:
-            raise ValueError('option "database" is required: the SQLite file for dead letters and progress')
-        path, generated = opts.get("path"), _int(opts, "generated", None)
-        if (path is None) == (generated is None):
-            raise ValueError('give exactly one record source: load(<directory>) / option "path", or "generated"')
-        policy = ReplayPolicy(
-            max_attempts=_int(opts, "max_attempts", 5),
-            backoff_base=_float(opts, "backoff_base", 0.5),
-            backoff_factor=_float(opts, "backoff_factor", 2.0),
-            backoff_cap=_float(opts, "backoff_cap", 30.0),
-        )
-        return cls(
-            ackers=ackers,
-            database=opts["database"],
-            path=path,
-            generated=generated,
-            seed=_int(opts, "seed", 42),
-            name=opts.get("name"),
-            max_pending=_int(opts, "max_pending", 1_000),
-            partitions=max(1, _int(opts, "partitions", 2)),
-            policy=policy,
-            security=_security(opts),
-        )
-
-
-def _security(opts: Mapping[str, str]) -> ChannelSecurity | None:
-    """TLS / token options, or None when none is given (plaintext)."""
-    keys = ("tls_ca", "tls_cert", "tls_key", "token_file", "server_name")
-    given = {key: opts[key] for key in keys if opts.get(key)}
-    if not given:
-        return None
-    return ChannelSecurity(tls=True, **given)
-
-
-def _int(opts: Mapping[str, str], key: str, default: int | None) -> Any:
-    try:
-        return int(opts[key]) if key in opts else default
-    except ValueError:
-        raise ValueError(f"option {key!r} must be an integer, got {opts[key]!r}") from None
-
-
-def _float(opts: Mapping[str, str], key: str, default: float) -> float:
-    try:
-        return float(opts[key]) if key in opts else default
-    except ValueError:
-        raise ValueError(f"option {key!r} must be a number, got {opts[key]!r}") from None
 
 
 class RowsPartition(InputPartition):
@@ -120,7 +33,7 @@ class RowsPartition(InputPartition):
         super().__init__(list(rows))
 
 
-class AckerSpoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class MemorySpoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches from a :class:`StreamSpout` created on first use in Spark's planning process.
 
     Spark also ships this object to executors for :meth:`read`, so it holds only
@@ -208,25 +121,3 @@ class AckerSpoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 spout.close()
             finally:
                 spout.cluster.close()
-
-
-class AckerSpoutDataSource(DataSource):
-    """``spark.readStream.format("acker_spout")``: records from a directory (``load(path)``) or generated."""
-
-    @classmethod
-    def name(cls) -> str:
-        """The format name."""
-        return FORMAT
-
-    def schema(self) -> str:
-        """The fixed columns of the stream."""
-        return SCHEMA
-
-    def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        """A reader for the options given (validated here, so a bad option fails the query at start)."""
-        return AckerSpoutStreamReader(StreamOptions.parse(self.options))
-
-
-def register_acker_spout(spark: Any) -> None:
-    """Make ``format("acker_spout")`` available in ``spark``."""
-    spark.dataSource.register(AckerSpoutDataSource)
