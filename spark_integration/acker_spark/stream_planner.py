@@ -46,7 +46,7 @@ from acker_protocol.wire import Outcome
 
 from .checkpoint import Checkpoint
 from .dead_letter import DeadLetterStore
-from .emission_log import RoundFilter, read_round, round_dir, write_filter
+from .emission_log import RoundFilter, read_round, write_filter
 from .identity import derive_roots
 from .record_table import ACKED, FAILED, PENDING, RecordTable
 from .replays import ReplayPolicy
@@ -225,7 +225,9 @@ class StreamPlanner:
                 return end
             self.feed.wait(self._wait_time())
 
-    def partitions(self, start: dict[str, int], end: dict[str, int], addresses: Sequence[str], client_options: dict[str, Any]) -> list[Any]:
+    def partitions(
+        self, start: dict[str, int], end: dict[str, int], addresses: Sequence[str], client_options: dict[str, Any]
+    ) -> list[Any]:
         """The partitions of the micro-batch ``(start, end]``: byte ranges of new data, then replays by identity."""
         round_no = int(end["round"])
         if round_no == int(start["round"]):
@@ -324,7 +326,7 @@ class StreamPlanner:
         """Add the directory's files not admitted yet to the registry (sorted by path), durably."""
         if self._frozen is not None:
             return
-        new = []
+        new: list[SourceFile] = []
         for path in sorted(self.directory.rglob("*")):
             rel = path.relative_to(self.directory).as_posix()
             if rel in self._names or any(part.startswith(".") for part in rel.split("/")) or not path.is_file():

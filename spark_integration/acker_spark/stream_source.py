@@ -200,7 +200,12 @@ def read_partition(partition: ChunkPartition | ReplayPartition) -> Iterator[pa.R
         idents = make_idents(file.index, offsets)
         if partition.skip is not None and len(idents):
             keep, _ = read_filter(partition.skip).apply(idents)
-            offsets, values, attempts, idents = offsets[keep], values.filter(pa.array(keep)), attempts[keep], idents[keep]
+            offsets, values, attempts, idents = (
+                offsets[keep],
+                values.filter(pa.array(keep)),
+                attempts[keep],
+                idents[keep],
+            )
     else:
         offsets, attempts = partition.offsets, partition.attempts.astype(np.uint16)
         values = pa.array(read_lines_at(path, offsets), pa.string())
@@ -214,9 +219,9 @@ def read_partition(partition: ChunkPartition | ReplayPartition) -> Iterator[pa.R
     task = TaskContext.get()
     writer = EmissionWriter(ctx.checkpoint, ctx.round_no, partition.index, task.taskAttemptId() if task else 0)
     client = client_for(ctx.addresses, ctx.security, **ctx.client_options)
-    keys = pc.binary_join_element_wise(
-        pa.scalar(file.name + "@"), pc.cast(pa.array(offsets), pa.string()), ""
-    ).cast(pa.string())
+    keys = pc.binary_join_element_wise(pa.scalar(file.name + "@"), pc.cast(pa.array(offsets), pa.string()), "").cast(
+        pa.string()
+    )
     try:
         for lo in range(0, len(idents), _BATCH_ROWS):
             hi = min(lo + _BATCH_ROWS, len(idents))

@@ -248,9 +248,7 @@ def test_streaming_word_count_with_replays_and_dead_letter(spark: Any, tmp_path:
     assert progress.dead == {always_fail}
     assert {key for key, n in progress.deliveries.items() if n > 1} == fail_once | {always_fail}
     dead = DeadLetterStore(db).all()
-    assert [(d.key, d.record, d.reason, d.attempts) for d in dead] == [
-        (always_fail, "never works", Outcome.FAILED, 2)
-    ]
+    assert [(d.key, d.record, d.reason, d.attempts) for d in dead] == [(always_fail, "never works", Outcome.FAILED, 2)]
     with open_db(db) as conn:
         stored = conn.execute("SELECT record_key, position, word FROM words WHERE record_key != ?", (always_fail,))
         sink = sorted(stored.fetchall())
