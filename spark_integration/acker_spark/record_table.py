@@ -115,3 +115,13 @@ class RecordTable:
     def find(self, roots: np.ndarray) -> np.ndarray:
         """Each root's entry position, or -1 if unknown."""
         return self._find(roots)
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep only the entries where ``mask`` is True (drop settled entries of a long-running stream)."""
+        self.roots, self.idents, self.attempts = self.roots[mask], self.idents[mask], self.attempts[mask]
+        self.rounds, self.state, self.reason, self.due = (
+            self.rounds[mask],
+            self.state[mask],
+            self.reason[mask],
+            self.due[mask],
+        )

@@ -1,0 +1,527 @@
+"""Planning side of the ``acker_spout`` stream: offsets are source positions, outcomes settled by root in bulk.
+
+Spark runs a stream reader's planning calls in a Python process of its own.
+:class:`StreamPlanner` is what they drive; it never reads a record (except
+the payload of a record it dead-letters). Its state lives in the checkpoint
+directory (the ``checkpoint`` option), laid out as the batch pipeline's
+(:mod:`acker_spark.checkpoint`) plus::
+
+    stream.json                the run: spout name, id salt, source directory
+    stream/files.json          the file registry: every file admitted, in order, with size and mtime
+    stream/plans/r<round>.npz  the replays a micro-batch re-reads (identities and attempts)
+
+An offset is ``{"round", "file", "byte"}``: the micro-batch's number and the
+source position it reads up to (file number in the registry, byte in it). A
+micro-batch reads the bytes between two positions, cut into
+:class:`~acker_spark.stream_source.ChunkPartition`\\ s, plus the replays its
+plan names (:class:`~acker_spark.stream_source.ReplayPartition`\\ s). Both are
+a function of the offsets and the checkpoint, so a batch Spark runs again
+after a restart reads the same records, less the ones it had started.
+
+After each micro-batch the planner reads the batch's emission log into a
+:class:`~acker_spark.record_table.RecordTable` and settles the outcomes its
+:class:`~acker_spark.outcome_feed.OutcomeFeed` journaled. Failed, timed-out
+and lost deliveries wait their ``ReplayPolicy`` backoff and go into a later
+batch's plan; after ``max_attempts`` the record is read once more here and
+written to the dead-letter store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from acker_client import ClusterClient, ShardUnavailable, new_id
+from acker_client.pending import cluster_backstop
+from acker_protocol.wire import Outcome
+
+from .checkpoint import Checkpoint
+from .dead_letter import DeadLetterStore
+from .emission_log import RoundFilter, read_round, write_filter
+from .identity import derive_roots
+from .record_table import ACKED, FAILED, PENDING, RecordTable
+from .replays import ReplayPolicy
+from .stream_ledger import StreamLedger
+from .stream_source import (
+    ChunkPartition,
+    ReplayPartition,
+    RoundContext,
+    SourceFile,
+    make_idents,
+    read_lines_at,
+    split_idents,
+)
+
+__all__ = ["PlannerOptions", "StreamPlanner", "StreamProgress", "stream_progress"]
+
+log = logging.getLogger(__name__)
+
+REPLAYED, DEAD = 3, 4  # entry states past FAILED, as in the batch pipeline
+_SETTLED = (ACKED, REPLAYED, DEAD)
+_UNUSED = np.zeros(0, dtype=np.uint64)
+_REPLAY_ROWS = 50_000  # replays per partition
+_COMPACT_AT = 100_000  # table entries before settled ones are dropped
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    """What the planner needs from the stream's options."""
+
+    directory: str
+    checkpoint: str
+    database: str
+    addresses: tuple[str, ...]
+    name: str | None = None
+    max_pending: int = 100_000
+    max_bytes_per_batch: int = 64 << 20
+    split_bytes: int = 16 << 20
+    partitions: int = 2
+    policy: ReplayPolicy = ReplayPolicy()
+    security: Any = None
+    spout_timeout: float | None = None
+    journal_interval: float = 0.25
+
+
+def initial_offset() -> dict[str, int]:
+    """Before the first micro-batch: round 0, the start of the first file."""
+    return {"round": 0, "file": 0, "byte": 0}
+
+
+class StreamPlanner:
+    """The stream's state in the planning process, rebuilt from the checkpoint when it starts."""
+
+    def __init__(
+        self, options: PlannerOptions, cluster: ClusterClient, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.options = options
+        self.cluster = cluster
+        self.clock = clock
+        self.directory = Path(options.directory).absolute()
+        if not self.directory.is_dir():
+            raise NotADirectoryError(f"stream source directory {self.directory} does not exist or is not a directory")
+        self.checkpoint = Checkpoint(options.checkpoint)
+        self.policy = options.policy
+        self.dead_letters = DeadLetterStore(options.database)
+        self.ledger = StreamLedger(options.database)  # commit errors reported by foreachBatch (ACKS_UNDELIVERED)
+        self.table = RecordTable()
+        self.files: list[SourceFile] = []
+        self._names: set[str] = set()
+        self._frozen: int | None = None  # AvailableNow: the number of files to read
+        self._read_upto = 0  # rounds whose emission log is in the table
+        self._deadlines: dict[int, float] = {}
+        self._scheduled: dict[int, np.ndarray] = {}  # round -> roots whose replay it reads
+        self._manifest = self._open_manifest()
+        self.spout = self._manifest["name"]
+        self.salt = int(self._manifest["salt"])
+        self._load_files()
+        self.backstop = options.spout_timeout if options.spout_timeout is not None else cluster_backstop(cluster)
+        from .outcome_feed import OutcomeFeed
+
+        self.feed = OutcomeFeed(cluster, self.spout, self.checkpoint, options.journal_interval).start()
+        try:
+            self._restore()
+        except BaseException:
+            self.feed.close()
+            raise
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def _open_manifest(self) -> dict[str, Any]:
+        path = self.checkpoint.path / "stream.json"
+        if path.exists():
+            manifest = json.loads(path.read_text())
+            if manifest["directory"] != str(self.directory):
+                raise ValueError(
+                    f"the checkpoint {self.checkpoint.path} belongs to a stream of {manifest['directory']}, not"
+                    f" {self.directory}: use that directory, or a new checkpoint"
+                )
+            if self.options.name is not None and self.options.name != manifest["name"]:
+                raise ValueError(f"the checkpoint belongs to spout {manifest['name']!r}, not {self.options.name!r}")
+            return dict(manifest)
+        manifest = {
+            "version": 1,
+            "name": self.options.name or f"acker-stream-{new_id():016x}",
+            "salt": new_id(),
+            "directory": str(self.directory),
+        }
+        _atomic_json(path, manifest)
+        return manifest
+
+    def _load_files(self) -> None:
+        path = self.checkpoint.path / "stream" / "files.json"
+        if path.exists():
+            for index, (name, size, mtime) in enumerate(json.loads(path.read_text())):
+                self.files.append(SourceFile(index, name, int(size), int(mtime)))
+                self._names.add(name)
+
+    def _restore(self) -> None:
+        """Rebuild the table from the checkpoint; fail the trees an earlier planner's query left in flight."""
+        rounds = _rounds_on_disk(self.checkpoint.path)
+        for round_no in rounds:
+            self.table.add(read_round(self.checkpoint.path, round_no), round_no & 0xFFFF)
+        # The last batch may run again (Spark re-runs a batch the query did not finish): read it again then.
+        self._read_upto = max(rounds, default=1) - 1
+        roots, outcomes = self.checkpoint.read_outcomes()
+        if len(roots):
+            self.table.settle(roots, outcomes, int(Outcome.ACKED))
+        dead = self.checkpoint.read_dead()
+        if len(dead):
+            self.table.state[np.isin(self.table.idents, dead) & (self.table.state == FAILED)] = DEAD
+        self._mark_replayed(self.table.idents, self.table.attempts)
+        self.table.due[self.table.state == FAILED] = self.clock()
+        pending = self.table.pending()
+        if len(pending):
+            # The query that started them is over (its tasks with it): what it did not finish never will.
+            # Failing them replays them now; a tree that completed keeps its retained outcome.
+            log.info("resuming: failing %d trees left in flight by the previous query", len(pending))
+            try:
+                self.cluster.fail_columns(self.table.roots[pending])
+                self.cluster.flush()
+            except ShardUnavailable as err:
+                log.warning("could not fail the trees left in flight (they will count as lost): %s", err)
+            for round_no in rounds:
+                self._deadlines[round_no & 0xFFFF] = self.clock() + self.backstop
+
+    # -- planning calls -----------------------------------------------------------------------
+
+    def freeze(self) -> None:
+        """``Trigger.AvailableNow``: admit the files present now, and no later ones."""
+        self._register_new()
+        self._frozen = len(self.files)
+
+    def latest(
+        self,
+        start: dict[str, int],
+        *,
+        max_files: int | None = None,
+        max_bytes: int | None = None,
+        wait: bool = False,
+    ) -> dict[str, int]:
+        """The next micro-batch's end offset: due replays, and new bytes while fewer than ``max_pending`` are in flight.
+
+        With ``wait`` (AvailableNow), an unchanged offset means the stream is done:
+        wait for outstanding outcomes and replays rather than answer it early.
+        """
+        done = int(start["round"])
+        if done < self._read_upto:
+            raise ValueError(
+                f"the checkpoint {self.checkpoint.path} holds micro-batches up to {self._read_upto + 1}, but the query"
+                f" starts after micro-batch {done}: give each query its own checkpoint option (and keep it with the"
+                " query's checkpointLocation)"
+            )
+        while True:
+            self._catch_up(done)
+            end = self._plan(start, max_files, max_bytes)
+            if end != start or not wait or not self.busy():
+                return end
+            self.feed.wait(self._wait_time())
+
+    def partitions(
+        self, start: dict[str, int], end: dict[str, int], addresses: Sequence[str], client_options: dict[str, Any]
+    ) -> list[Any]:
+        """The partitions of the micro-batch ``(start, end]``: byte ranges of new data, then replays by identity."""
+        round_no = int(end["round"])
+        if round_no == int(start["round"]):
+            return []
+        ctx = RoundContext(
+            str(self.directory),
+            str(self.checkpoint.path),
+            self.salt,
+            self.spout,
+            round_no,
+            tuple(addresses),
+            self.options.security,
+            dict(client_options),
+        )
+        started = read_round(self.checkpoint.path, round_no)  # a batch run before (a restarted query)
+        skip = None
+        if len(started.idents):
+            ran = RoundFilter("skip", started.idents, np.zeros(len(started.idents), dtype=np.uint16))
+            skip = str(write_filter(self.checkpoint.path, round_no, ran))
+            log.info("micro-batch %d runs again: %d records it started are not read again", round_no, len(ran.idents))
+        parts: list[Any] = []
+        for file, lo, hi in self._ranges(start, end):
+            parts.append(ChunkPartition(len(parts), ctx, file, lo, hi, skip))
+        idents, attempts = self._plan_replays(round_no)
+        if len(started.idents):
+            again = ~np.isin(idents, started.idents)
+            idents, attempts = idents[again], attempts[again]
+        files, offsets = split_idents(idents)
+        order = np.lexsort((offsets, files))
+        files, offsets, attempts = files[order], offsets[order], attempts[order]
+        for index in np.unique(files).tolist():
+            sel = np.flatnonzero(files == index)
+            for lo in range(0, len(sel), _REPLAY_ROWS):
+                part = sel[lo : lo + _REPLAY_ROWS]
+                parts.append(ReplayPartition(len(parts), ctx, self.files[index], offsets[part], attempts[part]))
+        return parts
+
+    def busy(self) -> bool:
+        """True while a record is in flight, waiting for its replay, or its replay is planned but not run."""
+        state = self.table.state
+        return bool(((state == PENDING) | (state == FAILED)).any()) or bool(self._scheduled)
+
+    def close(self) -> None:
+        """Stop the outcome streams (journaling what arrived)."""
+        self.feed.close()
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def _plan(self, start: dict[str, int], max_files: int | None, max_bytes: int | None) -> dict[str, int]:
+        round_no = int(start["round"]) + 1
+        due = self._due_replays()
+        position = (int(start["file"]), int(start["byte"]))
+        end_position = position
+        if self.table.count(PENDING) < self.options.max_pending:
+            self._register_new()
+            end_position = self._advance(position, max_files, max_bytes)
+        if not len(due) and end_position == position:
+            return start
+        idents, attempts = self.table.idents[due], self.table.attempts[due] + 1
+        self._write_plan(round_no, idents, attempts)
+        self._scheduled[round_no] = self.table.roots[due]
+        self.table.due[due] = np.inf  # planned: not due again unless the batch does not run
+        return {"round": round_no, "file": end_position[0], "byte": end_position[1]}
+
+    def _advance(self, position: tuple[int, int], max_files: int | None, max_bytes: int | None) -> tuple[int, int]:
+        """The position ``max_bytes_per_batch`` bytes (at least one byte, at most ``max_files`` files) further."""
+        file, byte = position
+        limit = len(self.files) if self._frozen is None else min(self._frozen, len(self.files))
+        if max_files is not None:
+            limit = min(limit, file + max(1, max_files))
+        budget = min(self.options.max_bytes_per_batch, max_bytes or self.options.max_bytes_per_batch)
+        while file < limit and budget > 0:
+            take = min(self.files[file].size - byte, budget)
+            byte, budget = byte + take, budget - take
+            if byte >= self.files[file].size:
+                file, byte = file + 1, 0
+        while file < limit and self.files[file].size == 0:
+            file += 1  # an empty file ends here too
+        return file, byte
+
+    def _ranges(self, start: dict[str, int], end: dict[str, int]) -> list[tuple[SourceFile, int, int]]:
+        """The byte ranges between two positions, cut into pieces of at most ``split_bytes``."""
+        segments = []
+        file, byte = int(start["file"]), int(start["byte"])
+        stop_file, stop_byte = int(end["file"]), int(end["byte"])
+        while (file, byte) < (stop_file, stop_byte):
+            hi = self.files[file].size if file < stop_file else stop_byte
+            if hi > byte:
+                segments.append((self.files[file], byte, hi))
+            file, byte = file + 1, 0
+        total = sum(hi - lo for _, lo, hi in segments)
+        piece = max(1, min(self.options.split_bytes, math.ceil(total / max(1, self.options.partitions))))
+        return [(f, at, min(at + piece, hi)) for f, lo, hi in segments for at in range(lo, hi, piece)]
+
+    def _register_new(self) -> None:
+        """Add the directory's files not admitted yet to the registry (sorted by path), durably."""
+        if self._frozen is not None:
+            return
+        new: list[SourceFile] = []
+        for path in sorted(self.directory.rglob("*")):
+            rel = path.relative_to(self.directory).as_posix()
+            if rel in self._names or any(part.startswith(".") for part in rel.split("/")) or not path.is_file():
+                continue
+            stat = path.stat()
+            new.append(SourceFile(len(self.files) + len(new), rel, stat.st_size, stat.st_mtime_ns))
+        if not new:
+            return
+        self.files.extend(new)
+        self._names.update(f.name for f in new)
+        folder = self.checkpoint.path / "stream"
+        folder.mkdir(exist_ok=True)
+        _atomic_json(folder / "files.json", [f.as_json() for f in self.files])  # before an offset names them
+
+    def _write_plan(self, round_no: int, idents: np.ndarray, attempts: np.ndarray) -> None:
+        folder = self.checkpoint.path / "stream" / "plans"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"r{round_no:05d}.npz"
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, idents=idents, attempts=attempts.astype(np.uint16))
+        os.replace(tmp, path)
+
+    def _plan_replays(self, round_no: int) -> tuple[np.ndarray, np.ndarray]:
+        path = self.checkpoint.path / "stream" / "plans" / f"r{round_no:05d}.npz"
+        if not path.exists():
+            return _UNUSED, np.zeros(0, dtype=np.uint16)
+        with np.load(path) as data:
+            return data["idents"], data["attempts"]
+
+    # -- settling ------------------------------------------------------------------------------
+
+    def _catch_up(self, done_round: int) -> None:
+        """Everything up to micro-batch ``done_round`` has run: read its emissions, settle, expire, dead-letter."""
+        for round_no in [r for r in self._scheduled if r > done_round]:
+            # Planned, but Spark did not run it (the offset was not used): due again.
+            self.table.due[self._positions(self._scheduled.pop(round_no), FAILED)] = self.clock()
+        for round_no in range(self._read_upto + 1, done_round + 1):
+            emissions = read_round(self.checkpoint.path, round_no)
+            self.table.add(emissions, round_no & 0xFFFF)
+            self._mark_replayed(emissions.idents, emissions.attempts)
+            self._deadlines[round_no & 0xFFFF] = self.clock() + self.backstop
+            missing = self._positions(self._scheduled.pop(round_no, _UNUSED), FAILED)
+            if len(missing):
+                log.warning("%d replays of micro-batch %d were not read: planned again", len(missing), round_no)
+                self.table.due[missing] = self.clock()
+        self._read_upto = max(self._read_upto, done_round)
+        self._settle(*self.feed.take())
+        self._expire()
+        self._write_dead_letters()
+        self._compact()
+
+    def _positions(self, roots: np.ndarray, state: int) -> np.ndarray:
+        pos = self.table.find(roots)
+        pos = pos[pos >= 0]
+        return pos[self.table.state[pos] == state]
+
+    def _settle(self, roots: np.ndarray, outcomes: np.ndarray) -> None:
+        """Apply outcomes by root; each failed delivery gets its replay time.
+
+        Every batch's emission log is read before the outcomes are taken, so an
+        unknown root is a tree of a settled (compacted) entry, or one an init
+        re-created after its tree completed: dropped.
+        """
+        if not len(roots):
+            return
+        settled, _unknown = self.table.settle(roots, outcomes, int(Outcome.ACKED))
+        if len(settled.failed):
+            attempts = self.table.attempts[settled.failed]
+            delays = np.array([self.policy.delay(int(a)) for a in range(int(attempts.max()) + 1)])
+            self.table.due[settled.failed] = self.clock() + delays[attempts]
+
+    def _mark_replayed(self, idents: np.ndarray, attempts: np.ndarray) -> None:
+        again = attempts > 1
+        if not again.any():
+            return
+        previous = derive_roots(self.salt, idents[again], attempts[again] - 1)
+        pos = self.table.find(previous)
+        pos = pos[pos >= 0]
+        self.table.state[pos[self.table.state[pos] == FAILED]] = REPLAYED
+
+    def _expire(self) -> None:
+        now = self.clock()
+        late = [r for r, deadline in self._deadlines.items() if deadline <= now]
+        if not late:
+            return
+        pending = self.table.pending(np.asarray(late, dtype=np.uint16))
+        for round_no in late:
+            del self._deadlines[round_no]
+        if len(pending):
+            roots = self.table.roots[pending]
+            log.warning("%d trees had no outcome within the backstop timeout: replaying them as LOST", len(roots))
+            self.feed.record(roots, Outcome.LOST)
+            self._settle(roots, np.full(len(roots), int(Outcome.LOST), dtype=np.int8))
+
+    def _due_replays(self) -> np.ndarray:
+        table = self.table
+        waiting = (table.state == FAILED) & (table.attempts < self.policy.max_attempts)
+        return np.flatnonzero(waiting & (table.due <= self.clock()))
+
+    def _wait_time(self) -> float:
+        waiting = (self.table.state == FAILED) & np.isfinite(self.table.due)
+        timeout = 0.25
+        if waiting.any():
+            timeout = min(timeout, max(0.0, float(self.table.due[waiting].min()) - self.clock()))
+        return timeout
+
+    def _write_dead_letters(self) -> None:
+        """Records that failed their last attempt: read their payload again, store them, journal that they are done."""
+        table = self.table
+        dead = np.flatnonzero((table.state == FAILED) & (table.attempts >= self.policy.max_attempts))
+        if not len(dead):
+            return
+        letters = []
+        files, offsets = split_idents(table.idents[dead])
+        for i, pos in enumerate(dead.tolist()):
+            file = self.files[int(files[i])]
+            reason = Outcome(int(table.reason[pos]))
+            if reason in (Outcome.TIMED_OUT, Outcome.LOST) and self.ledger.undelivered([int(table.roots[pos])]):
+                reason = Outcome.ACKS_UNDELIVERED
+            try:
+                (value,) = read_lines_at(self.directory / file.name, offsets[i : i + 1])
+            except OSError as err:
+                value = None
+                log.warning("dead letter %s@%d: its record could not be read again: %s", file.name, offsets[i], err)
+            letters.append((f"{file.name}@{int(offsets[i])}", value, reason, int(table.attempts[pos])))
+        self.dead_letters.add_many(letters)
+        journal = self.checkpoint.dead_journal()
+        try:
+            journal.append(table.idents[dead])
+        finally:
+            journal.close()
+        table.state[dead] = DEAD
+
+    def _compact(self) -> None:
+        """Drop settled entries once the table is large (a stream runs for ever; the table must not grow with it)."""
+        if len(self.table) < _COMPACT_AT or self.table.count(PENDING) + self.table.count(FAILED) > len(self.table) // 2:
+            return
+        self.table.keep(~np.isin(self.table.state, _SETTLED))
+
+
+def _rounds_on_disk(checkpoint: Path) -> list[int]:
+    folder = checkpoint / "emissions"
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := re.fullmatch(r"r(\d+)", name)))
+
+
+def _atomic_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as out:
+        json.dump(data, out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    """Where a stream's records stand, from its checkpoint: record keys (``file@byte``) by state."""
+
+    acked: set[str]
+    dead: set[str]
+    waiting: set[str]  # in flight or waiting for a replay
+    deliveries: dict[str, int]  # key -> deliveries started
+
+    @property
+    def settled(self) -> set[str]:
+        """Keys acked or dead-lettered."""
+        return self.acked | self.dead
+
+
+def stream_progress(checkpoint: str | Path) -> StreamProgress:
+    """Read a stream's checkpoint (from any process) and say which records are settled.
+
+    One key per record; the table is rebuilt from the emission logs and the
+    outcome journal, so this costs a read of the whole checkpoint.
+    """
+    cp = Checkpoint(checkpoint)
+    names = [name for name, _, _ in json.loads((cp.path / "stream" / "files.json").read_text())]
+    table = RecordTable()
+    for round_no in _rounds_on_disk(cp.path):
+        table.add(read_round(cp.path, round_no), round_no & 0xFFFF)
+    roots, outcomes = cp.read_outcomes()
+    table.settle(roots, outcomes, int(Outcome.ACKED))
+    files, offsets = split_idents(table.idents)
+    keys = np.array([f"{names[f]}@{o}" for f, o in zip(files.tolist(), offsets.tolist())], dtype=object)
+    dead_idents = cp.read_dead()
+    acked = set(keys[table.state == ACKED].tolist())
+    dead = set(keys[np.isin(table.idents, dead_idents)].tolist()) - acked
+    deliveries: dict[str, int] = {}
+    for key in keys.tolist():
+        deliveries[key] = deliveries.get(key, 0) + 1
+    return StreamProgress(acked, dead, set(deliveries) - acked - dead, deliveries)
+
+
+def idents_of(file_index: int, offsets: np.ndarray) -> np.ndarray:
+    """The identities of lines of a registered file (tests, tools)."""
+    return make_idents(file_index, offsets)
