@@ -32,18 +32,24 @@ __all__ = [
     "pair_digest",
     "row_digests",
     "derive_ids",
+    "mix64_int",
+    "message_digest",
+    "edge_key",
+    "parent_key",
+    "derive_id",
     "shard_slices",
     "replica_slices",
 ]
 
 U64 = np.dtype(np.uint64)
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+# splitmix64's constants, as Python ints (for the one-value twins below) and as numpy scalars.
+_GOLDEN_INT, _M1_INT, _M2_INT = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_GOLDEN, _M1, _M2 = np.uint64(_GOLDEN_INT), np.uint64(_M1_INT), np.uint64(_M2_INT)
 # Domain constants keep a pair digest, an edge id and a salt from ever sharing a mixing chain.
 _PAIR_DOMAIN = np.uint64(0x61636B65722F7061)  # "acker/pa"
 _EDGE_DOMAIN = np.uint64(0x61636B65722F6564)  # "acker/ed"
+_MASK = (1 << 64) - 1
 
 
 def as_ids(values: Any, what: str = "value") -> np.ndarray:
@@ -169,10 +175,8 @@ def derive_ids(salt: int, digests: np.ndarray, ordinals: np.ndarray) -> np.ndarr
     (:func:`row_digests`), ``ordinals`` each child's 0-based position among its
     parent's children.
     """
-    if not 0 < salt < 1 << 64:
-        raise ValueError(f"salt must be a non-zero unsigned 64-bit integer, got {salt}")
+    keyed = np.uint64(edge_key(salt))
     with np.errstate(over="ignore"):
-        keyed = mix64(np.asarray([salt], dtype=U64) ^ _EDGE_DOMAIN)[0]
         ids = mix64(mix64(np.asarray(digests, dtype=U64) ^ keyed) + np.asarray(ordinals, dtype=U64))
     zero = ids == 0
     while zero.any():
@@ -180,6 +184,55 @@ def derive_ids(salt: int, digests: np.ndarray, ordinals: np.ndarray) -> np.ndarr
         ids[zero] = mix64(ids[zero] ^ keyed)
         zero = ids == 0
     return ids
+
+
+# -- the same scheme one value at a time ----------------------------------------------
+# Per-tuple code (BoltCollector with acker_spark's DeterministicEdgeIds, dedup keys)
+# derives one id at a time; a numpy call per id costs microseconds, so these are
+# twins of the array functions above on Python ints (wrapping with a 64-bit mask),
+# bit-identical to them (tests/client/test_columns_scalar.py proves it), so a
+# tuple gets the same ids whichever path processes it.
+
+
+def mix64_int(x: int) -> int:
+    """:func:`mix64` of one unsigned 64-bit Python int (the same value, without a numpy call)."""
+    z = (x + _GOLDEN_INT) & _MASK
+    z = ((z ^ (z >> 30)) * _M1_INT) & _MASK
+    z = ((z ^ (z >> 27)) * _M2_INT) & _MASK
+    return z ^ (z >> 31)
+
+
+def message_digest(pairs: Any) -> int:
+    """One MessageId's digest from its ``(root, id)`` pairs: :func:`row_digests` of a single row (0 for none)."""
+    domain = int(_PAIR_DOMAIN)
+    digest = 0
+    for root, ident in pairs:
+        digest ^= mix64_int(mix64_int(root ^ domain) ^ ident)
+    return digest
+
+
+def edge_key(salt: int) -> int:
+    """The key :func:`derive_ids` and :func:`derive_id` mix every id of ``salt`` (a bolt's uid) with."""
+    if not 0 < salt < 1 << 64:
+        raise ValueError(f"salt must be a non-zero unsigned 64-bit integer, got {salt}")
+    return mix64_int(salt ^ int(_EDGE_DOMAIN))
+
+
+def parent_key(key: int, digest: int) -> int:
+    """What :func:`derive_ids` mixes from one parent before adding the ordinal: ``key`` is :func:`edge_key` of the salt.
+
+    Computed once per parent; each child then costs one :func:`mix64_int` in :func:`derive_id`.
+    """
+    return mix64_int(digest ^ key)
+
+
+def derive_id(key: int, parent: int, ordinal: int) -> int:
+    """:func:`derive_ids` for one child: ``parent`` is :func:`parent_key` of ``key`` and the parent's digest."""
+    edge = mix64_int((parent + ordinal) & _MASK)
+    while edge == 0:
+        # As derive_ids: 0 means "no id" on the wire, rehash deterministically.
+        edge = mix64_int(edge ^ key)
+    return edge
 
 
 def shard_slices(roots: np.ndarray, shard_count: int) -> list[tuple[int, np.ndarray]]:

@@ -29,8 +29,7 @@ import pyarrow as pa
 from acker_protocol.credentials import ChannelSecurity
 
 from .arrow_collector import ArrowCollector
-from .arrow_ids import PairColumn, decode_ids
-from .frames import TRACKING_COLUMN, require_tracking_column, tracked_schema
+from .frames import TRACKING_COLUMN, PairColumn, decode_ids, require_tracking_column, tracked_schema
 from .leases import LeaseKeeper
 from .session import spark_context_of
 from .step import TrackedStep

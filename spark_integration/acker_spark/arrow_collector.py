@@ -20,8 +20,7 @@ import pyarrow as pa
 from acker_client import ShardUnavailable
 from acker_client.columns import derive_ids, fold_xor
 
-from .arrow_ids import PairColumn, child_pairs, encode_ids
-from .frames import TRACKING_COLUMN
+from .frames import TRACKING_COLUMN, PairColumn, child_pairs, encode_ids
 
 __all__ = ["ArrowCollector", "Rows"]
 

@@ -16,8 +16,7 @@ from typing import Any
 import pyarrow as pa
 from acker_client import TrackedTuple
 
-from .arrow_ids import decode_ids, encode_ids, pairs_of
-from .frames import TRACKING_COLUMN, _RowCodec, tracked_schema
+from .frames import TRACKING_COLUMN, _RowCodec, decode_ids, encode_ids, pairs_of, tracked_schema
 from .session import spark_context_of
 
 __all__ = ["map_rows"]

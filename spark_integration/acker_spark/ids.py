@@ -7,53 +7,58 @@ executor derives every id from things a re-run sees again: the bolt's uid (drawn
 once on the driver), the anchor's MessageId and the child's ordinal among that
 anchor's children; and it tags its folded acks with a dedup key derived from the
 bolt's uid and the partition index, which the acker applies once per tree.
+
+There is one id scheme, the splitmix64 mixing of :mod:`acker_client.columns`:
+the row-function :class:`~acker_spark.executor.Bolt` derives its ids one tuple at
+a time with the scalar twins there (``derive_id``, ``message_digest``), the
+column-wise :class:`~acker_spark.arrow_bolt.ArrowBolt` a batch at a time with the
+array functions (``derive_ids``, ``row_digests``); both give a child the same id
+for the same (salt, anchor, ordinal).
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from typing import Any
+
+from acker_client.columns import derive_id, edge_key, message_digest, mix64_int, parent_key
 
 __all__ = ["stable_id", "DeterministicEdgeIds", "dedup_key"]
 
-_U64 = struct.Struct("<Q")
-_PAIR = struct.Struct("<QQ")
-_BLOCK = struct.Struct("<8Q")
-_ZERO = b"zero"
-# Distinct prefixes keep an edge id and a dedup key from ever being the same hash input.
-_EDGE_DOMAIN = b"acker-spark/edge/v2"  # v2: 8 ids per hash
-_DEDUP_DOMAIN = b"acker-spark/dedup/v1"
+_MASK = (1 << 64) - 1
+# Domain constants keep a dedup key and a stable_id from sharing a mixing chain with edge ids.
+_DEDUP_DOMAIN = 0x61636B65722F6464  # "acker/dd"
+_BYTES_DOMAIN = 0x61636B65722F6279  # "acker/by"
 
 
-def stable_id(data: bytes) -> int:
-    """A non-zero 64-bit id from ``data``: blake2b-64, rehashed in the 2^-64 case it is 0."""
-    digest = hashlib.blake2b(data, digest_size=8).digest()
-    value = _U64.unpack(digest)[0]
+def _nonzero(value: int, key: int) -> int:
     while value == 0:
         # Zero means "no id" on the wire; rehashing keeps the result deterministic.
-        digest = hashlib.blake2b(digest, digest_size=8).digest()
-        value = _U64.unpack(digest)[0]
+        value = mix64_int(value ^ key)
     return value
 
 
-def _message_id_bytes(ids: Any) -> bytes:
-    """Canonical bytes of a MessageId (or its ``{root: id}`` dict): its (root, id) pairs sorted by root."""
-    if len(ids) == 1:
-        for pair in ids.items():
-            return _PAIR.pack(*pair)
-    return b"".join(_PAIR.pack(root, value) for root, value in sorted(ids.items()))
+def stable_id(data: bytes) -> int:
+    """A non-zero 64-bit id from ``data``, the same in every process: its 8-byte words chained through splitmix64.
+
+    Deterministic and well mixed, not cryptographic (do not use it where someone
+    could choose inputs to collide). The pipeline derives no id from bytes; this
+    is for user code that wants a reproducible id or draw from a record.
+    """
+    view = memoryview(data).cast("B")
+    h = mix64_int(len(view) ^ _BYTES_DOMAIN)
+    for at in range(0, len(view), 8):
+        h = mix64_int(h ^ int.from_bytes(view[at : at + 8], "little"))
+    return _nonzero(h, _BYTES_DOMAIN)
 
 
 class DeterministicEdgeIds:
     """EdgeIdSource giving child edge ids that a re-run of the same task reproduces.
 
-    The ids of an anchor's children come in blocks of 8: block ``b`` is the
-    64-byte blake2b of (domain, salt, the anchor's MessageId, ``b``), read as 8
-    little-endian uint64s, and child ``n`` takes number ``n % 8`` of block
-    ``n // 8`` (a zero, 2^-64-likely, is rehashed with its ordinal). One hash
-    serves 8 children, and nothing depends on the order in which a partition's
-    records arrive after a shuffle.
+    Child ``n`` of an anchor gets ``derive_id(key, parent_key(key, digest), n)``
+    (:mod:`acker_client.columns`), with ``key = edge_key(salt)`` and ``digest``
+    the XOR of the mixes of the anchor's ``(root, id)`` pairs: exactly the id an ArrowBolt with the same salt
+    derives for that row's child ``n``. Nothing depends on the order in which a
+    partition's records arrive after a shuffle.
 
     >>> from acker_client import MessageId, TrackedTuple
     >>> ids = DeterministicEdgeIds(salt=7)
@@ -62,42 +67,33 @@ class DeterministicEdgeIds:
     True
     """
 
-    __slots__ = ("_salt", "_anchor", "_prefix", "_block_index", "_block")
+    __slots__ = ("_salt", "_key", "_anchor", "_parent")
 
     def __init__(self, salt: int) -> None:
-        if not 0 < salt < 1 << 64:
-            raise ValueError(f"salt must be a non-zero unsigned 64-bit integer, got {salt}")
-        self._salt = _U64.pack(salt)
+        self._key = edge_key(salt)  # ValueError unless 0 < salt < 2^64
+        self._salt = salt
         # A bolt usually emits all children of one anchor in a row: keep that
-        # anchor's hash input and current block (its ids are immutable; holding
-        # the reference keeps the identity check sound).
+        # anchor's parent key (its ids are immutable; holding the reference
+        # keeps the identity check sound).
         self._anchor: Any = None
-        self._prefix = b""
-        self._block_index = -1
-        self._block: tuple[int, ...] = ()
+        self._parent = 0
 
     @property
     def salt(self) -> int:
         """The salt, normally the uid of the bolt that emits the children."""
-        return _U64.unpack(self._salt)[0]
+        return self._salt
 
     def edge_id(self, anchor: Any, ordinal: int) -> int:
         """The id of the edge from ``anchor`` to its ``ordinal``-th child (0-based)."""
         if anchor is not self._anchor:
-            self._prefix = b"".join((_EDGE_DOMAIN, self._salt, _message_id_bytes(anchor.message_id)))
+            self._parent = parent_key(self._key, message_digest(anchor.message_id.items()))
             self._anchor = anchor
-            self._block_index = -1
-        index = ordinal >> 3
-        if index != self._block_index:
-            self._block = _BLOCK.unpack(hashlib.blake2b(self._prefix + _U64.pack(index), digest_size=64).digest())
-            self._block_index = index
-        edge = self._block[ordinal & 7]
-        if edge == 0:
-            # Zero means "no id" on the wire: derive another, still deterministically.
-            return stable_id(self._prefix + _U64.pack(ordinal) + _ZERO)
-        return edge
+        return derive_id(self._key, self._parent, ordinal)
 
 
 def dedup_key(bolt_uid: int, partition: int) -> int:
     """The dedup key of one bolt's work on one partition: equal for every attempt of that task."""
-    return stable_id(b"".join((_DEDUP_DOMAIN, _U64.pack(bolt_uid), _U64.pack(partition))))
+    if not 0 <= bolt_uid <= _MASK or not 0 <= partition <= _MASK:
+        raise ValueError(f"bolt uid and partition must be unsigned 64-bit integers, got {bolt_uid}, {partition}")
+    key = mix64_int(bolt_uid ^ _DEDUP_DOMAIN)
+    return _nonzero(mix64_int((key + partition) & _MASK), key)

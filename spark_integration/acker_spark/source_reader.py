@@ -22,9 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .arrow_ids import PairColumn, encode_ids
 from .emission_log import EmissionWriter, read_filter
-from .frames import TRACKING_COLUMN
+from .frames import TRACKING_COLUMN, PairColumn, encode_ids
 from .identity import (
     BLOCK_COLUMN,
     PATH_COLUMN,

@@ -28,8 +28,8 @@ import pyarrow.compute as pc
 from acker_client.columns import U64
 from pyspark.sql.datasource import InputPartition
 
-from .arrow_ids import PairColumn, encode_ids
 from .emission_log import EmissionWriter, read_filter
+from .frames import PairColumn, encode_ids
 from .identity import UnstableIdentity, derive_roots, first_edges
 
 __all__ = [

@@ -6,7 +6,21 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from acker_client.columns import as_ids, as_roots, derive_ids, distinct, fold_xor, mix64, row_digests, shard_slices
+from acker_client.columns import (
+    as_ids,
+    as_roots,
+    derive_id,
+    derive_ids,
+    distinct,
+    edge_key,
+    fold_xor,
+    message_digest,
+    mix64,
+    mix64_int,
+    parent_key,
+    row_digests,
+    shard_slices,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -89,3 +103,75 @@ def test_distinct_equals_numpy_unique(values, repeats):
     result = distinct(ids)
     assert result.dtype == np.uint64
     assert result.tolist() == np.unique(ids).tolist()
+
+
+# -- the one-value twins: bit-identical to the array functions --------------------------
+
+_MASK = (1 << 64) - 1
+
+
+def unmix64(z: int) -> int:
+    """The inverse of mix64 (it is a bijection): the input whose mix is ``z``."""
+    z ^= (z >> 31) ^ (z >> 62)
+    z = (z * pow(0x94D049BB133111EB, -1, 1 << 64)) & _MASK
+    z ^= (z >> 27) ^ (z >> 54)
+    z = (z * pow(0xBF58476D1CE4E5B9, -1, 1 << 64)) & _MASK
+    z ^= (z >> 30) ^ (z >> 60)
+    return (z - 0x9E3779B97F4A7C15) & _MASK
+
+
+@given(st.lists(u64, min_size=1, max_size=50))
+def test_mix64_int_equals_mix64(values):
+    """The scalar mixer gives, bit for bit, what the array mixer gives."""
+    assert [mix64_int(v) for v in values] == mix64(np.array(values, dtype=np.uint64)).tolist()
+    assert [unmix64(mix64_int(v)) for v in values] == values  # the test's inverse is right
+
+
+@given(st.lists(st.dictionaries(root, u64, max_size=4), max_size=12))
+def test_message_digest_equals_row_digests(rows):
+    """One MessageId's digest, one pair at a time, equals its row's digest from row_digests."""
+    pair_rows = np.array([i for i, row in enumerate(rows) for _ in row], dtype=np.int64)
+    roots = np.array([r for row in rows for r in row], dtype=np.uint64)
+    ids = np.array([v for row in rows for v in row.values()], dtype=np.uint64)
+    expected = row_digests(pair_rows, roots, ids, len(rows)).tolist()
+    assert [message_digest(row.items()) for row in rows] == expected
+
+
+@given(root, st.lists(st.tuples(u64, st.integers(0, (1 << 32) - 1)), min_size=1, max_size=40))
+def test_derive_id_equals_derive_ids(salt, children):
+    """Each child's id, derived alone, is the one derive_ids gives it in a batch."""
+    digests = np.array([d for d, _ in children], dtype=np.uint64)
+    ordinals = np.array([o for _, o in children], dtype=np.uint64)
+    key = edge_key(salt)
+    alone = [derive_id(key, parent_key(key, d), o) for d, o in children]
+    assert alone == derive_ids(salt, digests, ordinals).tolist()
+
+
+@given(root, u64)
+def test_a_zero_id_is_rehashed_alike(salt, digest):
+    """The child whose id mixes to 0 (constructed by inverting the mixer) gets the same non-zero id both ways."""
+    key = edge_key(salt)
+    ordinal = (unmix64(0) - parent_key(key, digest)) & _MASK  # mix64(parent + ordinal) == 0
+    alone = derive_id(key, parent_key(key, digest), ordinal)
+    batch = derive_ids(salt, np.array([digest], np.uint64), np.array([ordinal], np.uint64)).tolist()
+    assert alone == batch[0] == mix64_int(key) != 0
+
+
+def test_edge_key_refuses_a_bad_salt():
+    """The scalar path refuses the salts derive_ids refuses."""
+    for bad in (0, 1 << 64, -1):
+        with pytest.raises(ValueError, match="salt"):
+            edge_key(bad)
+
+
+@given(root, root, u64, st.integers(0, 1000))
+def test_derive_ids_is_the_documented_formula(salt, anchor_root, anchor_id, n):
+    """docs/spark.md: child n gets mix64(mix64(digest ^ key) + n), key = mix64(salt ^ "acker/ed"),
+    digest = mix64(mix64(root ^ "acker/pa") ^ id) for a one-pair anchor."""
+    key = mix64_int(salt ^ int.from_bytes(b"acker/ed", "big"))
+    digest = mix64_int(mix64_int(anchor_root ^ int.from_bytes(b"acker/pa", "big")) ^ anchor_id)
+    expected = mix64_int((mix64_int(digest ^ key) + n) & _MASK) or mix64_int(key)
+    digests = row_digests(
+        np.zeros(1, np.int64), np.array([anchor_root], np.uint64), np.array([anchor_id], np.uint64), 1
+    )
+    assert derive_ids(salt, digests, np.array([n], np.uint64)).tolist() == [expected]

@@ -7,11 +7,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-from acker_client import MessageId
+from acker_client import MessageId, TrackedTuple
 from acker_spark.arrow_bolt import ArrowBolt
 from acker_spark.arrow_collector import ArrowCollector
-from acker_spark.arrow_ids import decode_ids, encode_ids, pairs_of
-from acker_spark.frames import pack_ids, unpack_ids
+from acker_spark.frames import decode_ids, pack_ids, pairs_of, unpack_ids
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import LongType, StructField, StructType
@@ -19,47 +18,6 @@ from pyspark.sql.types import LongType, StructField, StructType
 X_SCHEMA = StructType([StructField("x", LongType())])  # a StructType: DDL strings need a SparkContext
 ids64 = st.integers(min_value=1, max_value=2**64 - 1)
 message_ids = st.dictionaries(ids64, ids64, max_size=4).map(MessageId)
-
-
-# No deadline: timing on a shared 2-core machine says nothing about correctness.
-@settings(deadline=None)
-@given(st.lists(st.one_of(st.none(), message_ids), max_size=20), st.integers(0, 3))
-def test_binary_column_decodes_like_unpack_ids(values: list[MessageId | None], cut: int) -> None:
-    """decode_ids of a (sliced, null-holding) binary column gives what unpack_ids gives per value."""
-    packed = [None if v is None else pack_ids(v) for v in values]
-    column = pa.array(packed, pa.binary()).slice(min(cut, len(packed)))
-    expected = [unpack_ids(p) for p in packed[min(cut, len(packed)) :]]
-    assert decode_ids(column).message_ids() == expected
-    assert decode_ids(pa.array(packed, pa.large_binary())).message_ids() == [unpack_ids(p) for p in packed]
-
-
-@settings(deadline=None)
-@given(st.lists(st.one_of(st.none(), st.lists(message_ids, max_size=4)), max_size=12))
-def test_collected_lists_merge_like_unpack_ids(groups: list[list[MessageId] | None]) -> None:
-    """An array<binary> row's pairs are XOR-merged per root, as unpack_ids merges a list of packed ids."""
-    packed = [None if g is None else [pack_ids(m) for m in g] for g in groups]
-    decoded = decode_ids(pa.array(packed, pa.list_(pa.binary())))
-    for got, group in zip(decoded.row_dicts(), packed):
-        merged: dict[int, int] = {}
-        for p in group or []:
-            for root, ident in unpack_ids(p).items():
-                merged[root] = merged.get(root, 0) ^ ident
-        assert got == merged
-
-
-@settings(deadline=None)
-@given(st.lists(message_ids, max_size=20))
-def test_encode_ids_matches_pack_ids(values: list[MessageId]) -> None:
-    """encode_ids builds, from numpy buffers, exactly the bytes pack_ids gives per row."""
-    assert encode_ids(pairs_of(values)).to_pylist() == [pack_ids(v) for v in values]
-
-
-def test_bad_tracking_values_are_refused() -> None:
-    """A value that is not whole 16-byte pairs, or a column of another type, is refused with a clear message."""
-    with pytest.raises(ValueError, match="16-byte"):
-        decode_ids(pa.array([b"\x01" * 17], pa.binary()))
-    with pytest.raises(TypeError, match="collect_list"):
-        decode_ids(pa.array([1, 2]))
 
 
 class RecordingClient:
@@ -74,6 +32,9 @@ class RecordingClient:
         self.keys.append(dedup_key)
         for root, value in zip(np.asarray(roots).tolist(), np.asarray(values).tolist()):
             self.acks[root] = self.acks.get(root, 0) ^ value
+
+    def ack(self, root: int, value: int, dedup_key: int = 0) -> None:  # BoltCollector's per-root commit
+        self.ack_columns([root], [value], dedup_key)
 
     def fail_columns(self, roots: Any) -> None:
         self.fails.update(np.asarray(roots).tolist())
@@ -128,6 +89,44 @@ def test_two_stages_complete_every_tree(counts: list[int], rng: Any) -> None:
         assert table.num_rows == sum(counts)
     assert all(client.acks.get(r, 0) ^ inits[r] == 0 for r in roots)
     assert client.fails == set()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.one_of(message_ids, st.lists(message_ids, min_size=1, max_size=3)), min_size=1, max_size=8),
+    st.lists(st.integers(0, 11), min_size=8, max_size=8),
+    ids64,
+)
+def test_row_bolt_and_arrow_bolt_derive_the_same_ids(parents: list[Any], counts: list[int], salt: int) -> None:
+    """The same parents (single or collect_list-merged rows), salt and ordinals give the same children and acks
+    whether a per-tuple BoltCollector with DeterministicEdgeIds or an ArrowCollector processes them."""
+    from acker_client import BoltCollector
+    from acker_spark import DeterministicEdgeIds
+
+    packed: list[Any] = [pack_ids(p) if isinstance(p, MessageId) else [pack_ids(m) for m in p] for p in parents]
+    if any(isinstance(p, list) for p in packed):  # an aggregated column: array<binary>, one list per row
+        packed = [p if isinstance(p, list) else [p] for p in packed]
+        column = pa.array(packed, pa.list_(pa.binary()))
+    else:
+        column = pa.array(packed, pa.binary())
+    columnar = ArrowCollector(salt, pa.schema([("x", pa.int64())]), RecordingClient())
+    columnar._start_batch(decode_ids(column))
+    anchors = np.repeat(np.arange(len(parents)), counts[: len(parents)])
+    columnar.emit({"x": pa.array(anchors, pa.int64())}, anchors=anchors)
+    (out,) = columnar._finish_batch()
+    columnar.commit(dedup_key=9)
+
+    per_tuple = BoltCollector(RecordingClient(), edge_ids=DeterministicEdgeIds(salt), hold=True)
+    tuples = [TrackedTuple(i, unpack_ids(p)) for i, p in enumerate(packed)]
+    children = [per_tuple.emit(int(k), anchors=[tuples[k]]) for k in anchors.tolist()]
+    for t in tuples:
+        per_tuple.ack(t)
+    per_tuple.commit(9)
+
+    assert [unpack_ids(v) for v in out.column("_acker_ids").to_pylist()] == [c.message_id for c in children]
+    assert {r: v for r, v in columnar.client.acks.items() if v} == {
+        r: v for r, v in per_tuple.cluster.acks.items() if v
+    }
 
 
 def test_edge_ids_are_deterministic_and_order_independent() -> None:

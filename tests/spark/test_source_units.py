@@ -12,9 +12,9 @@ from acker_client import ClusterClient
 from acker_client.testing import ManualClock, local_cluster
 from acker_protocol.wire import Outcome
 from acker_spark import close_clients
-from acker_spark.arrow_ids import decode_ids
 from acker_spark.checkpoint import Checkpoint
 from acker_spark.emission_log import EmissionWriter, RoundFilter, read_round, write_filter
+from acker_spark.frames import decode_ids
 from acker_spark.identity import IdentitySpec, derive_roots, first_edges, hash_key_column
 from acker_spark.outcome_feed import OutcomeFeed
 from acker_spark.record_table import ACKED, FAILED, PENDING, RecordTable

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
-from typing import Any
 
 import pytest
 from acker_client import MessageId, TrackedTuple
@@ -20,7 +18,7 @@ from acker_spark import (
     records_from,
     stable_id,
 )
-from acker_spark.frames import _RowCodec, pack_ids, tracked_schema, unpack_ids
+from acker_spark.frames import _RowCodec, pack_ids, tracked_schema
 
 from .standalone import StandaloneCluster, can_bind, loopback_hosts
 
@@ -56,20 +54,19 @@ class TestDeterministicEdgeIds:
         with pytest.raises(ValueError):
             DeterministicEdgeIds(1 << 64)
 
-    def test_matches_the_documented_derivation(self) -> None:
-        """Child n of an anchor is number n % 8 of blake2b-512(domain, salt, sorted (root, id) pairs, n // 8)."""
-        import hashlib
-
-        def spec(salt: int, pairs: dict[int, int], n: int) -> int:
-            data = b"acker-spark/edge/v2" + struct.pack("<Q", salt)
-            data += b"".join(struct.pack("<QQ", r, i) for r, i in sorted(pairs.items()))
-            block = hashlib.blake2b(data + struct.pack("<Q", n // 8), digest_size=64).digest()
-            return struct.unpack("<8Q", block)[n % 8]
+    def test_matches_the_columnar_derivation(self) -> None:
+        """Child n of an anchor gets derive_ids(salt, the anchor's row digest, n): the ArrowBolt's id for it."""
+        import numpy as np
+        from acker_client.columns import derive_ids, row_digests
 
         for pairs in ({11: 13}, {(1 << 64) - 1: 2, 5: 1 << 63, 9: 0}):
             ids = DeterministicEdgeIds(7)
             anchor = TrackedTuple("x", MessageId(pairs))
-            assert [ids.edge_id(anchor, n) for n in range(20)] == [spec(7, pairs, n) for n in range(20)]
+            roots = np.array(list(pairs), dtype=np.uint64)
+            digest = row_digests(np.zeros(len(pairs), np.int64), roots, np.array(list(pairs.values()), np.uint64), 1)
+            ordinals = np.array([*range(20), (1 << 32) + 5], dtype=np.uint64)
+            expected = derive_ids(7, np.repeat(digest, len(ordinals)), ordinals).tolist()
+            assert [ids.edge_id(anchor, n) for n in ordinals.tolist()] == expected
 
     def test_same_ids_in_another_process(self) -> None:
         """A fresh interpreter with another hash seed (a Spark re-run elsewhere) derives the very same ids."""
@@ -99,39 +96,34 @@ class TestDeterministicEdgeIds:
             for t in (b, a):
                 assert shuffled.edge_id(t, n) == expected[(t.value, n)]
 
-    def test_zero_in_a_block_is_rehashed(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """A block number that is 0 (no id on the wire) is replaced by a non-zero id derived from its ordinal."""
-        import hashlib
-
-        from acker_spark import ids as ids_module
-
-        class ZeroBlock:
-            def digest(self) -> bytes:
-                return bytes(64)
-
-        class ZeroBlocks:
-            @staticmethod
-            def blake2b(data: bytes, digest_size: int) -> Any:
-                # Every 64-byte block is zeros; the 8-byte rehash stays real.
-                return ZeroBlock() if digest_size == 64 else hashlib.blake2b(data, digest_size=digest_size)
-
-        monkeypatch.setattr(ids_module, "hashlib", ZeroBlocks)
-        anchor = TrackedTuple("x", MessageId.single(1, 2))
-        got = [DeterministicEdgeIds(5).edge_id(anchor, n) for n in range(3)]
-        assert all(got) and len(set(got)) == 3
-        assert got == [DeterministicEdgeIds(5).edge_id(anchor, n) for n in range(3)]
-
 
 def test_dedup_key_is_per_bolt_and_partition() -> None:
     """Every attempt of a task shares a key; other partitions and bolts get other keys."""
     assert dedup_key(7, 3) == dedup_key(7, 3)
     assert len({dedup_key(7, 3), dedup_key(7, 4), dedup_key(8, 3)}) == 3
     assert dedup_key(7, 3) != 0
+    with pytest.raises(ValueError, match="unsigned 64-bit"):
+        dedup_key(7, -1)
 
 
-def test_stable_id_is_blake2b_based_and_nonzero() -> None:
-    """stable_id is a pure function of its bytes."""
-    assert stable_id(b"abc") == stable_id(b"abc") != stable_id(b"abd")
+def test_dedup_key_is_the_documented_mix() -> None:
+    """docs/spark.md: dedup_key(uid, partition) = mix64(mix64(uid ^ "acker/dd") + partition), the columnar mixer."""
+    import numpy as np
+    from acker_client.columns import mix64
+
+    uid, partition = (1 << 64) - 3, 12
+    domain = int.from_bytes(b"acker/dd", "big")
+    with np.errstate(over="ignore"):
+        expected = mix64(mix64(np.array([uid ^ domain], np.uint64)) + np.uint64(partition))
+    assert dedup_key(uid, partition) == int(expected[0])
+
+
+def test_stable_id_reads_every_byte_and_the_length() -> None:
+    """stable_id is a pure, non-zero function of its bytes: a changed byte, a trailing zero or a cut changes it."""
+    values = [b"", b"\0", b"abc", b"abd", b"abc\0", b"0123456789abcdef", b"0123456789abcdeF", b"0123456789abcdef\0"]
+    assert len({stable_id(v) for v in values}) == len(values)
+    assert stable_id(b"abc") == stable_id(bytearray(b"abc")) == stable_id(memoryview(b"abc"))
+    assert all(stable_id(v) for v in values)
 
 
 def test_generated_sentences_are_reproducible() -> None:
@@ -224,25 +216,6 @@ def test_tokenize() -> None:
 
 
 class TestFrameTracking:
-    def test_pack_is_little_endian_uint64_pairs(self) -> None:
-        """A MessageId packs as (root, id) little-endian uint64 pairs and unpacks to an equal one."""
-        ids = MessageId({1: 2, (1 << 64) - 1: 3})
-        packed = pack_ids(ids)
-        assert packed == struct.pack("<4Q", 1, 2, (1 << 64) - 1, 3)
-        assert unpack_ids(packed) == ids
-        assert pack_ids(MessageId.EMPTY) == b"" and unpack_ids(b"") == MessageId.EMPTY
-        assert unpack_ids(None) == MessageId.EMPTY
-
-    def test_collected_ids_merge_by_xor_per_root(self) -> None:
-        """A list of packed ids (collect_list after a groupBy) is one MessageId: ids XORed per root."""
-        merged = unpack_ids([pack_ids(MessageId({5: 0b1100, 6: 1})), bytearray(pack_ids(MessageId({5: 0b1010})))])
-        assert merged == MessageId({5: 0b0110, 6: 1})
-
-    def test_truncated_ids_are_refused(self) -> None:
-        """A value that is not whole 16-byte pairs is refused with a message naming the column."""
-        with pytest.raises(ValueError, match="_acker_ids value of 15 bytes"):
-            unpack_ids(b"\0" * 15)
-
     def test_codec_decodes_rows_without_the_tracking_column(self) -> None:
         """Input Arrow rows become TrackedTuples whose value is a Row of the other columns, by name."""
         import pyarrow as pa
