@@ -4,6 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTEST_ARGS ?=
+# Two workers (tests/conftest.py keeps each top-level test folder on one worker); PYTEST_WORKERS= runs serially.
+PYTEST_WORKERS ?= -n 2 --dist loadgroup
 
 # System packages the tests use for real components: a Prometheus server and
 # promtool (metrics test), docker-compose (validates deploy/docker-compose.yml,
@@ -72,7 +74,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
 test: $(VENV)/.installed system-deps lint native-test test-images
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # Debian base (debootstrap, only when missing), wheels built on the host, then the
 # acker image and a Prometheus image from Debian's package; no registry needed.
