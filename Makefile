@@ -20,7 +20,7 @@ help:
 	@echo "make test   set up .venv and system packages, lint, then run the test suite"
 	@echo "make lint   ruff check, ruff format --check and mypy (generated code excluded)"
 	@echo "make bench  run acker-bench against an embedded cluster"
-	@echo "make images build the acker image (and a local Prometheus) without a registry"
+	@echo "make images build the acker and Spark images (and a local Prometheus) without a registry"
 	@echo "make proto  regenerate proto/acker_protocol/v1 from its .proto"
 	@echo "make native-test  cargo test and cargo clippy on the native ledger crate"
 	@echo "make fuzz-native  fuzz the native ApplyRequest decoder for FUZZ_SECONDS (default 60)"
@@ -77,7 +77,8 @@ test: $(VENV)/.installed system-deps lint native-test test-images
 	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # Debian base (debootstrap, only when missing), wheels built on the host, then the
-# acker image and a Prometheus image from Debian's package; no registry needed.
+# acker image, the Spark image (Java from Debian, the venv's pyspark) and a Prometheus
+# image from Debian's package; no registry needed.
 images: $(VENV)/.installed system-deps
 	PYTHON=$(abspath $(PY)) deploy/images/build.sh all
 

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Build the acker image (and, for the compose suite, a Prometheus image) with no
-# container registry: a Debian base made by debootstrap and `docker import`, the
-# project's wheels and its dependencies' built on the host and copied in.
+# Build the acker image, the Spark image (standalone master, workers and driver of a
+# tracked pipeline) and, for the compose suite, a Prometheus image with no container
+# registry: a Debian base made by debootstrap and `docker import`, the project's wheels
+# and its dependencies' built on the host and copied in.
 #
-#   deploy/images/build.sh [all|base|acker|prometheus]     (make images runs "all")
+#   deploy/images/build.sh [all|base|acker|spark|prometheus]     (make images runs "all")
 #
 # Environment (defaults in brackets):
 #   ACKER_BASE_IMAGE        base image to build on [pyspark-acker-base:$DEBIAN_SUITE];
 #                           made with debootstrap only when it is not present locally
 #   ACKER_IMAGE             the acker image [pyspark-acker:latest]
 #   ACKER_BUILD_STAGE_IMAGE its install stage, kept as build cache [pyspark-acker-build:latest]
+#   ACKER_SPARK_IMAGE       the Spark image [pyspark-acker-spark:latest]; Java from the base's
+#                           Debian mirror, pyspark, pyarrow and pandas at the versions PYTHON has
 #   ACKER_PROMETHEUS_IMAGE  the local Prometheus image [pyspark-acker-prometheus:latest];
 #                           built only when not present locally
 #   DEBIAN_SUITE            Debian release of the base [bookworm: its python3 is 3.11]
@@ -25,7 +28,12 @@ BASE_IMAGE=${ACKER_BASE_IMAGE:-pyspark-acker-base:$SUITE}
 ACKER_IMAGE=${ACKER_IMAGE:-pyspark-acker:latest}
 ACKER_BUILD_STAGE_IMAGE=${ACKER_BUILD_STAGE_IMAGE:-pyspark-acker-build:latest}
 PROMETHEUS_IMAGE=${ACKER_PROMETHEUS_IMAGE:-pyspark-acker-prometheus:latest}
+SPARK_IMAGE=${ACKER_SPARK_IMAGE:-pyspark-acker-spark:latest}
 WHEELS="$REPO/build/docker/wheels"
+# Kept between builds: pyspark alone is a 400 MB wheel, fetched and installed again only
+# when a pin changes.
+SPARK_WHEELS="$REPO/build/docker/spark-wheels"
+SPARK_CONTEXT="$REPO/build/docker/spark-context"
 # What this checkout's builds of these tags carry as their label value: the prune after
 # a build removes only their own superseded images, never another checkout's or user's.
 BUILD_ID=$(printf '%s|%s|%s' "$REPO" "$ACKER_IMAGE" "$ACKER_BUILD_STAGE_IMAGE" | sha256sum | cut -c1-16)
@@ -108,6 +116,74 @@ build_acker() {
   log "$ACKER_IMAGE built in $((SECONDS - started)) s, $(docker image inspect -f '{{.Size}}' "$ACKER_IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
 }
 
+# The Spark side's pins: the versions this Python (the driver's, in a local venv) has, so a
+# driver outside the image runs the pyspark its executors run.
+spark_pins() {
+  "$PYTHON" - <<'PY'
+from importlib.metadata import PackageNotFoundError, version
+for name in ("pyspark", "pyarrow", "pandas", "numpy"):
+    try:
+        print(f"{name}=={version(name)}")
+    except PackageNotFoundError:
+        raise SystemExit(f"{name} is not installed in this Python: install the [spark] extra (make venv)")
+PY
+}
+
+# Install wheels into a folder of the Spark image's context the way pip installs them in a
+# venv, byte-compiled (every executor's Python workers import pyspark, pandas and pyarrow);
+# scripts are dropped (their #! names this host's Python).
+install_into() {
+  local target=$1
+  shift
+  rm -rf "$target"
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --no-compile --target "$target" "$@"
+  rm -rf "$target/bin"
+  # Hash-checked byte code: the same files on every build (mtime-stamped byte code would not
+  # be), so Docker's cache keeps an unchanged project's layer.
+  "$PYTHON" -m compileall -q -j 0 --invalidation-mode checked-hash "$target" >/dev/null
+}
+
+build_spark() {
+  local started=$SECONDS pins
+  pins=$(spark_pins)
+  if [ "$(cat "$SPARK_WHEELS/pins.txt" 2>/dev/null)" != "$pins" ]; then
+    log "fetching the Spark wheels ($(echo $pins)) into ${SPARK_WHEELS#"$REPO"/}"
+    rm -rf "$SPARK_WHEELS"
+    mkdir -p "$SPARK_WHEELS"
+    # shellcheck disable=SC2086 # one pin per word
+    "$PYTHON" -m pip wheel --quiet --disable-pip-version-check -w "$SPARK_WHEELS" $pins
+    echo "$pins" >"$SPARK_WHEELS/pins.txt"
+  fi
+  # The dependencies: the pinned wheels, then the acker build's for the rest (grpcio,
+  # protobuf, ...), one wheel per distribution. Installed again only when that list changes.
+  local deps=("$SPARK_WHEELS"/*.whl) wheel name project=()
+  for wheel in "$WHEELS"/*.whl; do
+    name=$(basename "$wheel")
+    case "$name" in
+      pyspark_acker-*) project+=("$wheel") ;;
+      *) [ -n "$(ls "$SPARK_WHEELS/${name%%-*}"-*.whl 2>/dev/null)" ] || deps+=("$wheel") ;;
+    esac
+  done
+  local listing
+  listing=$(printf '%s\n' "${deps[@]##*/}")
+  if [ "$(cat "$SPARK_CONTEXT/deps.txt" 2>/dev/null)" != "$listing" ]; then
+    log "installing the Spark image's dependencies into ${SPARK_CONTEXT#"$REPO"/}/deps"
+    install_into "$SPARK_CONTEXT/deps" "${deps[@]}"
+    echo "$listing" >"$SPARK_CONTEXT/deps.txt"
+  fi
+  install_into "$SPARK_CONTEXT/project" "${project[@]}"
+  cp "$HERE/spark/spark-entrypoint" "$SPARK_CONTEXT/"
+  log "building $SPARK_IMAGE on $BASE_IMAGE"
+  docker build --quiet -f "$HERE/spark/Dockerfile" --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    --build-arg "ACKER_BUILD_ID=$BUILD_ID" -t "$SPARK_IMAGE" "$SPARK_CONTEXT" >/dev/null
+  docker image prune --force --filter "label=io.pyspark-acker.build=$BUILD_ID" >/dev/null
+  # What an executor imports, with the interpreter it runs.
+  docker run --rm --entrypoint /opt/acker/bin/python "$SPARK_IMAGE" \
+    -c 'import pyspark, pyarrow, pandas, acker_spark, acker_demo.dataframe_job' \
+    || die "$SPARK_IMAGE cannot import what an executor needs"
+  log "$SPARK_IMAGE built in $((SECONDS - started)) s, $(docker image inspect -f '{{.Size}}' "$SPARK_IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
+}
+
 build_prometheus() {
   if image_exists "$PROMETHEUS_IMAGE"; then
     log "Prometheus image $PROMETHEUS_IMAGE is present: not rebuilding it"
@@ -132,9 +208,10 @@ build_prometheus() {
 
 docker info >/dev/null 2>&1 || die "no Docker engine answers (docker info failed)"
 case "${1:-all}" in
-  all) build_base; build_acker; build_prometheus ;;
+  all) build_base; build_acker; build_spark; build_prometheus ;;
   base) build_base ;;
   acker) build_base; build_acker ;;
+  spark) build_base; check_python_match; build_wheels; build_spark ;;
   prometheus) build_base; build_prometheus ;;
-  *) die "unknown target '$1' (all, base, acker or prometheus)" ;;
+  *) die "unknown target '$1' (all, base, acker, spark or prometheus)" ;;
 esac
