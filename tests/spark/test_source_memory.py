@@ -249,3 +249,15 @@ def test_copy_streams_the_source_in_chunks(tmp_path: Path) -> None:
     table = pq.read_table(tmp_path / "source").sort_by("key")
     assert table.num_rows == 100 and table.column("value").type == pa.struct([("n", pa.int64())])
     assert not (tmp_path / "source.tmp").exists()
+
+
+@pytest.mark.connect
+def test_in_memory_source_over_connect(
+    connect_spark: Any, ackers: Any, client: ClusterClient, db: Path, tmp_path: Path
+) -> None:
+    """Spark Connect: the copy is read on the Connect server's executors, failed words replayed from it."""
+    records = list(generated_sentences(120))
+    job, _ = build_source_job(ackers.addresses, db, injection=FailureInjection(fail_percent=1.0))
+    stats = SourcePipeline(connect_spark, client, tmp_path / "checkpoint", policy=PERSISTENT).run(iter(records), job)
+    assert (stats.copied, stats.emitted, stats.acked, stats.pending) == (120, 120, 120, 0) and stats.replayed > 0
+    assert sink_counts(db) == expected_counts(records)
