@@ -192,7 +192,9 @@ def _values(values: list[Any], kind: pa.DataType | None, keys: list[str]) -> pa.
 def _check_unique(hashes: list[np.ndarray]) -> None:
     if not hashes:
         return
-    every = np.sort(np.concatenate(hashes))
+    every = np.concatenate(hashes)
+    hashes.clear()  # one copy of the hashes at a time: 8 bytes per record
+    every.sort()
     duplicates = int((every[1:] == every[:-1]).sum())
     if duplicates:
         raise DuplicateIdentity(
