@@ -59,7 +59,7 @@ from .identity import (
     derive_roots,
     resolve_identity,
 )
-from .job_errors import job_error
+from .job_errors import JobError, job_error
 from .memory_source import COPY_DIR, KEY, DuplicateIdentity, is_dataframe, is_utf8, text_frame, write_records
 from .pipeline import AcksUndelivered
 from .record_table import ACKED, FAILED, PENDING, RecordTable
@@ -70,7 +70,7 @@ from .source_reader import ATTEMPT_COLUMN, IDENT_COLUMN, KEY_COLUMN, SourceReade
 from .sources import TextDirectorySource
 from .step import CommitErrors, TrackedStep, merge_errors, tracked_bolts
 
-__all__ = ["AcksUndelivered", "DuplicateIdentity", "ShardDown", "SourcePipeline", "SourceStats"]
+__all__ = ["AcksUndelivered", "DuplicateIdentity", "RunStopped", "ShardDown", "SourcePipeline", "SourceStats"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,19 @@ REPLAYED, DEAD = 3, 4  # further entry states: a failed delivery that was delive
 _UNUSED = np.zeros(0, dtype=np.uint64)
 _PEEK_ROUND = 99_999  # the filter file of dead-letter reads (they start no trees and log nothing)
 _UNDELIVERABLE = (int(Outcome.TIMED_OUT), int(Outcome.LOST))  # the ends a dropped ack turns into ACKS_UNDELIVERED
+
+
+class RunStopped(RuntimeError):
+    """The run stopped on failed Spark jobs a replay cannot cure (raised by :meth:`SourcePipeline.run`).
+
+    ``cause`` is the last job's error (e.g. ``ClusterMisconfigured``: bolts given
+    the ackers in the wrong order), ``stats`` the run's :class:`SourceStats`.
+    The checkpoint keeps the run's progress: run again with it once fixed.
+    """
+
+    def __init__(self, message: str, cause: JobError | None, stats: SourceStats) -> None:
+        super().__init__(message)
+        self.cause, self.stats = cause, stats
 
 
 @dataclass
@@ -311,9 +324,12 @@ class SourcePipeline:
             self._check_shards()
             if self._failed_jobs > self.policy.max_attempts:
                 last = job_error(self._last_error) if self._last_error is not None else None
-                raise RuntimeError(
+                self._fill_stats()
+                raise RunStopped(
                     f"{self._failed_jobs} Spark jobs in a row failed (last: {last}); stopping: the"
-                    " checkpoint keeps the run's progress, fix the job and run again"
+                    " checkpoint keeps the run's progress, fix the job and run again",
+                    last,
+                    self.stats,
                 )
             if not self._manifest["source_done"]:
                 skip = np.unique(self.table.idents)
@@ -345,6 +361,7 @@ class SourcePipeline:
         self.checkpoint.save_manifest(self._manifest)  # before any task can start a tree of this round
         tracked = self._frame(df, round_no, str(path), peek=False)
         ok = True
+        stop: JobError | None = None
         try:
             job(tracked)
         except Exception as err:  # noqa: BLE001 - any job failure is handled the same way
@@ -352,7 +369,10 @@ class SourcePipeline:
             self.stats.job_errors += 1
             self._failed_jobs += 1
             self._last_error = err
-            log.warning("round %d's Spark job failed; its unfinished records will be replayed: %s", round_no, err)
+            error = job_error(err)
+            stop = error if error.configuration else None
+            if stop is None:
+                log.warning("round %d's Spark job failed; its unfinished records will be replayed: %s", round_no, error)
         self.stats.rounds += 1
         if ok:
             self._failed_jobs = 0
@@ -361,6 +381,16 @@ class SourcePipeline:
         self._collect_commit_errors()
         if not ok:
             self._fail_round(round_no)
+            if stop is not None:
+                # A replay cannot cure a wrong address list or credentials: stop, keeping the checkpoint.
+                self._fill_stats()
+                raise RunStopped(
+                    f"round {round_no}'s Spark job failed on a misconfiguration: {stop}. The run stopped (nothing "
+                    "replayed, the job's unfinished trees failed); the checkpoint keeps its progress: fix the "
+                    "configuration and run again with the same checkpoint",
+                    stop,
+                    self.stats,
+                )
             self._probe_shards()
         return ok
 

@@ -20,7 +20,7 @@ from acker_client.testing import local_cluster, unreachable_addresses
 from acker_protocol.wire import Outcome
 from acker_spark import AcksUndelivered, ArrowBolt, DeadLetterStore, ReplayPolicy, ShardDown
 from acker_spark.checkpoint import Checkpoint
-from acker_spark.source_pipeline import SourcePipeline
+from acker_spark.source_pipeline import RunStopped, SourcePipeline
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -84,6 +84,23 @@ def test_warn_mode_returns_the_stats_and_logs_the_cause(
 def test_on_undelivered_is_checked(spark: Any, client: ClusterClient, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="on_undelivered"):
         SourcePipeline(spark, client, tmp_path, on_undelivered="ignore")  # type: ignore[arg-type]
+
+
+def test_bolts_in_the_wrong_shard_order_stop_the_run_at_once_then_resume(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
+) -> None:
+    """A misconfiguration is not replayed: the first job's failure stops the run; fixed, the checkpoint finishes it."""
+    checkpoint = tmp_path / "checkpoint"
+    pipeline = SourcePipeline(spark, client, checkpoint, policy=ReplayPolicy(max_attempts=4, backoff_base=0.05))
+    with pytest.raises(RunStopped) as raised:
+        pipeline.run(RECORDS, word_job(list(reversed(ackers.addresses))))
+    error = raised.value
+    assert error.cause is not None and error.cause.type == "ClusterMisconfigured"
+    assert "misconfiguration" in str(error) and "shard order" in str(error) and "same checkpoint" in str(error)
+    assert (error.stats.rounds, error.stats.job_errors, error.stats.replayed, error.stats.acked) == (1, 1, 0, 0)
+    fixed = SourcePipeline(spark, client, checkpoint, policy=ReplayPolicy(max_attempts=4, backoff_base=0.05))
+    stats = fixed.run(RECORDS, word_job(ackers.addresses))
+    assert stats.resumed and (stats.emitted, stats.acked, stats.dead_lettered, stats.pending) == (6, 6, 0, 0)
 
 
 def test_one_unreachable_bolt_address_delays_only_the_trees_it_owns(
