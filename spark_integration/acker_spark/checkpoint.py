@@ -9,6 +9,8 @@ moment leaves a readable directory)::
     outcomes/j<n>.arrow        every outcome the driver took, in order: the ackers' and its own (LOST, job failures)
     positions.json             per shard, the outcome stream position the journal holds everything up to
     dead/j<n>.arrow            identities whose dead letters were written
+    undelivered/j<n>.arrow     roots whose acks a bolt could not deliver (they end as ACKS_UNDELIVERED)
+    source/*.parquet           an in-memory source, copied once (see :mod:`acker_spark.memory_source`)
 
 The run's state is a pure function of these: the settled records are the
 emitted roots with an outcome in the journal (the first one counts), the
@@ -31,6 +33,7 @@ __all__ = ["Checkpoint", "JournalWriter", "read_complete_batches"]
 
 OUTCOME_SCHEMA = pa.schema([("root", pa.uint64()), ("outcome", pa.int8())])
 DEAD_SCHEMA = pa.schema([("ident", pa.uint64())])
+UNDELIVERED_SCHEMA = pa.schema([("root", pa.uint64())])
 
 
 def _atomic_json(path: Path, data: Any) -> None:
@@ -101,6 +104,14 @@ class Checkpoint:
     def dead_journal(self) -> JournalWriter:
         """A new journal of identities whose dead letters were written."""
         return JournalWriter(self._next_journal("dead"), DEAD_SCHEMA)
+
+    def undelivered_journal(self) -> JournalWriter:
+        """A new journal of roots whose acks an executor could not deliver."""
+        return JournalWriter(self._next_journal("undelivered"), UNDELIVERED_SCHEMA)
+
+    def read_undelivered(self) -> np.ndarray:
+        """Roots whose acks an executor could not deliver."""
+        return _read_journals(self.path / "undelivered", UNDELIVERED_SCHEMA).column("root").to_numpy()
 
     def read_outcomes(self) -> tuple[np.ndarray, np.ndarray]:
         """Every journaled ``(root, outcome)``, oldest first."""

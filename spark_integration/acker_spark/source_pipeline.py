@@ -15,6 +15,18 @@ runs rounds of Spark jobs:
    with the next attempt number (a new root each). After ``max_attempts`` a
    record's last payload is read once more and written to the dead-letter store.
 
+In-memory sources (``records_from(...)``, ``generated_sentences(...)``, a list
+of ``Record`` or ``(key, value)`` tuples) take the same path: the driver copies
+them once into the checkpoint as Parquet and the rounds read that copy, keyed
+by the records' keys (:mod:`acker_spark.memory_source`); a
+``TextDirectorySource`` becomes ``spark.read.text`` over its files.
+
+A tree that timed out or was lost because a bolt could not deliver its acks
+(executors that cannot reach a shard) ends as ``ACKS_UNDELIVERED``, and a run
+that dead-letters such a record raises :class:`~acker_spark.pipeline.AcksUndelivered`
+naming the unreachable shards; a shard the driver finds unreachable longer
+than ``shard_down_after`` stops the run with :class:`~acker_spark.shard_watch.ShardDown`.
+
 Everything the driver knows is in the checkpoint directory
 (:mod:`acker_spark.checkpoint`): a driver killed at any moment and started again
 with the same checkpoint (and the same source and job) finishes the run
@@ -25,10 +37,11 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 from acker_client import ClusterClient, ShardUnavailable, new_id
@@ -46,11 +59,18 @@ from .identity import (
     derive_roots,
     resolve_identity,
 )
+from .job_errors import JobError, job_error
+from .memory_source import COPY_DIR, KEY, DuplicateIdentity, is_dataframe, is_utf8, text_frame, write_records
+from .pipeline import AcksUndelivered
 from .record_table import ACKED, FAILED, PENDING, RecordTable
 from .replays import ReplayPolicy
+from .session import default_parallelism
+from .shard_watch import ShardDown, ShardWatch
 from .source_reader import ATTEMPT_COLUMN, IDENT_COLUMN, KEY_COLUMN, SourceReader, reader_schema
+from .sources import TextDirectorySource
+from .step import CommitErrors, TrackedStep, merge_errors, tracked_bolts
 
-__all__ = ["DuplicateIdentity", "SourcePipeline", "SourceStats"]
+__all__ = ["AcksUndelivered", "DuplicateIdentity", "RunStopped", "ShardDown", "SourcePipeline", "SourceStats"]
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +78,20 @@ REPLAYED, DEAD = 3, 4  # further entry states: a failed delivery that was delive
 
 _UNUSED = np.zeros(0, dtype=np.uint64)
 _PEEK_ROUND = 99_999  # the filter file of dead-letter reads (they start no trees and log nothing)
+_UNDELIVERABLE = (int(Outcome.TIMED_OUT), int(Outcome.LOST))  # the ends a dropped ack turns into ACKS_UNDELIVERED
 
 
-class DuplicateIdentity(UnstableIdentity):
-    """Two records of the source share an identity (a key column that is not unique)."""
+class RunStopped(RuntimeError):
+    """The run stopped on failed Spark jobs a replay cannot cure (raised by :meth:`SourcePipeline.run`).
+
+    ``cause`` is the last job's error (e.g. ``ClusterMisconfigured``: bolts given
+    the ackers in the wrong order), ``stats`` the run's :class:`SourceStats`.
+    The checkpoint keeps the run's progress: run again with it once fixed.
+    """
+
+    def __init__(self, message: str, cause: JobError | None, stats: SourceStats) -> None:
+        super().__init__(message)
+        self.cause, self.stats = cause, stats
 
 
 @dataclass
@@ -80,10 +110,17 @@ class SourceStats:
     rounds: int = 0  # Spark jobs run by this driver
     job_errors: int = 0
     resumed: bool = False  # this driver continued a checkpoint
+    # Deliveries that timed out or were lost because a bolt could not deliver their acks.
+    acks_undelivered: int = 0
+    # Task commits whose acks could not be delivered, by bolt name (this driver's jobs).
+    commit_errors: dict[str, int] = field(default_factory=dict)
+    copied: int = 0  # records of an in-memory source this driver copied into the checkpoint
 
     def as_dict(self) -> dict[str, Any]:
-        """The counters as a plain dict."""
-        return asdict(self)
+        """The counters as a plain dict (commit errors summed over bolts)."""
+        data = asdict(self)
+        data["commit_errors"] = sum(self.commit_errors.values())
+        return data
 
 
 class SourcePipeline:
@@ -97,6 +134,11 @@ class SourcePipeline:
     the checkpoint's, or a fresh one). ``journal_interval``: how often outcomes
     that arrive during a job are journaled (each write is an ``fsync``; what a
     crash leaves unjournaled is still retained by the ackers).
+    ``on_undelivered``: ``"raise"`` (:class:`AcksUndelivered` once every record
+    is settled, if one was dead-lettered because its acks could not be
+    delivered) or ``"warn"``. ``shard_down_after``: seconds a shard may stay
+    unreachable before ``run`` raises :class:`ShardDown` (None: wait forever);
+    ``log_interval``: seconds between progress lines naming such a shard.
     """
 
     def __init__(
@@ -115,7 +157,15 @@ class SourcePipeline:
         security: Any = None,
         client_options: dict[str, Any] | None = None,
         on_progress: Callable[[SourceStats], None] | None = None,
+        on_undelivered: Literal["raise", "warn"] = "raise",
+        shard_down_after: float | None = 120.0,
+        log_interval: float = 10.0,
     ) -> None:
+        if on_undelivered not in ("raise", "warn"):
+            raise ValueError(f'on_undelivered must be "raise" or "warn", got {on_undelivered!r}')
+        self.on_undelivered = on_undelivered
+        self.shard_down_after = shard_down_after
+        self.log_interval = log_interval
         self.spark = spark
         self.cluster = cluster
         self.checkpoint = Checkpoint(checkpoint)
@@ -137,34 +187,84 @@ class SourcePipeline:
         self._feed: Any = None
         self._failed_jobs = 0  # in a row
         self._last_error: Exception | None = None
+        self._watch = ShardWatch(cluster, clock)
+        self._logged_at: float | None = None
+        # Acks-undelivered bookkeeping: the bolts' reports when the run started (they count
+        # from their creation), this run's reports, and the roots whose acks were dropped (sorted).
+        self._errors_before: weakref.WeakKeyDictionary[TrackedStep, CommitErrors] = weakref.WeakKeyDictionary()
+        self._errors: dict[str, CommitErrors] = {}
+        self._undelivered = _UNUSED
 
     # -- the run --------------------------------------------------------------------------
 
-    def run(self, df: Any, job: Callable[[Any], object], *, key: str | None = None) -> SourceStats:
-        """Process every record of ``df`` until each is acked or dead-lettered (resuming the checkpoint's run).
+    def run(self, source: Any, job: Callable[[Any], object], *, key: str | None = None) -> SourceStats:
+        """Process every record of ``source`` until each is acked or dead-lettered (resuming the checkpoint's run).
 
-        ``job(tracked)`` gets the source's columns plus ``_record_key``,
-        ``_attempt`` and ``_acker_ids`` and must run the actions that complete
-        the work (its bolts ack the rows). ``key`` names a unique, non-null
-        column as the record identity; without it, file sources are identified
-        by file and position (see :mod:`acker_spark.identity`).
+        ``source`` is a DataFrame read by Spark, or an in-memory source
+        (``records_from(...)``, ``generated_sentences(...)``, a list of
+        ``Record`` or ``(key, value)`` tuples: copied once into the checkpoint,
+        identified by their keys) or a ``TextDirectorySource``. ``job(tracked)``
+        gets the source's columns (``key`` and ``value`` for an in-memory
+        source) plus ``_record_key``, ``_attempt`` and ``_acker_ids`` and must
+        run the actions that complete the work (its bolts ack the rows).
+        ``key`` names a unique, non-null column of a DataFrame as the record
+        identity; without it, file sources are identified by file and position
+        (see :mod:`acker_spark.identity`).
         """
+        df, key, copy = self._source_frame(source, key)
         spec = resolve_identity(self.spark, df, key)
-        self._open(spec)
+        self._open(spec, copy)
         backstop = self.spout_timeout if self.spout_timeout is not None else self._backstop()
         from .outcome_feed import OutcomeFeed
 
+        self._errors_before.update((bolt, bolt.commit_report()) for bolt in tracked_bolts())
         self._feed = OutcomeFeed(self.cluster, self._manifest["name"], self.checkpoint, self.journal_interval).start()
+        self.cluster.add_error_listener(self._watch)
         try:
             self._restore(backstop)
             self._loop(df, job, backstop)
         finally:
+            self.cluster.remove_error_listener(self._watch)
             self._feed.close()
         self._fill_stats()
         self._report()
+        self._check_undelivered()
         return self.stats
 
-    def _open(self, spec: IdentitySpec) -> None:
+    def _source_frame(self, source: Any, key: str | None) -> tuple[Any, str | None, dict[str, Any] | None]:
+        """The DataFrame the rounds read, its key column, and for a new copy of an in-memory source its description."""
+        manifest = self.checkpoint.manifest()
+        copied = manifest is not None and manifest.get("memory_source") is not None
+        if is_dataframe(source) or (isinstance(source, TextDirectorySource) and is_utf8(source.encoding)):
+            if copied:
+                raise UnstableIdentity(
+                    f"the checkpoint {self.checkpoint.path} holds a copy of an in-memory source; this source is "
+                    "read by Spark: pass the in-memory source again (it is not re-read), or use a new checkpoint"
+                )
+            if isinstance(source, TextDirectorySource):
+                if key is not None:
+                    raise ValueError("a TextDirectorySource's lines are identified by file and position: no key=")
+                return text_frame(self.spark, source), None, None
+            return source, key, None
+        if key is not None:
+            raise ValueError(
+                f"key={key!r} names a DataFrame column; an in-memory source's records are identified by their keys"
+            )
+        folder = self.checkpoint.path / COPY_DIR
+        if copied:
+            # The copy is the source now: the iterable is not read again (a generator could not be).
+            return self.spark.read.parquet(str(folder)), KEY, None
+        if manifest is not None:
+            raise UnstableIdentity(
+                f"the checkpoint {self.checkpoint.path} belongs to a run over a DataFrame source, not an in-memory "
+                "one: pass that source again, or use a new checkpoint directory"
+            )
+        count = write_records(source, folder, default_parallelism(self.spark))
+        self.stats.copied = count
+        log.info("copied %d in-memory records into %s", count, folder)
+        return self.spark.read.parquet(str(folder)), KEY, {"folder": COPY_DIR, "records": count}
+
+    def _open(self, spec: IdentitySpec, copy: dict[str, Any] | None = None) -> None:
         """Start a new checkpoint, or check that this source is the one the checkpoint's run was reading."""
         manifest = self.checkpoint.manifest()
         if manifest is None:
@@ -175,6 +275,8 @@ class SourcePipeline:
                 "identity": spec.as_json(),
                 "source_done": False,
                 "next_round": 0,
+                "memory_source": copy,
+                "commit_causes": [],
             }
             apply_pinned_conf(self.spark, spec)
             self.checkpoint.save_manifest(manifest)
@@ -193,6 +295,7 @@ class SourcePipeline:
         rounds = self._manifest["next_round"]
         for round_no in range(rounds):
             self._add_round(round_no, check=False)
+        self._undelivered = np.unique(self.checkpoint.read_undelivered())
         roots, outcomes = self.checkpoint.read_outcomes()
         if len(roots):
             self._settle(roots, outcomes)
@@ -200,6 +303,8 @@ class SourcePipeline:
         if len(dead):
             self.table.state[np.isin(self.table.idents, dead) & (self.table.state == FAILED)] = DEAD
         self._mark_replayed(self.table.idents, self.table.attempts)
+        if len(self._undelivered):
+            self._mark_undelivered()
         self.table.due[self.table.state == FAILED] = self.clock()  # their backoff ran while no driver was up
         pending = self.table.pending()
         if len(pending):
@@ -209,17 +314,22 @@ class SourcePipeline:
             try:
                 self.cluster.fail_columns(self.table.roots[pending])
                 self.cluster.flush()
-            except ShardUnavailable as err:
+            except ShardUnavailable as err:  # the error listener marked the shards for the ShardDown bound
                 log.warning("could not fail the trees left in flight (they will count as lost): %s", err)
             for round_no in range(rounds):
                 self._deadlines[round_no] = self.clock() + backstop
 
     def _loop(self, df: Any, job: Callable[[Any], object], backstop: float) -> None:
         while True:
+            self._check_shards()
             if self._failed_jobs > self.policy.max_attempts:
-                raise RuntimeError(
-                    f"{self._failed_jobs} Spark jobs in a row failed (last: {self._last_error}); stopping: the"
-                    " checkpoint keeps the run's progress, fix the job and run again"
+                last = job_error(self._last_error) if self._last_error is not None else None
+                self._fill_stats()
+                raise RunStopped(
+                    f"{self._failed_jobs} Spark jobs in a row failed (last: {last}); stopping: the"
+                    " checkpoint keeps the run's progress, fix the job and run again",
+                    last,
+                    self.stats,
                 )
             if not self._manifest["source_done"]:
                 skip = np.unique(self.table.idents)
@@ -240,6 +350,7 @@ class SourcePipeline:
             self._report()
             if self._manifest["source_done"] and not self._busy():
                 return
+            self._log_progress()
             self._feed.wait(self._wait_time())
 
     def _run_round(self, df: Any, job: Callable[[Any], object], rows: RoundFilter, backstop: float) -> bool:
@@ -250,6 +361,7 @@ class SourcePipeline:
         self.checkpoint.save_manifest(self._manifest)  # before any task can start a tree of this round
         tracked = self._frame(df, round_no, str(path), peek=False)
         ok = True
+        stop: JobError | None = None
         try:
             job(tracked)
         except Exception as err:  # noqa: BLE001 - any job failure is handled the same way
@@ -257,14 +369,29 @@ class SourcePipeline:
             self.stats.job_errors += 1
             self._failed_jobs += 1
             self._last_error = err
-            log.warning("round %d's Spark job failed; its unfinished records will be replayed: %s", round_no, err)
+            error = job_error(err)
+            stop = error if error.configuration else None
+            if stop is None:
+                log.warning("round %d's Spark job failed; its unfinished records will be replayed: %s", round_no, error)
         self.stats.rounds += 1
         if ok:
             self._failed_jobs = 0
         self._add_round(round_no, check=True)
         self._deadlines[round_no] = self.clock() + backstop
+        self._collect_commit_errors()
         if not ok:
             self._fail_round(round_no)
+            if stop is not None:
+                # A replay cannot cure a wrong address list or credentials: stop, keeping the checkpoint.
+                self._fill_stats()
+                raise RunStopped(
+                    f"round {round_no}'s Spark job failed on a misconfiguration: {stop}. The run stopped (nothing "
+                    "replayed, the job's unfinished trees failed); the checkpoint keeps its progress: fix the "
+                    "configuration and run again with the same checkpoint",
+                    stop,
+                    self.stats,
+                )
+            self._probe_shards()
         return ok
 
     def _frame(self, df: Any, round_no: int, filter_path: str, *, peek: bool) -> Any:
@@ -327,6 +454,8 @@ class SourcePipeline:
         if not len(roots):
             return
         settled, unknown = self.table.settle(roots, outcomes, int(Outcome.ACKED))
+        if len(settled.failed) and len(self._undelivered):
+            self._mark_undelivered(settled.failed)
         if len(settled.failed):
             attempts = self.table.attempts[settled.failed]
             delays = np.array([self.policy.delay(int(a)) for a in range(int(attempts.max()) + 1)])
@@ -339,6 +468,124 @@ class SourcePipeline:
                 np.concatenate((self._strays[0], roots[mask])),
                 np.concatenate((self._strays[1], outcomes[mask])),
             )
+
+    def _mark_undelivered(self, positions: np.ndarray | None = None) -> None:
+        """Entries that timed out or were lost and whose acks a bolt dropped: their reason is ACKS_UNDELIVERED."""
+        table = self.table
+        if positions is None:
+            positions = np.flatnonzero(table.state != PENDING)
+        hit = positions[np.isin(table.reason[positions], _UNDELIVERABLE)]
+        hit = hit[np.isin(table.roots[hit], self._undelivered)]
+        table.reason[hit] = int(Outcome.ACKS_UNDELIVERED)
+
+    def _collect_commit_errors(self) -> None:
+        """After a job: the bolts' dropped task commits (Spark accumulators), their roots journaled, reasons fixed."""
+        fresh: dict[str, CommitErrors] = {}
+        for bolt in tracked_bolts():
+            report, before = bolt.commit_report(), self._errors_before.get(bolt)
+            if before is not None:  # this run's share only: the bolt may have run before
+                report = CommitErrors(
+                    report.bolt, report.errors - before.errors, report.roots - before.roots, report.causes
+                )
+            if report.errors > 0:
+                fresh[report.bolt] = merge_errors(fresh.get(report.bolt), report)
+        if not fresh:
+            return
+        first = not self._errors
+        self._errors = fresh
+        self.stats.commit_errors = {name: r.errors for name, r in fresh.items()}
+        roots = np.fromiter(frozenset().union(*(r.roots for r in fresh.values())), dtype=np.uint64)
+        new = roots[~np.isin(roots, self._undelivered)]
+        if len(new):
+            journal = self.checkpoint.undelivered_journal()  # a restarted driver names these trees the same
+            try:
+                journal.append(new)
+            finally:
+                journal.close()
+            self._undelivered = np.union1d(self._undelivered, new)
+        causes = sorted({c for r in fresh.values() for c in r.causes} | set(self._manifest.get("commit_causes", [])))
+        if causes != self._manifest.get("commit_causes"):
+            self._manifest["commit_causes"] = causes[:16]
+            self.checkpoint.save_manifest(self._manifest)
+        self._mark_undelivered()
+        if first:
+            # The driver's log, at once: the executors' warnings may be on other machines.
+            log.warning(
+                "executors could not deliver acks of bolts %s: %s; the affected records will fail as ACKS_UNDELIVERED",
+                ", ".join(sorted(fresh)),
+                "; ".join(causes),
+            )
+
+    def _check_undelivered(self) -> None:
+        """Raise (or warn) if a record was dead-lettered because its acks could not be delivered.
+
+        Deliveries that failed so but were acked on a replay (a short outage)
+        are in the stats and the log only: the run did its work.
+        """
+        if not self.stats.acks_undelivered:
+            return
+        errors = dict(self._errors)
+        recorded = tuple(self._manifest.get("commit_causes", []))
+        if recorded and not any(r.causes for r in errors.values()):  # a resumed run: the first driver's causes
+            errors["earlier drivers"] = CommitErrors("earlier drivers", 0, frozenset(), recorded)
+        error = AcksUndelivered(cast(Any, self.stats), errors)
+        dead = self.table.state == DEAD
+        if self.on_undelivered == "raise" and (dead & (self.table.reason == int(Outcome.ACKS_UNDELIVERED))).any():
+            raise error
+        log.warning("%s", error)
+
+    # -- unreachable shards ---------------------------------------------------------------
+
+    def _check_shards(self) -> None:
+        """Raise ShardDown if a shard has been unreachable longer than ``shard_down_after``."""
+        if self.shard_down_after is None:
+            return
+        now = self.clock()
+        if any(now - shard.since > self.shard_down_after for shard in self._watch.check()):
+            # Probed again now: the error names what a connection attempt says this moment.
+            for shard in self._watch.check(force=True):
+                if now - shard.since > self.shard_down_after:
+                    self._fill_stats()
+                    raise ShardDown(shard, now - shard.since, self.stats)
+
+    def _probe_shards(self) -> None:
+        """After a failed job: ask every shard for its Describe, marking those that do not answer as down.
+
+        The driver sends little itself (the executors init and ack), so its
+        client's error listener alone may never see a dead shard; a job failing
+        because its tasks could not reach one is when to look.
+        """
+        for shard in range(self.cluster.shard_count):
+            try:
+                self.cluster.describe(shard)
+            except ShardUnavailable as err:
+                self._watch(err)
+            except Exception:  # noqa: BLE001 - it answered (a refusal, an old server): reachable
+                continue
+
+    def _log_progress(self) -> None:
+        """While the driver waits: one INFO line per ``log_interval`` with the counts and any shard it waits on."""
+        now = self.clock()
+        if self._logged_at is None:
+            self._logged_at = now
+            return
+        if now - self._logged_at < self.log_interval:
+            return
+        self._logged_at = now
+        self._fill_stats()
+        stats = self.stats
+        waiting = "; ".join(
+            f"waiting on shard {d.shard} at {d.address}, unreachable for {now - d.since:.0f} s: {d.cause}"
+            for d in self._watch.down()
+        )
+        log.info(
+            "progress: %d acked, %d dead-lettered, %d pending, %d awaiting replay%s",
+            stats.acked,
+            stats.dead_lettered,
+            stats.pending,
+            stats.awaiting_replay,
+            f"; {waiting}" if waiting else "",
+        )
 
     def _expire(self) -> None:
         """Pending trees of rounds past their backstop deadline are LOST (journaled, then settled)."""
@@ -429,6 +676,7 @@ class SourcePipeline:
         stats.failed = int((ended & (table.reason == int(Outcome.FAILED))).sum())
         stats.timed_out = int((ended & (table.reason == int(Outcome.TIMED_OUT))).sum())
         stats.lost = int((ended & (table.reason == int(Outcome.LOST))).sum())
+        stats.acks_undelivered = int((ended & (table.reason == int(Outcome.ACKS_UNDELIVERED))).sum())
         stats.dead_lettered = table.count(DEAD)
         stats.pending = table.count(PENDING)
         stats.awaiting_replay = table.count(FAILED)

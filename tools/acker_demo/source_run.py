@@ -1,8 +1,9 @@
 """``acker-demo --spark-read``: the word count with records read by Spark on the executors (SourcePipeline).
 
-Generated records are written to Parquet (``key``, ``value``) and read back
-with ``spark.read.parquet``, the key naming each record; ``--source-dir`` reads
-text files with ``spark.read.text`` (records identified by file and position).
+Generated records are handed to the pipeline as they are (an in-memory
+source): it copies them once into its checkpoint as Parquet and reads that copy
+on the executors, each record named by its key; ``--source-dir`` reads text
+files with ``spark.read.text`` (records identified by file and position).
 Each record's tree starts in the task that reads it, failures are replayed by
 re-reading the source, and the run's checkpoint lives next to the sink.
 """
@@ -25,16 +26,11 @@ from . import wordcount
 __all__ = ["run_source_tracked", "expected_without_dead"]
 
 
-def _source_frame(args: argparse.Namespace, spark: Any, records: list[Record], work: Path) -> tuple[Any, str | None]:
-    """The DataFrame the pipeline reads and its key column (None: text files, identified by position)."""
+def _source(args: argparse.Namespace, spark: Any, records: list[Record]) -> Any:
+    """What the pipeline reads: the text files as a DataFrame, or the generated records themselves."""
     if args.source_dir is not None:
-        return spark.read.text(str(args.source_dir)), None
-    folder = work / "records.parquet"
-    if not folder.exists():
-        spark.createDataFrame([(r.key, r.value) for r in records], "key string, value string").write.parquet(
-            str(folder)
-        )
-    return spark.read.parquet(str(folder)), "key"
+        return spark.read.text(str(args.source_dir))
+    return records  # in memory: SourcePipeline copies them into its checkpoint once
 
 
 def run_source_tracked(
@@ -50,7 +46,7 @@ def run_source_tracked(
 
     work = db.parent / f"{db.stem}-source"
     checkpoint = work / f"checkpoint-{time.time_ns()}"  # a fresh run each time the demo runs
-    frame, key = _source_frame(args, spark, records, work)
+    source = _source(args, spark, records)
     with ProcessCluster(count=args.shards, message_timeout=args.message_timeout) as cluster:
         injection = wordcount.FailureInjection(
             fail_percent=args.fail_percent, crash_partition=0 if args.crash_task else None
@@ -68,7 +64,7 @@ def run_source_tracked(
                 on_progress=live.update if live else None,
             )
             started = time.perf_counter()
-            stats = pipeline.run(frame, job, key=key)
+            stats = pipeline.run(source, job)
             seconds = time.perf_counter() - started
     close_clients()
     summary = stats.as_dict()
