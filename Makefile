@@ -4,8 +4,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTEST_ARGS ?=
-# Two workers (tests/conftest.py keeps each top-level test folder on one worker); PYTEST_WORKERS= runs serially.
-PYTEST_WORKERS ?= -n 2 --dist loadgroup
+# Two workers, one top-level test folder at a time each (tests/conftest.py); PYTEST_WORKERS= runs serially.
+PYTEST_WORKERS ?= -n 2 --dist loadscope
 
 # System packages the tests use for real components: a Prometheus server and
 # promtool (metrics test), docker-compose (validates deploy/docker-compose.yml,

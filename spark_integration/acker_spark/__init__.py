@@ -44,7 +44,7 @@ _LAZY = {
     "SourcePipeline": "source_pipeline",
     "SourceStats": "source_pipeline",
     "UnstableIdentity": "identity",
-    "StreamOptions": "streaming",
+    "StreamOptions": "stream_options",
     "StreamSpout": "stream_spout",
     "register_acker_spout": "streaming",
 }

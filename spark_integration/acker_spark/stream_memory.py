@@ -16,8 +16,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
+from .stream_options import StreamOptions
 from .stream_spout import Row, StreamSpout
-from .streaming import StreamOptions
 
 __all__ = ["MemorySpoutStreamReader", "RowsPartition"]
 
