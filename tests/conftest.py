@@ -4,10 +4,12 @@
 session fixtures must run in one worker, or each worker would build them
 again, so the unit of work is a whole top-level folder (``tests/spark`` with
 its one SparkSession and Spark Connect server, ``tests/compose`` with its
-compose project, ``tests/deploy`` with its Prometheus, ...). The two longest
-folders, ``spark`` and ``packaging`` (documentation blocks that start Spark),
-are handed out first, so neither runs alone at the end. Run serially (plain
-``pytest``), nothing here changes the order.
+compose project, ``tests/deploy`` with its Prometheus, ...), except that the
+Spark tests which run a driver of their own in a subprocess (a killed driver,
+speculation on a standalone cluster) are a unit apart: they need none of the
+shared fixtures and would otherwise make ``tests/spark`` the run's long tail.
+The longest units are handed out first, so none runs alone at the end. Run
+serially (plain ``pytest``), nothing here changes the order.
 """
 
 from __future__ import annotations
@@ -16,32 +18,40 @@ from typing import Any
 
 import pytest
 
-_FIRST = ("spark", "packaging")
+_FIRST = ("spark", "spark-subprocess", "packaging")
+_SUBPROCESS_DRIVERS = {
+    "tests/spark/test_source_restart.py",
+    "tests/spark/test_source_speculation.py",
+    "tests/spark/test_speculation.py",
+}
 
 
-def folder_of(nodeid: str) -> str:
-    """The top-level test folder of a node id (``tests/spark/test_x.py::t`` -> ``spark``)."""
-    parts = nodeid.split("::", 1)[0].split("/")
+def unit_of(nodeid: str) -> str:
+    """The work unit of a node id: its top-level folder (``tests/client/...`` -> ``client``), or ``spark-subprocess``."""
+    path = nodeid.split("::", 1)[0]
+    if path in _SUBPROCESS_DRIVERS:
+        return "spark-subprocess"
+    parts = path.split("/")
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else "top"
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """One work unit per top-level folder, handed out in collection order."""
+    """One work unit per top-level folder (see :func:`unit_of`), handed out in collection order."""
     from xdist.scheduler import LoadScopeScheduling
 
     class FolderScheduling(LoadScopeScheduling):
-        """xdist's scope scheduling with a folder as the scope."""
+        """xdist's scope scheduling with a work unit as the scope."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return folder_of(nodeid)
+            return unit_of(nodeid)
 
     config.option.loadscopereorder = False  # keep the order set below, not tests per folder
     return FolderScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In an xdist worker: the longest folders first (a stable sort keeps each folder's own order)."""
+    """In an xdist worker: the longest units first (a stable sort keeps each unit's own order)."""
     if not hasattr(config, "workerinput"):
         return
     rank = {name: index for index, name in enumerate(_FIRST)}
-    items.sort(key=lambda item: rank.get(folder_of(item.nodeid), len(_FIRST)))
+    items.sort(key=lambda item: rank.get(unit_of(item.nodeid), len(_FIRST)))
