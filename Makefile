@@ -4,8 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTEST_ARGS ?=
-# Two workers, one top-level test folder at a time each (tests/conftest.py); PYTEST_WORKERS= runs serially.
-PYTEST_WORKERS ?= -n 2 --dist loadscope
+# Serial by default: on two xdist workers (PYTEST_WORKERS="-n 2 --dist loadscope", one top-level test folder
+# per worker at a time, tests/conftest.py) the kill test of replicated ackers starved beside Spark and failed.
+PYTEST_WORKERS ?=
 
 # System packages the tests use for real components: a Prometheus server and
 # promtool (metrics test), docker-compose (validates deploy/docker-compose.yml,

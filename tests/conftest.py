@@ -1,6 +1,6 @@
 """Suite-wide: how ``make test`` spreads the suite over two pytest-xdist workers.
 
-``make test`` runs ``pytest -n 2 --dist loadscope``. Tests that share expensive
+``make test PYTEST_WORKERS="-n 2 --dist loadscope"`` runs the suite on two workers. Tests that share expensive
 session fixtures must run in one worker, or each worker would build them
 again, so the unit of work is a whole top-level folder (``tests/spark`` with
 its one SparkSession and Spark Connect server, ``tests/compose`` with its
