@@ -93,7 +93,9 @@ class SparkServices:
         while time.monotonic() < deadline:
             try:
                 alive = sum(w["state"] == "ALIVE" for w in self.master_state()["workers"])
-            except OSError:
+            except (OSError, ValueError):
+                # Not up yet: a refused connection, or (seen in CI) a master still starting
+                # that answers /json/ with its HTML page.
                 alive = 0
             if alive >= count:
                 return
