@@ -36,7 +36,8 @@ DEAD_SCHEMA = pa.schema([("ident", pa.uint64())])
 UNDELIVERED_SCHEMA = pa.schema([("root", pa.uint64())])
 
 
-def _atomic_json(path: Path, data: Any) -> None:
+def write_json_atomically(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` so that a crash leaves the old file or the new one (fsync, then rename)."""
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as out:
         json.dump(data, out)
@@ -89,7 +90,7 @@ class Checkpoint:
 
     def save_manifest(self, data: dict[str, Any]) -> None:
         """Replace ``pipeline.json`` atomically."""
-        _atomic_json(self.path / "pipeline.json", data)
+        write_json_atomically(self.path / "pipeline.json", data)
 
     # -- journals -----------------------------------------------------------------------
 
@@ -134,7 +135,7 @@ class Checkpoint:
 
     def save_positions(self, positions: dict[int, tuple[int, int]]) -> None:
         """Record the stream positions (after the outcomes up to them are journaled)."""
-        _atomic_json(self.path / "positions.json", {str(k): list(v) for k, v in positions.items()})
+        write_json_atomically(self.path / "positions.json", {str(k): list(v) for k, v in positions.items()})
 
 
 def _read_journals(folder: Path, schema: pa.Schema) -> pa.Table:

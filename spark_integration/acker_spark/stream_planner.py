@@ -44,7 +44,7 @@ from acker_client import ClusterClient, ShardUnavailable, new_id
 from acker_client.pending import cluster_backstop
 from acker_protocol.wire import Outcome
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, write_json_atomically
 from .dead_letter import DeadLetterStore
 from .emission_log import RoundFilter, read_round, write_filter
 from .identity import derive_roots
@@ -153,7 +153,7 @@ class StreamPlanner:
             "salt": new_id(),
             "directory": str(self.directory),
         }
-        _atomic_json(path, manifest)
+        write_json_atomically(path, manifest)
         return manifest
 
     def _load_files(self) -> None:
@@ -339,7 +339,7 @@ class StreamPlanner:
         self._names.update(f.name for f in new)
         folder = self.checkpoint.path / "stream"
         folder.mkdir(exist_ok=True)
-        _atomic_json(folder / "files.json", [f.as_json() for f in self.files])  # before an offset names them
+        write_json_atomically(folder / "files.json", [f.as_json() for f in self.files])  # before an offset names them
 
     def _write_plan(self, round_no: int, idents: np.ndarray, attempts: np.ndarray) -> None:
         folder = self.checkpoint.path / "stream" / "plans"
@@ -472,15 +472,6 @@ def _rounds_on_disk(checkpoint: Path) -> list[int]:
     if not folder.is_dir():
         return []
     return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := re.fullmatch(r"r(\d+)", name)))
-
-
-def _atomic_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as out:
-        json.dump(data, out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
