@@ -26,7 +26,10 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 pytestmark = pytest.mark.spark
 
-RECORDS = [(f"r{i}", f"alpha beta {i}") for i in range(30)]
+# Enough records that about 100 trees start on the dead shard: their replays wait out a 30 s
+# backoff, so the run cannot end before the 3 s bound (with 30 records, one CI run finished
+# every record through replays and isolation probes before the bound and raised nothing).
+RECORDS = [(f"r{i}", f"alpha beta {i}") for i in range(300)]
 
 
 def store(lines: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTuple]:
@@ -56,7 +59,8 @@ def test_a_dead_shard_stops_the_run_naming_it_and_the_driver_says_what_it_waits_
         )
         with client, caplog.at_level(logging.INFO, logger="acker_spark.pipeline"):
             with pytest.raises(ShardDown) as raised:
-                pipeline.run(RECORDS, lambda rdd: bolt.apply(rdd).count())
+                stats = pipeline.run(RECORDS, lambda rdd: bolt.apply(rdd).count())
+                pytest.fail(f"run() returned instead of raising ShardDown: {stats}")  # says how it ended
     message = str(raised.value)
     assert f"acker shard 1 at {dead} has been unreachable for" in message
     assert "UNAVAILABLE" in message and "DEADLINE_EXCEEDED" not in message
