@@ -48,6 +48,10 @@ class RecordTable:
     def add(self, emissions: Emissions, round_no: int) -> int:
         """Add a round's roots not already known (a re-run round re-reads some); return how many were new."""
         roots = emissions.roots
+        if not len(self.roots) and _strictly_increasing(roots):
+            # The first round, read by read_round: already sorted, each root once. Taking the
+            # columns as they are skips a merge sort and seven gathers (about 50 ms at 1M roots).
+            return self._take(emissions, round_no)
         if len(self.roots):
             known = self._find(roots) >= 0
             keep = ~known
@@ -67,6 +71,18 @@ class RecordTable:
         self.due = np.concatenate((self.due, np.zeros(count, dtype=np.float64)))[order]
         return count
 
+    def _take(self, emissions: Emissions, round_no: int) -> int:
+        """Become ``emissions`` (sorted, unique roots) as the table's only round."""
+        count = len(emissions.roots)
+        self.roots = np.asarray(emissions.roots, dtype=np.uint64)
+        self.idents = np.asarray(emissions.idents, dtype=np.uint64)
+        self.attempts = np.asarray(emissions.attempts, dtype=np.uint16)
+        self.rounds = np.full(count, round_no, dtype=np.uint16)
+        self.state = np.zeros(count, dtype=np.uint8)
+        self.reason = np.zeros(count, dtype=np.int8)
+        self.due = np.zeros(count, dtype=np.float64)
+        return count
+
     def _find(self, roots: np.ndarray) -> np.ndarray:
         """Each root's entry position, or -1 if unknown."""
         if not len(self.roots):
@@ -80,21 +96,29 @@ class RecordTable:
         # Sorted by root (stably when a root repeats, so its outcomes stay in arrival order):
         # searchsorted then walks the table forwards instead of missing the cache on every lookup
         # (about 10x at a million), and a root's first outcome is the first of its run.
-        order = np.argsort(roots)
-        by_root = roots[order]
-        first = np.ones(len(roots), dtype=bool)
-        first[1:] = by_root[1:] != by_root[:-1]
-        if not first.all():  # a root twice: only the stable sort keeps its outcomes in arrival order
-            order = np.argsort(roots, kind="stable")
-            by_root = roots[order]
+        if len(outcomes) and (outcomes == outcomes[0]).all():
+            # One code for the whole batch (the usual case: all ACKED): which outcome of a repeated
+            # root comes first does not matter, so the roots alone are sorted, about twice as fast
+            # as the permutation argsort computes.
+            by_root = np.sort(roots)
+            first = np.ones(len(roots), dtype=bool)
             first[1:] = by_root[1:] != by_root[:-1]
-        roots, outcomes = by_root[first], outcomes[order][first]
+            roots = by_root if first.all() else by_root[first]
+            outcomes = np.full(len(roots), outcomes[0], dtype=outcomes.dtype)
+        else:
+            roots, outcomes = _first_by_root(roots, outcomes)
         pos = self._find(roots)
-        unknown = roots[pos < 0]
         known = pos >= 0
-        pos, outcomes = pos[known], outcomes[known]
+        # The usual batch: every root known and pending. Each mask is applied only when it drops
+        # something (a compaction of a million entries costs a few milliseconds).
+        if known.all():
+            unknown = roots[:0]
+        else:
+            unknown = roots[~known]
+            pos, outcomes = pos[known], outcomes[known]
         pending = self.state[pos] == PENDING
-        pos, outcomes = pos[pending], outcomes[pending]
+        if not pending.all():
+            pos, outcomes = pos[pending], outcomes[pending]
         ok = outcomes == acked_code
         self.state[pos[ok]] = ACKED
         self.state[pos[~ok]] = FAILED
@@ -125,3 +149,23 @@ class RecordTable:
             self.reason[mask],
             self.due[mask],
         )
+
+
+def _strictly_increasing(values: np.ndarray) -> bool:
+    """True if ``values`` is sorted with no repeat (an empty or one-element array is)."""
+    return bool((values[1:] > values[:-1]).all())
+
+
+def _first_by_root(roots: np.ndarray, outcomes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Roots sorted, each once, with its first outcome in arrival order."""
+    order = np.argsort(roots)
+    by_root = roots[order]
+    first = np.ones(len(roots), dtype=bool)
+    first[1:] = by_root[1:] != by_root[:-1]
+    if first.all():
+        return by_root, outcomes[order]
+    # A root twice: only the stable sort keeps its outcomes in arrival order.
+    order = np.argsort(roots, kind="stable")
+    by_root = roots[order]
+    first[1:] = by_root[1:] != by_root[:-1]
+    return by_root[first], outcomes[order][first]

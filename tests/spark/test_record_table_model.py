@@ -89,3 +89,55 @@ def test_read_round_keeps_each_root_once_and_counts_shared_identities(
     assert dict(zip(emissions.roots.tolist(), emissions.attempts.tolist(), strict=True)) == first
     assert (emissions.idents == emissions.roots + 1000).all()
     assert emissions.duplicates == duplicates
+
+
+one_code_st = st.tuples(st.lists(st.integers(1, 50), max_size=60), st.sampled_from(CODES))
+
+
+@settings(max_examples=200, deadline=None)
+@given(roots=roots_st, batches=st.lists(one_code_st, max_size=4))
+def test_a_batch_of_one_outcome_code_settles_each_pending_root_once(
+    roots: list[int], batches: list[tuple[list[int], int]]
+) -> None:
+    """The one-code fast path (roots sorted without a permutation) against the model, repeats included."""
+    table = RecordTable()
+    table.add(Emissions(np.array(roots, U64), np.array(roots, U64) * 10, np.ones(len(roots), np.uint16), 0), 0)
+    pending = set(roots)
+    for batch_roots, code in batches:
+        settled, unknown = table.settle(np.array(batch_roots, U64), np.full(len(batch_roots), code, np.int8), ACK)
+        ended = pending & set(batch_roots)
+        pending -= ended
+        assert sorted(unknown.tolist()) == sorted(set(batch_roots) - set(roots))
+        positions = settled.acked if code == ACK else settled.failed
+        assert sorted(table.roots[positions].tolist()) == sorted(ended)
+        assert len(settled.acked) + len(settled.failed) == len(ended)
+        assert (settled.reasons == code).all()
+    for root in roots:
+        (at,) = np.flatnonzero(table.roots == root)
+        assert (table.state[at] == PENDING) == (root in pending)
+
+
+rounds_st = st.lists(st.lists(st.integers(1, 60), max_size=20, unique=True), min_size=1, max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rounds=rounds_st, presorted=st.booleans())
+def test_rounds_added_keep_one_entry_per_root_sorted_with_its_first_round(
+    rounds: list[list[int]], presorted: bool
+) -> None:
+    """The first round taken as it is (sorted input) or merged (any order) gives the same table as the model."""
+    table = RecordTable()
+    first_round: dict[int, int] = {}
+    for round_no, roots in enumerate(rounds):
+        ordered = sorted(roots) if presorted else roots
+        array = np.array(ordered, U64)
+        added = table.add(Emissions(array, array * 10, np.full(len(ordered), round_no + 1, np.uint16), 0), round_no)
+        new = [r for r in ordered if r not in first_round]
+        assert added == len(new)
+        first_round.update((r, round_no) for r in new)
+    expected = sorted(first_round)
+    assert table.roots.tolist() == expected
+    assert table.idents.tolist() == [r * 10 for r in expected]
+    assert table.rounds.tolist() == [first_round[r] for r in expected]
+    assert table.attempts.tolist() == [first_round[r] + 1 for r in expected]
+    assert (table.state == PENDING).all()
