@@ -18,7 +18,6 @@ import itertools
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
@@ -27,16 +26,16 @@ from acker_client import AckerError, ClusterClient, MessageId, TrackedTuple, new
 from acker_protocol.wire import Outcome
 
 from .dead_letter import DeadLetter, DeadLetterStore
-from .executor import CommitErrors, merge_errors, tracked_bolts
+from .executor import CommitErrors, tracked_bolts
 from .frames import delivery_frame
 from .isolation import Isolation
 from .job_errors import JobError, job_error
 from .replaying_spout import ReplayingSpout
 from .replays import ReplayPolicy
 from .session import default_parallelism, spark_context_of
-from .shard_watch import ShardDown, ShardWatch
+from .shard_watch import ProgressLine, ShardDown, ShardWatch
 from .sources import Delivery, Record
-from .step import TrackedStep
+from .step import CommitBaseline
 
 __all__ = [
     "AcksUndelivered",
@@ -195,7 +194,7 @@ class GuaranteedPipeline:
         self.shard_down_after = shard_down_after
         self.log_interval = log_interval  # seconds between progress lines while the driver waits
         self._watch = ShardWatch(cluster, clock)
-        self._logged_at: float | None = None
+        self._progress = ProgressLine(log, self._watch, log_interval, clock)
         # None on Spark Connect: no RDDs and no accumulators there, DataFrame jobs only.
         self.sc = spark_context_of(spark)
         self._spark = spark if spark is not self.sc else None
@@ -224,7 +223,7 @@ class GuaranteedPipeline:
         self._value_type: Any = None
         # Acks-undelivered bookkeeping (see _collect_commit_errors): the bolts' reports
         # when the run started, the deliveries whose acks were dropped, and the run's own report.
-        self._errors_before: weakref.WeakKeyDictionary[TrackedStep, CommitErrors] = weakref.WeakKeyDictionary()
+        self._baseline = CommitBaseline()
         self._undelivered: set[tuple[str, int]] = set()  # (key, attempt)
         self._errors: dict[str, CommitErrors] = {}
         self._dead_undelivered = 0  # records dead-lettered as ACKS_UNDELIVERED
@@ -254,7 +253,7 @@ class GuaranteedPipeline:
         if not as_dataframe and self.sc is None:
             raise TypeError("Spark Connect has no RDDs: run(source, job, as_dataframe=True) with DataFrame bolts")
         self._as_dataframe, self._value_type = as_dataframe, value_type
-        self._errors_before.update((bolt, bolt.commit_report()) for bolt in tracked_bolts())
+        self._baseline.start()
         spout = self._spout = ReplayingSpout(
             self.cluster,
             on_outcomes=self._on_outcomes,
@@ -311,26 +310,7 @@ class GuaranteedPipeline:
 
     def _log_progress(self) -> None:
         """While the driver waits: one INFO line per ``log_interval`` with the counts and any shard it waits on."""
-        now = self.clock()
-        if self._logged_at is None:
-            self._logged_at = now
-            return
-        if now - self._logged_at < self.log_interval:
-            return
-        self._logged_at = now
-        stats = self.snapshot()
-        waiting = "; ".join(
-            f"waiting on shard {d.shard} at {d.address}, unreachable for {now - d.since:.0f} s: {d.cause}"
-            for d in self._watch.down()
-        )
-        log.info(
-            "progress: %d acked, %d dead-lettered, %d pending, %d awaiting replay%s",
-            stats.acked,
-            stats.dead_lettered,
-            stats.pending,
-            stats.awaiting_replay,
-            f"; {waiting}" if waiting else "",
-        )
+        self._progress.tick(self.snapshot)
 
     def _check_job_errors(self) -> None:
         """Raise (or warn) if records were dead-lettered because a job raised, or the run stopped on a misconfiguration."""
@@ -468,15 +448,7 @@ class GuaranteedPipeline:
 
     def _collect_commit_errors(self, batch: list[TrackedTuple]) -> None:
         """Read the bolts' commit reports (Spark accumulators, complete once the job's actions returned)."""
-        fresh: dict[str, CommitErrors] = {}
-        for bolt in tracked_bolts():
-            report, before = bolt.commit_report(), self._errors_before.get(bolt)
-            if before is not None:  # this run's share only: the bolt may have run before
-                report = CommitErrors(
-                    report.bolt, report.errors - before.errors, report.roots - before.roots, report.causes
-                )
-            if report.errors > 0:
-                fresh[report.bolt] = merge_errors(fresh.get(report.bolt), report)
+        fresh = self._baseline.since()  # this run's share only: a bolt may have run before
         if not fresh:
             return
         roots = frozenset().union(*(r.roots for r in fresh.values()))

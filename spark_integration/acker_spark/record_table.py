@@ -15,10 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .emission_log import Emissions
+from .identity import derive_roots
 
-__all__ = ["PENDING", "ACKED", "FAILED", "RecordTable", "Settled"]
+__all__ = ["PENDING", "ACKED", "FAILED", "REPLAYED", "DEAD", "RecordTable", "Settled"]
 
 PENDING, ACKED, FAILED = 0, 1, 2
+REPLAYED, DEAD = 3, 4  # a failed delivery that was delivered again / whose record was dead-lettered
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,25 @@ class RecordTable:
         self.state[pos[~ok]] = FAILED
         self.reason[pos] = outcomes
         return Settled(pos[ok], pos[~ok], outcomes[~ok]), unknown
+
+    def mark_replayed(self, salt: int, idents: np.ndarray, attempts: np.ndarray) -> None:
+        """A delivery with attempt n > 1 supersedes its attempt n - 1: that entry, if FAILED, becomes REPLAYED."""
+        again = attempts > 1
+        if not again.any():
+            return
+        previous = derive_roots(salt, idents[again], attempts[again] - 1)
+        pos = self._find(previous)
+        pos = pos[pos >= 0]
+        self.state[pos[self.state[pos] == FAILED]] = REPLAYED
+
+    def take_late(self, deadlines: dict[int, float], now: float) -> np.ndarray:
+        """The roots still pending of the rounds whose backstop deadline is past; those rounds leave ``deadlines``."""
+        late = [r for r, deadline in deadlines.items() if deadline <= now]
+        if not late:
+            return self.roots[:0]
+        for round_no in late:
+            del deadlines[round_no]
+        return self.roots[self.pending(np.asarray(late, dtype=np.uint16))]
 
     def pending(self, rounds: np.ndarray | None = None) -> np.ndarray:
         """Positions of pending entries (of the given rounds only, if given)."""

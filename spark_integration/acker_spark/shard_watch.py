@@ -12,13 +12,15 @@ silently on trees it will never settle.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from acker_client import AckerError, ClusterClient, ShardUnavailable
 
-__all__ = ["ShardDown", "ShardWatch", "DownShard"]
+__all__ = ["ShardDown", "ShardWatch", "DownShard", "ProgressLine"]
 
 
 @dataclass(frozen=True)
@@ -95,3 +97,43 @@ class ShardWatch:
     def _up(self, shard: int) -> None:
         with self._lock:
             self._down.pop(shard, None)
+
+
+class ProgressLine:
+    """While a driver waits: one INFO line per ``interval`` seconds with its counts and the shards it waits on.
+
+    The first :meth:`tick` only starts the interval, so a run that waits
+    briefly logs nothing. ``stats()`` (any object with ``acked``,
+    ``dead_lettered``, ``pending`` and ``awaiting_replay``) is called only
+    when a line is due.
+    """
+
+    def __init__(self, logger: logging.Logger, watch: ShardWatch, interval: float, clock: Callable[[], float]) -> None:
+        self.logger = logger
+        self.watch = watch
+        self.interval = interval
+        self.clock = clock
+        self._logged_at: float | None = None
+
+    def tick(self, stats: Callable[[], Any]) -> None:
+        """Log the progress line if ``interval`` seconds passed since the last one (or since the first tick)."""
+        now = self.clock()
+        if self._logged_at is None:
+            self._logged_at = now
+            return
+        if now - self._logged_at < self.interval:
+            return
+        self._logged_at = now
+        counts = stats()
+        waiting = "; ".join(
+            f"waiting on shard {d.shard} at {d.address}, unreachable for {now - d.since:.0f} s: {d.cause}"
+            for d in self.watch.down()
+        )
+        self.logger.info(
+            "progress: %d acked, %d dead-lettered, %d pending, %d awaiting replay%s",
+            counts.acked,
+            counts.dead_lettered,
+            counts.pending,
+            counts.awaiting_replay,
+            f"; {waiting}" if waiting else "",
+        )

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,25 +55,23 @@ from .identity import (
     UnstableIdentity,
     apply_pinned_conf,
     check_unchanged,
-    derive_roots,
     resolve_identity,
 )
 from .job_errors import JobError, job_error
 from .memory_source import COPY_DIR, KEY, DuplicateIdentity, is_dataframe, is_utf8, text_frame, write_records
 from .pipeline import AcksUndelivered
-from .record_table import ACKED, FAILED, PENDING, RecordTable
+from .record_table import ACKED, DEAD, FAILED, PENDING, RecordTable
 from .replays import ReplayPolicy
 from .session import default_parallelism
-from .shard_watch import ShardDown, ShardWatch
+from .shard_watch import ProgressLine, ShardDown, ShardWatch
 from .source_reader import ATTEMPT_COLUMN, IDENT_COLUMN, KEY_COLUMN, SourceReader, reader_schema
 from .sources import TextDirectorySource
-from .step import CommitErrors, TrackedStep, merge_errors, tracked_bolts
+from .step import CommitBaseline, CommitErrors
 
 __all__ = ["AcksUndelivered", "DuplicateIdentity", "RunStopped", "ShardDown", "SourcePipeline", "SourceStats"]
 
 log = logging.getLogger(__name__)
 
-REPLAYED, DEAD = 3, 4  # further entry states: a failed delivery that was delivered again / dead-lettered
 
 _UNUSED = np.zeros(0, dtype=np.uint64)
 _PEEK_ROUND = 99_999  # the filter file of dead-letter reads (they start no trees and log nothing)
@@ -188,10 +185,10 @@ class SourcePipeline:
         self._failed_jobs = 0  # in a row
         self._last_error: Exception | None = None
         self._watch = ShardWatch(cluster, clock)
-        self._logged_at: float | None = None
+        self._progress = ProgressLine(log, self._watch, log_interval, clock)
         # Acks-undelivered bookkeeping: the bolts' reports when the run started (they count
         # from their creation), this run's reports, and the roots whose acks were dropped (sorted).
-        self._errors_before: weakref.WeakKeyDictionary[TrackedStep, CommitErrors] = weakref.WeakKeyDictionary()
+        self._baseline = CommitBaseline()
         self._errors: dict[str, CommitErrors] = {}
         self._undelivered = _UNUSED
 
@@ -217,7 +214,7 @@ class SourcePipeline:
         backstop = self.spout_timeout if self.spout_timeout is not None else self._backstop()
         from .outcome_feed import OutcomeFeed
 
-        self._errors_before.update((bolt, bolt.commit_report()) for bolt in tracked_bolts())
+        self._baseline.start()
         self._feed = OutcomeFeed(self.cluster, self._manifest["name"], self.checkpoint, self.journal_interval).start()
         self.cluster.add_error_listener(self._watch)
         try:
@@ -302,7 +299,7 @@ class SourcePipeline:
         dead = self.checkpoint.read_dead()
         if len(dead):
             self.table.state[np.isin(self.table.idents, dead) & (self.table.state == FAILED)] = DEAD
-        self._mark_replayed(self.table.idents, self.table.attempts)
+        self.table.mark_replayed(self._manifest["salt"], self.table.idents, self.table.attempts)
         if len(self._undelivered):
             self._mark_undelivered()
         self.table.due[self.table.state == FAILED] = self.clock()  # their backoff ran while no driver was up
@@ -418,21 +415,11 @@ class SourcePipeline:
                 f" ({self._identity_name()} is not unique): their trees would be mixed up. Use a unique key column."
             )
         if self.table.add(emissions, round_no):
-            self._mark_replayed(emissions.idents, emissions.attempts)
+            self.table.mark_replayed(self._manifest["salt"], emissions.idents, emissions.attempts)
         strays_roots, strays_outcomes = self._strays
         if len(strays_roots):
             self._strays = (_UNUSED, np.zeros(0, dtype=np.int8))
             self._settle(strays_roots, strays_outcomes, keep_strays=False)
-
-    def _mark_replayed(self, idents: np.ndarray, attempts: np.ndarray) -> None:
-        """A delivery with attempt n > 1 supersedes its attempt n - 1: that one is no longer waiting."""
-        again = attempts > 1
-        if not again.any():
-            return
-        previous = derive_roots(self._manifest["salt"], idents[again], attempts[again] - 1)
-        pos = self.table.find(previous)
-        pos = pos[pos >= 0]
-        self.table.state[pos[self.table.state[pos] == FAILED]] = REPLAYED
 
     def _check_found(self, roots: np.ndarray) -> None:
         """After a replay round read the whole source, every replayed record must have been found again."""
@@ -480,15 +467,7 @@ class SourcePipeline:
 
     def _collect_commit_errors(self) -> None:
         """After a job: the bolts' dropped task commits (Spark accumulators), their roots journaled, reasons fixed."""
-        fresh: dict[str, CommitErrors] = {}
-        for bolt in tracked_bolts():
-            report, before = bolt.commit_report(), self._errors_before.get(bolt)
-            if before is not None:  # this run's share only: the bolt may have run before
-                report = CommitErrors(
-                    report.bolt, report.errors - before.errors, report.roots - before.roots, report.causes
-                )
-            if report.errors > 0:
-                fresh[report.bolt] = merge_errors(fresh.get(report.bolt), report)
+        fresh = self._baseline.since()  # this run's share only: a bolt may have run before
         if not fresh:
             return
         first = not self._errors
@@ -565,39 +544,16 @@ class SourcePipeline:
 
     def _log_progress(self) -> None:
         """While the driver waits: one INFO line per ``log_interval`` with the counts and any shard it waits on."""
-        now = self.clock()
-        if self._logged_at is None:
-            self._logged_at = now
-            return
-        if now - self._logged_at < self.log_interval:
-            return
-        self._logged_at = now
+        self._progress.tick(self._filled_stats)
+
+    def _filled_stats(self) -> SourceStats:
         self._fill_stats()
-        stats = self.stats
-        waiting = "; ".join(
-            f"waiting on shard {d.shard} at {d.address}, unreachable for {now - d.since:.0f} s: {d.cause}"
-            for d in self._watch.down()
-        )
-        log.info(
-            "progress: %d acked, %d dead-lettered, %d pending, %d awaiting replay%s",
-            stats.acked,
-            stats.dead_lettered,
-            stats.pending,
-            stats.awaiting_replay,
-            f"; {waiting}" if waiting else "",
-        )
+        return self.stats
 
     def _expire(self) -> None:
         """Pending trees of rounds past their backstop deadline are LOST (journaled, then settled)."""
-        now = self.clock()
-        late = [r for r, deadline in self._deadlines.items() if deadline <= now]
-        if not late:
-            return
-        pending = self.table.pending(np.asarray(late, dtype=np.uint16))
-        for round_no in late:
-            del self._deadlines[round_no]
-        if len(pending):
-            roots = self.table.roots[pending]
+        roots = self.table.take_late(self._deadlines, self.clock())
+        if len(roots):
             log.warning("%d trees had no outcome within the backstop timeout: replaying them as LOST", len(roots))
             self._feed.record(roots, Outcome.LOST)
             self._settle(roots, np.full(len(roots), int(Outcome.LOST), dtype=np.int8), keep_strays=False)

@@ -107,6 +107,35 @@ def commit_errors() -> dict[str, CommitErrors]:
     return report
 
 
+class CommitBaseline:
+    """Driver side: the bolts' commit reports when a run started, so that the run reads only its own share.
+
+    A bolt's accumulators count from its creation, and a bolt may have run
+    before (another pipeline, an earlier run): :meth:`since` subtracts what
+    each bolt had reported at :meth:`start`.
+    """
+
+    def __init__(self) -> None:
+        self._before: weakref.WeakKeyDictionary[TrackedStep, CommitErrors] = weakref.WeakKeyDictionary()
+
+    def start(self) -> None:
+        """Take every tracked bolt's report now as the baseline."""
+        self._before.update((bolt, bolt.commit_report()) for bolt in tracked_bolts())
+
+    def since(self) -> dict[str, CommitErrors]:
+        """The commit errors reported since :meth:`start`, by bolt name (bolts with new errors only)."""
+        fresh: dict[str, CommitErrors] = {}
+        for bolt in tracked_bolts():
+            report, before = bolt.commit_report(), self._before.get(bolt)
+            if before is not None:
+                report = CommitErrors(
+                    report.bolt, report.errors - before.errors, report.roots - before.roots, report.causes
+                )
+            if report.errors > 0:
+                fresh[report.bolt] = merge_errors(fresh.get(report.bolt), report)
+        return fresh
+
+
 def merge_errors(a: CommitErrors | None, b: CommitErrors) -> CommitErrors:
     """Two reports of one bolt name as one."""
     if a is None:

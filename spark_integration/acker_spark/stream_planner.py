@@ -47,8 +47,7 @@ from acker_protocol.wire import Outcome
 from .checkpoint import Checkpoint, write_json_atomically
 from .dead_letter import DeadLetterStore
 from .emission_log import RoundFilter, read_round, write_filter
-from .identity import derive_roots
-from .record_table import ACKED, FAILED, PENDING, RecordTable
+from .record_table import ACKED, DEAD, FAILED, PENDING, REPLAYED, RecordTable
 from .replays import ReplayPolicy
 from .stream_ledger import StreamLedger
 from .stream_source import (
@@ -65,7 +64,6 @@ __all__ = ["PlannerOptions", "StreamPlanner", "StreamProgress", "stream_progress
 
 log = logging.getLogger(__name__)
 
-REPLAYED, DEAD = 3, 4  # entry states past FAILED, as in the batch pipeline
 _SETTLED = (ACKED, REPLAYED, DEAD)
 _UNUSED = np.zeros(0, dtype=np.uint64)
 _REPLAY_ROWS = 50_000  # replays per partition
@@ -176,7 +174,7 @@ class StreamPlanner:
         dead = self.checkpoint.read_dead()
         if len(dead):
             self.table.state[np.isin(self.table.idents, dead) & (self.table.state == FAILED)] = DEAD
-        self._mark_replayed(self.table.idents, self.table.attempts)
+        self.table.mark_replayed(self.salt, self.table.idents, self.table.attempts)
         self.table.due[self.table.state == FAILED] = self.clock()
         pending = self.table.pending()
         if len(pending):
@@ -366,7 +364,7 @@ class StreamPlanner:
         for round_no in range(self._read_upto + 1, done_round + 1):
             emissions = read_round(self.checkpoint.path, round_no)
             self.table.add(emissions, round_no & 0xFFFF)
-            self._mark_replayed(emissions.idents, emissions.attempts)
+            self.table.mark_replayed(self.salt, emissions.idents, emissions.attempts)
             self._deadlines[round_no & 0xFFFF] = self.clock() + self.backstop
             missing = self._positions(self._scheduled.pop(round_no, _UNUSED), FAILED)
             if len(missing):
@@ -398,25 +396,10 @@ class StreamPlanner:
             delays = np.array([self.policy.delay(int(a)) for a in range(int(attempts.max()) + 1)])
             self.table.due[settled.failed] = self.clock() + delays[attempts]
 
-    def _mark_replayed(self, idents: np.ndarray, attempts: np.ndarray) -> None:
-        again = attempts > 1
-        if not again.any():
-            return
-        previous = derive_roots(self.salt, idents[again], attempts[again] - 1)
-        pos = self.table.find(previous)
-        pos = pos[pos >= 0]
-        self.table.state[pos[self.table.state[pos] == FAILED]] = REPLAYED
-
     def _expire(self) -> None:
-        now = self.clock()
-        late = [r for r, deadline in self._deadlines.items() if deadline <= now]
-        if not late:
-            return
-        pending = self.table.pending(np.asarray(late, dtype=np.uint16))
-        for round_no in late:
-            del self._deadlines[round_no]
-        if len(pending):
-            roots = self.table.roots[pending]
+        """Pending trees of rounds past their backstop deadline are LOST (journaled, then settled)."""
+        roots = self.table.take_late(self._deadlines, self.clock())
+        if len(roots):
             log.warning("%d trees had no outcome within the backstop timeout: replaying them as LOST", len(roots))
             self.feed.record(roots, Outcome.LOST)
             self._settle(roots, np.full(len(roots), int(Outcome.LOST), dtype=np.int8))
