@@ -301,12 +301,9 @@ class GuaranteedPipeline:
         """Raise ShardDown if a shard has been unreachable longer than ``shard_down_after``."""
         if self.shard_down_after is None:
             return
-        now = self.clock()
-        if any(now - shard.since > self.shard_down_after for shard in self._watch.check()):
-            # Probed again now: the error names what a connection attempt says this moment.
-            for shard in self._watch.check(force=True):
-                if now - shard.since > self.shard_down_after:
-                    raise ShardDown(shard, now - shard.since, self.snapshot())
+        down = self._watch.down_longer_than(self.shard_down_after)
+        if down is not None:
+            raise ShardDown(*down, self.snapshot())
 
     def _log_progress(self) -> None:
         """While the driver waits: one INFO line per ``log_interval`` with the counts and any shard it waits on."""

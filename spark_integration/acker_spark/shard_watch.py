@@ -94,6 +94,20 @@ class ShardWatch:
                 self._up(shard.shard)
         return self.down()
 
+    def down_longer_than(self, bound: float) -> tuple[DownShard, float] | None:
+        """A shard unreachable for more than ``bound`` seconds, probed again now, and for how long; else None.
+
+        The second probe makes the cause what a connection attempt says this
+        moment, and clears a shard that answers again.
+        """
+        now = self.clock()
+        if not any(now - shard.since > bound for shard in self.check()):
+            return None
+        for shard in self.check(force=True):
+            if now - shard.since > bound:
+                return shard, now - shard.since
+        return None
+
     def _up(self, shard: int) -> None:
         with self._lock:
             self._down.pop(shard, None)

@@ -519,13 +519,9 @@ class SourcePipeline:
         """Raise ShardDown if a shard has been unreachable longer than ``shard_down_after``."""
         if self.shard_down_after is None:
             return
-        now = self.clock()
-        if any(now - shard.since > self.shard_down_after for shard in self._watch.check()):
-            # Probed again now: the error names what a connection attempt says this moment.
-            for shard in self._watch.check(force=True):
-                if now - shard.since > self.shard_down_after:
-                    self._fill_stats()
-                    raise ShardDown(shard, now - shard.since, self.stats)
+        down = self._watch.down_longer_than(self.shard_down_after)
+        if down is not None:
+            raise ShardDown(*down, self._filled_stats())
 
     def _probe_shards(self) -> None:
         """After a failed job: ask every shard for its Describe, marking those that do not answer as down.
