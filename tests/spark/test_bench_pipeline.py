@@ -25,6 +25,23 @@ def test_pipeline_bench_reports_plain_tracked_and_driver_fed(spark: Any, capsys:
     assert result["record_table_bytes"] >= 1500 * 8  # at least the roots
 
 
+def test_pipeline_bench_reader_only_row_runs_the_reading_step_untracked(
+    spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--reader-only adds the job behind the untracked reading step: its sink is exact and its figures are there."""
+    code = main(
+        ["--mode", "pipeline", "--records", "800", "--files", "2", "--rounds", "1", "--no-driver-fed", "--reader-only"]
+        + ["--json"]
+    )
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    assert result["reader_only_sink_exact"] is True and result["sink_exact"] is True
+    assert len(result["reader_only_rounds_seconds"]) == 1
+    assert result["reader_only_over_plain"] == pytest.approx(
+        result["reader_only_seconds"] / result["plain_seconds"], rel=5e-3
+    )
+
+
 def test_pipeline_bench_refuses_nonsense_sizes(capsys: pytest.CaptureFixture[str]) -> None:
     """--records 0 is refused before anything starts."""
     assert main(["--mode", "pipeline", "--records", "0"]) == 2

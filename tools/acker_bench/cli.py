@@ -173,6 +173,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="pipeline mode: leave out the old driver-fed GuaranteedPipeline row",
     )
+    p.add_argument(
+        "--reader-only",
+        action="store_true",
+        help="pipeline mode: each round also runs the job behind the pipeline's reading step with tracking off "
+        "(the extra stage's own cost)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--tls-ca", help="--ackers serve TLS: PEM CA that signed their certificates")
     p.add_argument("--tls-cert", help="client certificate for ackers that require mutual TLS")
@@ -428,7 +434,7 @@ def _pipeline_mode(args: argparse.Namespace) -> int:
         return 2
     config = PipelineBenchConfig(
         records=args.records, files=args.files, rounds=args.rounds, ackers=args.embedded_ackers,
-        message_timeout=args.message_timeout, driver_fed=not args.no_driver_fed,
+        message_timeout=args.message_timeout, driver_fed=not args.no_driver_fed, reader_only=args.reader_only,
     )  # fmt: skip
     result = run_pipeline_bench(config)
     if args.json:

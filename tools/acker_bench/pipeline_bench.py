@@ -11,6 +11,12 @@ hits both; the best time of each is reported. Driver CPU is this Python
 process's ``time.process_time()`` over a run (every driver thread: py4j, the
 outcome streams, the journal; not the JVM), divided by N. The old driver-fed
 path (``GuaranteedPipeline`` over ``TextDirectorySource``) runs once as a row.
+
+With ``reader_only`` each round also runs the same job behind the pipeline's
+reading step with tracking off (:class:`~acker_spark.source_reader.SourceReader`
+with no acker addresses: the same extra ``mapInArrow`` stage and columns, no
+trees, no inits, no acks): how much of the tracked run's extra time is the
+reading stage itself, and how much is tracking.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 __all__ = ["PipelineBenchConfig", "run_pipeline_bench"]
 
@@ -40,6 +48,7 @@ class PipelineBenchConfig:
     master: str = "local[2]"
     driver_fed: bool = True
     driver_fed_max_pending: int = 50_000
+    reader_only: bool = False
 
 
 def _write_source(folder: Path, config: PipelineBenchConfig, records: int) -> Counter[str]:
@@ -77,7 +86,10 @@ def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
     from acker_demo.dataframe_job import build_job, build_source_job
     from acker_demo.wordcount import create_sink, sink_counts
     from acker_spark import GuaranteedPipeline, TextDirectorySource, close_clients, local_session
+    from acker_spark.emission_log import RoundFilter, write_filter
+    from acker_spark.identity import resolve_identity
     from acker_spark.source_pipeline import SourcePipeline
+    from acker_spark.source_reader import SourceReader, reader_schema
     from pyspark.sql import functions as F
 
     from acker_service.process_cluster import ProcessCluster
@@ -109,7 +121,18 @@ def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
                 )
             )
 
-        rows: dict[str, list[tuple[float, float]]] = {"plain": [], "tracked": []}
+        def reader_only(db: Path, round_no: int) -> None:
+            df = spark.read.text(source)
+            spec = resolve_identity(spark, df, None)
+            checkpoint = work / f"reader-only-{round_no}"
+            everything = RoundFilter("all", np.zeros(0, np.uint64), np.zeros(0, np.uint16))
+            path = write_filter(checkpoint, 0, everything)
+            reader = SourceReader(spec, 1, "reader-only", str(checkpoint), 0, str(path), None)
+            tracked_columns = spec.with_columns(df)
+            job, _ = build_source_job(None, db, partitions=config.partitions)
+            job(tracked_columns.mapInArrow(reader, reader_schema(tracked_columns.schema)))
+
+        rows: dict[str, list[tuple[float, float]]] = {"plain": [], "tracked": [], "reader_only": []}
         exact: dict[str, bool] = {}
         result: dict[str, Any] = {"mode": "pipeline", "records": config.records, "files": config.files}
         plain(sink("warm"), str(work / "warm"))  # forks the Python workers once: no round pays for it
@@ -120,6 +143,12 @@ def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
                     wall, cpu, _ = _timed(lambda db=db: plain(db))
                     rows["plain"].append((wall, cpu))
                     exact["plain"] = exact.get("plain", True) and sink_counts(db) == expected
+
+                    if config.reader_only:
+                        db = sink(f"reader-only-{round_no}")
+                        wall, cpu, _ = _timed(lambda db=db, r=round_no: reader_only(db, r))
+                        rows["reader_only"].append((wall, cpu))
+                        exact["reader_only"] = exact.get("reader_only", True) and sink_counts(db) == expected
 
                     db = sink(f"tracked-{round_no}")
                     job, _ = build_source_job(cluster.addresses, db, partitions=config.partitions)
@@ -174,6 +203,16 @@ def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
                 "driver_cpu_measure": "time.process_time() of the driver Python process (all its threads, not the JVM)",
             }
         )
+        if rows["reader_only"]:
+            reader_s = min(rows["reader_only"])[0]
+            result.update(
+                {
+                    "reader_only_seconds": round(reader_s, 3),
+                    "reader_only_over_plain": round(reader_s / plain_s, 3),
+                    "reader_only_rounds_seconds": [round(w, 3) for w, _ in rows["reader_only"]],
+                    "reader_only_sink_exact": exact["reader_only"],
+                }
+            )
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
