@@ -2,9 +2,9 @@
 
 Every task attempt that reads records appends one Arrow IPC stream under the
 checkpoint directory, ``emissions/r<round>/p<partition>-t<task attempt>.arrow``,
-with a batch ``(root, ident, attempt)`` per Arrow batch it read, flushed
-**before** the batch's inits are sent: a tree the ackers know is always in the
-log. A retried or speculative attempt writes its own file with the same roots
+with a batch ``(root, ident, attempt)`` per Arrow batch it read, sorted by root
+(so the driver merges sorted runs), flushed **before** the batch's inits are
+sent: a tree the ackers know is always in the log. A retried or speculative attempt writes its own file with the same roots
 (they are derived from the identities). The driver reads a round's files after
 its job, tolerating the truncated tail of an attempt that died mid-write.
 
@@ -45,7 +45,13 @@ class EmissionWriter:
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
 
     def write(self, roots: np.ndarray, idents: np.ndarray, attempts: np.ndarray) -> None:
-        """Append one batch and push it to the operating system (it must be there before its inits go out)."""
+        """Append one batch, sorted by root, and push it to the operating system (before its inits go out).
+
+        Sorted here, on the executor, so that the driver merges sorted runs
+        (about half the time of sorting a million random roots).
+        """
+        order = np.argsort(roots)
+        roots, idents, attempts = roots[order], idents[order], attempts[order]
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "wb")  # noqa: SIM115 - held open across batches, closed in close()
@@ -83,50 +89,43 @@ class Emissions:
 
 def read_round(checkpoint: str | Path, round_no: int) -> Emissions:
     """Every root started in round ``round_no`` so far, from all of its task attempts' files."""
+    # Columns of every batch as zero-copy numpy views: one concatenation copies them, once.
     roots: list[np.ndarray] = []
     idents: list[np.ndarray] = []
     attempts: list[np.ndarray] = []
-    parts: list[np.ndarray] = []
-    files: list[np.ndarray] = []
+    partitions: list[int] = []  # each file's partition, in file order
+    rows: list[int] = []  # each file's row count
     folder = round_dir(checkpoint, round_no)
     names = sorted(os.listdir(folder)) if folder.is_dir() else []
     for name in names:
         if not name.endswith(".arrow"):
             continue
-        table = _read_tolerant(folder / name)
-        if table is None or table.num_rows == 0:
+        batches = [b for b in read_complete_batches(folder / name) if b.num_rows]
+        if not batches:
             continue
-        roots.append(table.column("root").to_numpy())
-        idents.append(table.column("ident").to_numpy())
-        attempts.append(table.column("attempt").to_numpy())
-        parts.append(np.full(table.num_rows, int(name[1:6]), dtype=np.int32))
-        files.append(np.full(table.num_rows, len(files), dtype=np.int32))
+        roots.extend(b.column(0).to_numpy() for b in batches)
+        idents.extend(b.column(1).to_numpy() for b in batches)
+        attempts.extend(b.column(2).to_numpy() for b in batches)
+        partitions.append(int(name[1:6]))
+        rows.append(sum(b.num_rows for b in batches))
     if not roots:
         empty = np.zeros(0, dtype=np.uint64)
         return Emissions(empty, empty, np.zeros(0, dtype=np.uint16), 0)
     all_roots = np.concatenate(roots)
-    order = np.argsort(all_roots)
+    # Each batch was written sorted (EmissionWriter.write), so the stable sort merges runs: faster
+    # than sorting random roots, and it keeps the files' partition order for a repeated root.
+    order = np.argsort(all_roots, kind="stable")
     sorted_roots = all_roots[order]
     same = sorted_roots[1:] == sorted_roots[:-1]
-    if not same.any():
-        # The usual round: every root once (no re-run, no shared identity), so the unstable sort,
-        # several times faster than the stable one the general case needs, is exact.
+    if not same.any():  # the usual round: every root once (no re-run, no shared identity)
         return Emissions(sorted_roots, np.concatenate(idents)[order], np.concatenate(attempts)[order], 0)
-    order = np.argsort(all_roots, kind="stable")  # files are in partition order, so a root's entries stay so
-    sorted_roots = all_roots[order]
-    part, file = np.concatenate(parts)[order], np.concatenate(files)[order]
-    same = sorted_roots[1:] == sorted_roots[:-1]
+    part = np.repeat(np.asarray(partitions, dtype=np.int32), rows)[order]
+    file = np.repeat(np.arange(len(rows), dtype=np.int32), rows)[order]
     # The same root twice in one file, or from two partitions, is two records with one identity;
     # from two attempts (files) of one partition it is a re-run: expected, kept once.
     duplicates = int((same & ((part[1:] != part[:-1]) | (file[1:] == file[:-1]))).sum())
     first = order[np.concatenate(([True], ~same))]
     return Emissions(all_roots[first], np.concatenate(idents)[first], np.concatenate(attempts)[first], duplicates)
-
-
-def _read_tolerant(path: Path) -> pa.Table | None:
-    """The complete batches of an attempt's file (a torn last batch: the task died mid-write)."""
-    batches = read_complete_batches(path)
-    return pa.Table.from_batches(batches, EMISSION_SCHEMA) if batches else None
 
 
 @dataclass(frozen=True)
