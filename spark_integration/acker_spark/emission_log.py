@@ -4,9 +4,10 @@ Every task attempt that reads records appends one Arrow IPC stream under the
 checkpoint directory, ``emissions/r<round>/p<partition>-t<task attempt>.arrow``,
 with a batch ``(root, ident, attempt)`` per Arrow batch it read, sorted by root
 (so the driver merges sorted runs), flushed **before** the batch's inits are
-sent: a tree the ackers know is always in the log. A retried or speculative attempt writes its own file with the same roots
-(they are derived from the identities). The driver reads a round's files after
-its job, tolerating the truncated tail of an attempt that died mid-write.
+sent: a tree the ackers know is always in the log. A retried or speculative
+attempt writes its own file with the same roots (they are derived from the
+identities). The driver reads a round's files after its job, tolerating the
+truncated tail of an attempt that died mid-write.
 
 The round's filter (which records a round reads) lives next to it,
 ``rounds/r<round>.npz``: ``all``, ``skip`` (identities already started: the
