@@ -74,8 +74,9 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# --durations: the suite's slowest tests in every log, to keep `make test` near its 15-minute budget.
 test: $(VENV)/.installed system-deps lint native-test test-images
-	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=30 $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # Debian base (debootstrap, only when missing), wheels built on the host, then the
 # acker image, the Spark image (Java from Debian, the venv's pyspark) and a Prometheus
