@@ -192,7 +192,6 @@ class GuaranteedPipeline:
         self.on_job_error = on_job_error
         # A shard unreachable this long stops the run (ShardDown) instead of a silent wait; None waits forever.
         self.shard_down_after = shard_down_after
-        self.log_interval = log_interval  # seconds between progress lines while the driver waits
         self._watch = ShardWatch(cluster, clock)
         self._progress = ProgressLine(log, self._watch, log_interval, clock)
         # None on Spark Connect: no RDDs and no accumulators there, DataFrame jobs only.

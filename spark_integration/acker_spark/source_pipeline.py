@@ -162,7 +162,6 @@ class SourcePipeline:
             raise ValueError(f'on_undelivered must be "raise" or "warn", got {on_undelivered!r}')
         self.on_undelivered = on_undelivered
         self.shard_down_after = shard_down_after
-        self.log_interval = log_interval
         self.spark = spark
         self.cluster = cluster
         self.checkpoint = Checkpoint(checkpoint)

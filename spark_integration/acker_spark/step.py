@@ -99,12 +99,7 @@ def commit_errors() -> dict[str, CommitErrors]:
     Call it after a job's action returned, e.g. in a ``foreachBatch`` function,
     to see whether executors could deliver their acks.
     """
-    report: dict[str, CommitErrors] = {}
-    for bolt in tracked_bolts():
-        mine = bolt.commit_report()
-        if mine.errors:
-            report[mine.bolt] = merge_errors(report.get(mine.bolt), mine)
-    return report
+    return CommitBaseline().since()  # no baseline taken: everything since the bolts were created
 
 
 class CommitBaseline:
