@@ -17,8 +17,9 @@ from dataclasses import dataclass
 __all__ = ["JobError", "job_error", "CONFIGURATION_ERRORS"]
 
 # Raised by executors whose acker configuration is wrong (client's address list,
-# credentials, refused batches): cured by fixing the configuration, never by a replay.
-CONFIGURATION_ERRORS = frozenset({"ClusterMisconfigured", "RequestRefused"})
+# credentials, refused batches) or whose job cannot give exactly-once output (rows
+# anchored to no record): cured by fixing the job or its configuration, never by a replay.
+CONFIGURATION_ERRORS = frozenset({"ClusterMisconfigured", "RequestRefused", "UnanchoredOutput"})
 
 _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')

@@ -50,6 +50,7 @@ from acker_protocol.wire import Outcome
 from .checkpoint import Checkpoint
 from .dead_letter import DeadLetterStore
 from .emission_log import RoundFilter, read_round, write_filter
+from .frames import TRACKING_COLUMN
 from .identity import (
     IdentitySpec,
     UnstableIdentity,
@@ -59,6 +60,8 @@ from .identity import (
 )
 from .job_errors import JobError, job_error
 from .memory_source import COPY_DIR, KEY, DuplicateIdentity, is_dataframe, is_utf8, text_frame, write_records
+from .output import Output, OutputCommits, OutputStager
+from .output.stager import stager_schema
 from .pipeline import AcksUndelivered
 from .record_table import ACKED, DEAD, FAILED, PENDING, RecordTable
 from .replays import ReplayPolicy
@@ -68,7 +71,15 @@ from .source_reader import ATTEMPT_COLUMN, IDENT_COLUMN, KEY_COLUMN, SourceReade
 from .sources import TextDirectorySource
 from .step import CommitBaseline, CommitErrors
 
-__all__ = ["AcksUndelivered", "DuplicateIdentity", "RunStopped", "ShardDown", "SourcePipeline", "SourceStats"]
+__all__ = [
+    "AcksUndelivered",
+    "DuplicateIdentity",
+    "OutputNotReturned",
+    "RunStopped",
+    "ShardDown",
+    "SourcePipeline",
+    "SourceStats",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +87,10 @@ log = logging.getLogger(__name__)
 _UNUSED = np.zeros(0, dtype=np.uint64)
 _PEEK_ROUND = 99_999  # the filter file of dead-letter reads (they start no trees and log nothing)
 _UNDELIVERABLE = (int(Outcome.TIMED_OUT), int(Outcome.LOST))  # the ends a dropped ack turns into ACKS_UNDELIVERED
+
+
+class OutputNotReturned(TypeError):
+    """A pipeline with an output ran a job that did not return its output DataFrame."""
 
 
 class RunStopped(RuntimeError):
@@ -112,6 +127,8 @@ class SourceStats:
     # Task commits whose acks could not be delivered, by bolt name (this driver's jobs).
     commit_errors: dict[str, int] = field(default_factory=dict)
     copied: int = 0  # records of an in-memory source this driver copied into the checkpoint
+    output_rows: int = 0  # rows this driver committed to the output
+    output_commits: int = 0  # commits this driver made
 
     def as_dict(self) -> dict[str, Any]:
         """The counters as a plain dict (commit errors summed over bolts)."""
@@ -136,6 +153,16 @@ class SourcePipeline:
     delivered) or ``"warn"``. ``shard_down_after``: seconds a shard may stay
     unreachable before ``run`` raises :class:`ShardDown` (None: wait forever);
     ``log_interval``: seconds between progress lines naming such a shard.
+
+    ``output``: where the job's output goes, exactly once per record
+    (:class:`~acker_spark.output.FileOutput`, :class:`~acker_spark.output.TableOutput`
+    or :class:`~acker_spark.output.BatchOutput`); the job then returns its
+    output DataFrame instead of running an action, the executors stage and ack
+    it batch by batch, and the rows of the deliveries that ACKED are committed
+    with Spark's writer once at the end (``commit_every="end"``) or whenever
+    every started tree has settled (``"round"``). ``stall_after``: seconds after
+    a successful job with none of its trees settled before the run stops,
+    naming rows that no later step acked (default: half the backstop timeout).
     """
 
     def __init__(
@@ -157,7 +184,18 @@ class SourcePipeline:
         on_undelivered: Literal["raise", "warn"] = "raise",
         shard_down_after: float | None = 120.0,
         log_interval: float = 10.0,
+        output: Output | None = None,
+        commit_every: Literal["round", "end"] = "end",
+        stall_after: float | None = None,
     ) -> None:
+        if commit_every not in ("round", "end"):
+            raise ValueError(f'commit_every must be "round" or "end", got {commit_every!r}')
+        self.output = output
+        self.commit_every = commit_every
+        self.stall_after = stall_after
+        self._commits: OutputCommits | None = None
+        self._committed = _UNUSED  # roots whose output a commit took (sorted)
+        self._job_ends: dict[int, float] = {}  # round -> when its job succeeded (stall check)
         if on_undelivered not in ("raise", "warn"):
             raise ValueError(f'on_undelivered must be "raise" or "warn", got {on_undelivered!r}')
         self.on_undelivered = on_undelivered
@@ -219,6 +257,7 @@ class SourcePipeline:
         try:
             self._restore(backstop)
             self._loop(df, job, backstop)
+            self._commit_acked()
         finally:
             self.cluster.remove_error_listener(self._watch)
             self._feed.close()
@@ -285,6 +324,8 @@ class SourcePipeline:
             self.stats.resumed = True
         self._manifest = manifest
         self.spec = IdentitySpec.from_json(manifest["identity"])
+        if self.output is not None:
+            self._commits = OutputCommits(self.checkpoint.path, manifest["name"], self.output)
 
     def _restore(self, backstop: float) -> None:
         """Rebuild the table from the checkpoint; fail the trees an earlier driver left in flight."""
@@ -302,6 +343,10 @@ class SourcePipeline:
         if len(self._undelivered):
             self._mark_undelivered()
         self.table.due[self.table.state == FAILED] = self.clock()  # their backoff ran while no driver was up
+        if self._commits is not None:
+            # A commit a killed driver left half-done: finished with the same rows, before any new one.
+            self.stats.output_rows += self._commits.finish(self.spark)
+            self._committed = self._commits.taken()
         pending = self.table.pending()
         if len(pending):
             # That driver's executors are gone: whatever they did not finish never will. Failing
@@ -335,6 +380,9 @@ class SourcePipeline:
                     self.checkpoint.save_manifest(self._manifest)
             self._settle(*self._feed.take())
             self._expire()
+            self._check_stalled(backstop)
+            if self.commit_every == "round" and not len(self.table.pending()):
+                self._commit_acked()
             self._write_dead_letters(df)
             due = self._due_replays()
             if len(due):
@@ -359,7 +407,11 @@ class SourcePipeline:
         ok = True
         stop: JobError | None = None
         try:
-            job(tracked)
+            result = job(tracked)
+            if self.output is not None:
+                self._stage(result, round_no)
+        except OutputNotReturned:
+            raise  # the job is wrong, not unlucky: a replay would fail the same way
         except Exception as err:  # noqa: BLE001 - any job failure is handled the same way
             ok = False
             self.stats.job_errors += 1
@@ -372,6 +424,7 @@ class SourcePipeline:
         self.stats.rounds += 1
         if ok:
             self._failed_jobs = 0
+            self._job_ends[round_no] = self.clock()
         self._add_round(round_no, check=True)
         self._deadlines[round_no] = self.clock() + backstop
         self._collect_commit_errors()
@@ -433,6 +486,63 @@ class SourcePipeline:
 
     def _identity_name(self) -> str:
         return f"key column {self.spec.column!r}" if self.spec.kind == "key" else f"the {self.spec.kind} identity"
+
+    # -- output ---------------------------------------------------------------------------
+
+    def _stage(self, result: Any, round_no: int) -> None:
+        """Stage the job's output DataFrame under the checkpoint (executors stage, then ack, each batch)."""
+        if not is_dataframe(result) or TRACKING_COLUMN not in result.columns:
+            raise OutputNotReturned(
+                f"the pipeline has an output ({self.output.describe() if self.output else ''}), so the job must return"
+                f" its output DataFrame (the rows its last bolt emitted, with {TRACKING_COLUMN!r}), not"
+                f" {type(result).__name__}: return the DataFrame instead of writing it or running an action"
+            )
+        stager = OutputStager(
+            str(self.checkpoint.path),
+            round_no,
+            self._manifest["salt"],
+            self.cluster.addresses,
+            self.security,
+            self.client_options,
+        )
+        result.mapInArrow(stager, stager_schema()).collect()
+
+    def _commit_acked(self) -> None:
+        """Commit the output of every ACKED delivery no commit took yet."""
+        if self._commits is None:
+            return
+        table = self.table
+        acked = np.flatnonzero(table.state == ACKED)
+        fresh = acked[~np.isin(table.roots[acked], self._committed)]
+        if not len(fresh):
+            return
+        roots = table.roots[fresh]
+        self.stats.output_rows += self._commits.commit(self.spark, roots, table.rounds[fresh])
+        self.stats.output_commits += 1
+        self._committed = np.union1d(self._committed, roots)
+
+    def _check_stalled(self, backstop: float) -> None:
+        """Stop a run whose successful job left every one of its trees pending: emitted rows that nothing acks."""
+        limit = self.stall_after if self.stall_after is not None else backstop / 2
+        now = self.clock()
+        for round_no, ended in list(self._job_ends.items()):
+            if now - ended < limit:
+                continue
+            del self._job_ends[round_no]
+            mine = self.table.rounds == round_no
+            if not mine.any() or (self.table.state[mine] != PENDING).any():
+                continue
+            self._fill_stats()
+            raise RunStopped(
+                f"round {round_no}'s Spark job succeeded {now - ended:.0f} s ago but none of its"
+                f" {int(mine.sum())} trees has completed: rows a bolt emitted were never acked by a later step. "
+                "Likely cause: the job ends with a Spark action or writer after a bolt (e.g."
+                " bolt.apply_df(df).write.parquet(...)), or filters a bolt's output outside a bolt. Return the"
+                " output DataFrame with SourcePipeline(..., output=FileOutput(...)) (exactly-once), or end the"
+                " job with a sink bolt that emits nothing. The checkpoint keeps the run's state.",
+                None,
+                self.stats,
+            )
 
     # -- settling -------------------------------------------------------------------------
 

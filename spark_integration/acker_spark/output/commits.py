@@ -1,0 +1,226 @@
+"""Driver side of exactly-once output: which staged rows a commit takes, and its durable log.
+
+A commit takes the trees that ACKED since the previous commit (``new``: their
+roots, one delivery per record, since a record has at most one ACKED
+delivery) and hands the destination the staged rows of those trees, each row
+once, without ``_acker_ids``. Rows of a failed, timed-out, superseded or
+speculative delivery are never taken: their roots are not ACKED, or (a
+speculative or re-run task's copy of an ACKED delivery's row) they are the
+same row, kept once.
+
+A row anchored to several records (after an aggregation) is taken by the
+commit in which the last of its trees has ACKED: when every root it carries
+has been taken by this commit or an earlier one, and one of them by this one.
+
+The log, under ``<checkpoint>/output/commits/``, makes a commit survive a
+driver killed at any moment::
+
+    c<n>.npz    the commit's roots (written first: the commit is then decided)
+    c<n>.json   its state: "decided" -> "written" (the destination staged it) -> "done"
+
+A restarted driver finishes the last commit from its state, with the same
+roots and so the same rows (:meth:`OutputCommits.finish`), before it decides
+a new one: a decided commit is written again (the destination's staging is
+replaced), a written one is published (what is left of it), a done one is not
+touched. Trees taken by a done commit are never taken again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..frames import TRACKING_COLUMN, decode_ids
+from .destinations import Output
+from .stager import STAGED_DIR
+
+__all__ = ["COMMITS_DIR", "CommitFilter", "OutputCommits", "ROW_COLUMN"]
+
+log = logging.getLogger(__name__)
+
+COMMITS_DIR = "output/commits"
+ROW_COLUMN = "_acker_row"
+"""A staged row's digest while a commit selects rows: equal for copies of one row, dropped before the write."""
+
+_EMPTY = np.zeros(0, dtype=np.uint64)
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """One commit's entry in the log."""
+
+    number: int
+    state: str  # decided, written, done
+    rounds: tuple[int, ...]  # the rounds whose staged folders hold its rows
+    first: bool  # the run's first commit (an overwrite clears the destination once, before it)
+
+
+class OutputCommits:
+    """The commit log of one pipeline run's output and the steps that make a commit (driver side)."""
+
+    def __init__(self, checkpoint: str | Path, run: str, output: Output) -> None:
+        self.checkpoint = Path(checkpoint)
+        self.folder = self.checkpoint / COMMITS_DIR
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.run = run
+        self.output = output
+        self.rows_committed = 0
+
+    # -- the log --------------------------------------------------------------------------
+
+    def records(self) -> list[CommitRecord]:
+        """Every commit of the log, in order."""
+        out = []
+        for path in sorted(self.folder.glob("c*.json")):
+            data = json.loads(path.read_text())
+            out.append(CommitRecord(data["number"], data["state"], tuple(data["rounds"]), data["first"]))
+        return out
+
+    def taken(self) -> np.ndarray:
+        """The roots every commit of the log took (sorted): decided ones included, they will be finished."""
+        parts = [np.load(path)["roots"] for path in sorted(self.folder.glob("c*.npz"))]
+        return np.unique(np.concatenate(parts)) if parts else _EMPTY
+
+    def _save(self, record: CommitRecord) -> None:
+        path = self.folder / f"c{record.number:05d}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        data = {"number": record.number, "state": record.state, "rounds": list(record.rounds), "first": record.first}
+        with open(tmp, "w") as out:
+            json.dump(data, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+
+    # -- committing -----------------------------------------------------------------------
+
+    def commit(self, spark: Any, roots: np.ndarray, rounds: np.ndarray) -> int:
+        """Decide, write and publish a commit of the trees ``roots`` (ACKED, not taken before), started in ``rounds``.
+
+        Returns how many rows it committed.
+        """
+        records = self.records()
+        if records and records[-1].state != "done":
+            raise RuntimeError("the previous commit is unfinished: call finish() first")
+        if not len(roots):
+            return 0
+        number = records[-1].number + 1 if records else 0
+        if number == 0:
+            self.output.check_start(spark, self.run)
+        npz = self.folder / f"c{number:05d}.npz"
+        tmp = self.folder / f".c{number:05d}.tmp.npz"
+        np.savez(tmp, roots=np.sort(roots.astype(np.uint64)))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, npz)
+        record = CommitRecord(number, "decided", tuple(sorted(int(r) for r in np.unique(rounds))), number == 0)
+        self._save(record)
+        return self._finish(spark, record)
+
+    def finish(self, spark: Any) -> int:
+        """Finish the log's last commit if a driver died during it; return the rows it committed (0 if none)."""
+        records = self.records()
+        if not records or records[-1].state == "done":
+            return 0
+        record = records[-1]
+        log.info("finishing output commit %d (%s) left %s by an earlier driver", record.number, self.run, record.state)
+        return self._finish(spark, record)
+
+    def _finish(self, spark: Any, record: CommitRecord) -> int:
+        rows = 0
+        if record.state == "decided":
+            df, rows = self.frame(spark, record)
+            if df is not None:  # no staged row: an empty commit (the trees' records produced no output)
+                self.output.write(spark, df, self.run, record.number)
+                df.unpersist()
+            record = CommitRecord(record.number, "written", record.rounds, record.first)
+            self._save(record)
+        files = self.output.publish(spark, self.run, record.number, first=record.first)
+        self._save(CommitRecord(record.number, "done", record.rounds, record.first))
+        self.rows_committed += rows
+        log.info("output commit %d: %d rows to %s (%d files)", record.number, rows, self.output.describe(), len(files))
+        return rows
+
+    def frame(self, spark: Any, record: CommitRecord) -> tuple[Any, int]:
+        """The commit's rows as a DataFrame (user columns only, one copy of each row), and how many there are."""
+        folders = [self.checkpoint / STAGED_DIR / f"r{r:05d}" for r in record.rounds]
+        files = [f for folder in folders if folder.is_dir() for f in sorted(folder.glob("p*.parquet"))]
+        if not files:
+            return None, 0
+        staged = spark.read.parquet(*[str(f) for f in files])
+        selector = CommitFilter(str(self.folder), record.number)
+        schema = staged.drop(TRACKING_COLUMN).schema.add(ROW_COLUMN, "long", False)
+        selected = staged.mapInArrow(selector, schema)
+        if _copies_possible(files):
+            # A re-run or speculative task staged its batches again: keep one copy of each row.
+            selected = selected.dropDuplicates([ROW_COLUMN])
+        df = selected.drop(ROW_COLUMN).cache()
+        return df, df.count()
+
+
+def _copies_possible(files: list[Path]) -> bool:
+    """True if a round's partition was staged by more than one task attempt (its rows may be there twice)."""
+    attempts: dict[tuple[str, str], set[str]] = {}
+    for f in files:
+        partition, attempt, _ = f.name.split("-", 2)
+        attempts.setdefault((f.parent.name, partition), set()).add(attempt)
+    return any(len(a) > 1 for a in attempts.values())
+
+
+_selected: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}  # per executor process, one commit at a time
+
+
+@dataclass
+class CommitFilter:
+    """The picklable ``mapInArrow`` function that keeps the staged rows a commit takes, with each row's digest."""
+
+    folder: str
+    number: int
+
+    def roots(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(this commit's roots, every root taken up to and with this commit)``, both sorted; cached per process."""
+        key = (self.folder, self.number)
+        cached = _selected.get(key)
+        if cached is None:
+            folder = Path(self.folder)
+            new = np.load(folder / f"c{self.number:05d}.npz")["roots"]
+            parts = [np.load(folder / f"c{n:05d}.npz")["roots"] for n in range(self.number + 1)]
+            cached = (new, np.unique(np.concatenate(parts)))
+            _selected.clear()
+            _selected[key] = cached
+        return cached
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Keep each batch's rows taken by this commit; replace ``_acker_ids`` by the row digest."""
+        new, taken = self.roots()
+        for batch in batches:
+            pairs = decode_ids(batch.column(TRACKING_COLUMN))
+            in_new = _member(pairs.roots, new)
+            in_taken = _member(pairs.roots, taken)
+            rows = pairs.pair_rows()
+            counts = np.bincount(rows, minlength=pairs.rows)
+            any_new = np.bincount(rows, weights=in_new, minlength=pairs.rows) > 0
+            all_taken = np.bincount(rows, weights=in_taken, minlength=pairs.rows) == counts
+            keep = any_new & all_taken & (counts > 0)
+            if not keep.any():
+                continue
+            user = batch.drop_columns([TRACKING_COLUMN])
+            digests = pairs.digests().view(np.int64)
+            out = user.append_column(ROW_COLUMN, pa.array(digests))
+            yield out.filter(pa.array(keep))
+
+
+def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """For each value, True if it is in ``sorted_set``."""
+    if not len(sorted_set):
+        return np.zeros(len(values), dtype=bool)
+    pos = np.searchsorted(sorted_set, values)
+    pos[pos == len(sorted_set)] = 0
+    return sorted_set[pos] == values

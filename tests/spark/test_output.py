@@ -1,0 +1,172 @@
+"""Exactly-once output: SourcePipeline commits the rows of the deliveries that ACKED with Spark's own writers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from acker_client import ClusterClient
+from acker_client.testing import local_cluster
+from acker_spark import ArrowBolt, ReplayPolicy, close_clients
+from acker_spark.output import BatchOutput, FileOutput, TableOutput, published_files
+from acker_spark.source_pipeline import OutputNotReturned, RunStopped, SourcePipeline
+from pyspark import cloudpickle
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.spark
+
+FAST = ReplayPolicy(max_attempts=4, backoff_base=0.05, backoff_cap=0.2)
+
+
+@pytest.fixture
+def ackers() -> Iterator[Any]:
+    """Three in-process ackers with a timeout no job here reaches."""
+    with local_cluster(3, message_timeout=60.0) as cluster:
+        yield cluster
+    close_clients()
+
+
+def keyed_source(spark: Any, count: int, partitions: int = 4) -> Any:
+    """``count`` records ``(id, text)``: record i has i % 5 + 1 words."""
+    rows = [(f"k{i:05d}", " ".join(f"w{i}_{j}" for j in range(i % 5 + 1))) for i in range(count)]
+    return spark.createDataFrame(rows, "id string, text string").repartition(partitions)
+
+
+def expected_words(count: int) -> Counter[tuple[str, str]]:
+    """Each output row ``(id, word)`` the split job makes, once."""
+    return Counter((f"k{i:05d}", f"w{i}_{j}") for i in range(count) for j in range(i % 5 + 1))
+
+
+class FlakySplit:
+    """Splits ``text`` into words; fails every record whose id ends in ``fail_digit`` on its first delivery."""
+
+    def __init__(self, fail_digit: str | None = None) -> None:
+        self.fail_digit = fail_digit
+
+    def __call__(self, batch: pa.RecordBatch, collector: Any) -> None:
+        pieces = pc.split_pattern(batch.column("text"), " ")
+        parents = pc.list_parent_indices(pieces)
+        ids = pc.take(batch.column("id"), parents)
+        collector.emit(
+            {"id": ids, "word": pc.list_flatten(pieces), "bucket": pc.utf8_slice_codeunits(ids, 5, 6)}, anchors=parents
+        )
+        if self.fail_digit is not None:
+            first = batch.column("_attempt").to_numpy() == 1
+            last = np.array([s.endswith(self.fail_digit) for s in batch.column("id").to_pylist()])
+            collector.fail(np.flatnonzero(first & last))
+
+
+def split_job(addresses: Any, fail_digit: str | None = None) -> Any:
+    """The job: split text into (id, word, bucket) rows anchored to their record; returns the output frame."""
+    bolt = ArrowBolt(FlakySplit(fail_digit), addresses, schema="id string, word string, bucket string", name="split")
+    return lambda df: bolt.apply_df(df)
+
+
+def rows_of(frame: Any) -> Counter[tuple[str, str]]:
+    """The ``(id, word)`` rows of a DataFrame, counted."""
+    return Counter((r["id"], r["word"]) for r in frame.select("id", "word").collect())
+
+
+def test_partitioned_parquet_holds_each_acked_row_once(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
+) -> None:
+    """Records failed on their first delivery are replayed; the Parquet output has every row of every record once."""
+    out = tmp_path / "out"
+    pipeline = SourcePipeline(
+        spark, client, tmp_path / "cp", policy=FAST, output=FileOutput(str(out), partition_by=["bucket"])
+    )
+    stats = pipeline.run(keyed_source(spark, 200), split_job(ackers.addresses, fail_digit="7"), key="id")
+    assert (stats.acked, stats.replayed, stats.dead_lettered) == (200, 20, 0)
+    assert stats.output_rows == sum(expected_words(200).values())
+    assert rows_of(spark.read.parquet(str(out))) == expected_words(200)
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("bucket=")) == [f"bucket={d}" for d in range(10)]
+    assert {p.relative_to(out) for p in published_files(out)} == {
+        p.relative_to(out) for p in out.rglob("*.parquet") if ".acker-staging" not in str(p)
+    }
+
+
+def test_commit_every_round_and_formats(spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path) -> None:
+    """Commits per round: the first round's rows are committed before the replays' rows, in JSON files."""
+    out = tmp_path / "out"
+    pipeline = SourcePipeline(
+        spark,
+        client,
+        tmp_path / "cp",
+        policy=FAST,
+        output=FileOutput(str(out), format="json"),
+        commit_every="round",
+    )
+    stats = pipeline.run(keyed_source(spark, 100), split_job(ackers.addresses, fail_digit="3"), key="id")
+    assert stats.output_commits >= 2
+    assert rows_of(spark.read.json(str(out))) == expected_words(100)
+    markers = sorted((out / "_acker_commits").glob("*.json"))
+    assert len(markers) == stats.output_commits
+    assert all(json.loads(m.read_text())["files"] for m in markers)
+
+
+def test_table_and_function_outputs(spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path) -> None:
+    """saveAsTable creates the table on the first commit; a function gets each commit once with its id."""
+    table = f"words_{tmp_path.name.replace('-', '_')}"
+    pipeline = SourcePipeline(
+        spark, client, tmp_path / "cp1", policy=FAST, output=TableOutput(table, partition_by=["bucket"])
+    )
+    pipeline.run(keyed_source(spark, 60), split_job(ackers.addresses, fail_digit="1"), key="id")
+    assert rows_of(spark.table(table)) == expected_words(60)
+    spark.sql(f"DROP TABLE {table}")
+
+    calls: list[tuple[str, Counter[tuple[str, str]]]] = []
+    function = BatchOutput(lambda commit_id, df: calls.append((commit_id, rows_of(df))))
+    pipeline = SourcePipeline(spark, client, tmp_path / "cp2", policy=FAST, output=function, commit_every="round")
+    pipeline.run(keyed_source(spark, 60), split_job(ackers.addresses, fail_digit="2"), key="id")
+    assert len({commit_id for commit_id, _ in calls}) == len(calls) >= 2
+    assert sum((rows for _, rows in calls), Counter()) == expected_words(60)
+
+
+def test_overwrite_replaces_earlier_data_and_error_refuses(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
+) -> None:
+    """mode='overwrite' drops what the folder held before the run; mode='error' refuses a folder with data."""
+    out = tmp_path / "out"
+    spark.createDataFrame([("old", "row", "0")], "id string, word string, bucket string").write.parquet(str(out))
+    refused = SourcePipeline(spark, client, tmp_path / "cp0", output=FileOutput(str(out), mode="error"))
+    with pytest.raises(FileExistsError, match="already holds data"):
+        refused.run(keyed_source(spark, 10), split_job(ackers.addresses), key="id")
+    pipeline = SourcePipeline(
+        spark, client, tmp_path / "cp", policy=FAST, output=FileOutput(str(out), mode="overwrite")
+    )
+    pipeline.run(keyed_source(spark, 30), split_job(ackers.addresses), key="id")
+    assert rows_of(spark.read.parquet(str(out))) == expected_words(30)
+
+
+def test_job_that_does_not_return_its_output_is_refused(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
+) -> None:
+    """With an output, a job that runs its own action is told to return the DataFrame."""
+    bolt = ArrowBolt(FlakySplit(), ackers.addresses, schema="id string, word string, bucket string", name="split")
+    pipeline = SourcePipeline(spark, client, tmp_path / "cp", output=FileOutput(str(tmp_path / "out")))
+    with pytest.raises(OutputNotReturned, match="must return its output DataFrame"):
+        pipeline.run(keyed_source(spark, 10), lambda df: bolt.apply_df(df).count(), key="id")
+
+
+def test_writer_after_a_bolt_is_named_at_once_not_replayed(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
+) -> None:
+    """The natural mistake, bolt.apply_df(df).write.parquet(...): the run stops naming it, with nothing replayed."""
+    bolt = ArrowBolt(FlakySplit(), ackers.addresses, schema="id string, word string, bucket string", name="split")
+    out = tmp_path / "out"
+    pipeline = SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, stall_after=3.0)
+    with pytest.raises(RunStopped, match="never acked by a later step") as stopped:
+        pipeline.run(
+            keyed_source(spark, 50), lambda df: bolt.apply_df(df).write.mode("append").parquet(str(out)), key="id"
+        )
+    assert stopped.value.stats.replayed == 0
+    assert stopped.value.stats.pending == 50
