@@ -13,10 +13,14 @@ a sink writes its rows, then returns.
 
 Everything per batch is numpy and pyarrow: ids are decoded from the Arrow
 buffers, child edge ids derived in one expression, acks XOR-folded per root.
-As in :class:`~acker_spark.executor.Bolt`, nothing reaches an acker before the
-partition is fully processed; then one columnar commit sends its fails and its
-folded acks, tagged with the task's dedup key. It runs on classic Spark and on
-Spark Connect alike (no ``df.rdd``).
+A batch's fails and folded acks are committed once the batch's output has
+been handed on (``commit_every="batch"``, the default), tagged with a dedup key
+derived from what they carry, so a task that dies half-way has already
+committed the batches before the failure and a re-run that repeats a batch
+exactly is ignored by the ackers; ``commit_every="task"`` holds them until the
+partition is fully processed, as :class:`~acker_spark.executor.Bolt` does, and
+sends one commit tagged with the task's dedup key. It runs on classic Spark and
+on Spark Connect alike (no ``df.rdd``).
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ class ArrowBolt(TrackedStep):
     ``addresses=None`` runs the same function without tracking. Create one
     ArrowBolt per pipeline step: its uid salts the step's ids. While a task
     runs, its trees' timeouts are extended (``leases``, ``message_timeout``,
-    ``lease_cap``: see :class:`~acker_spark.step.TrackedStep`).
+    ``lease_cap``: see :class:`~acker_spark.step.TrackedStep`). ``commit_every``:
+    ``"batch"`` (default) sends each input batch's acks and fails once its
+    output has been handed on, ``"task"`` once the whole partition is done.
     """
 
     def __init__(
@@ -67,7 +73,11 @@ class ArrowBolt(TrackedStep):
         leases: bool = True,
         message_timeout: float | None = None,
         lease_cap: float | None = None,
+        commit_every: str = "batch",
     ) -> None:
+        if commit_every not in ("batch", "task"):
+            raise ValueError(f'commit_every must be "batch" or "task", got {commit_every!r}')
+        self.commit_every = commit_every
         super().__init__(
             name or getattr(fn, "__name__", None) or type(fn).__name__,
             addresses,
@@ -135,12 +145,15 @@ class ArrowBolt(TrackedStep):
             try:
                 for batch in batches:
                     yield from self._process(batch, collector, keeper)
+                    if self.tracking and self.commit_every == "batch":
+                        # Its output was taken downstream: the batch's work is done.
+                        self._commit(collector, partition, batch_key=collector.content_key(self.uid))
             except BaseException:
                 # Includes GeneratorExit (the consumer stopped early): the work is not
                 # done, so nothing may reach a ledger; Spark's retry redoes it all.
                 collector.discard()
                 raise
-            if self.tracking:
+            if self.tracking and self.commit_every == "task":
                 self._commit(collector, partition)
         finally:
             # After the commit: until its acks are sent, the task's trees cannot complete.

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from acker_client import ShardUnavailable
-from acker_client.columns import derive_ids, fold_xor
+from acker_client.columns import derive_ids, fold_xor, mix64
 
 from .frames import TRACKING_COLUMN, PairColumn, child_pairs, encode_ids
 
@@ -244,6 +244,22 @@ class ArrowCollector:
                 every = every[np.isin(every % np.uint64(count), np.asarray(err.shards, dtype=np.uint64))]
             self.undelivered = tuple(every.tolist())
             raise
+
+    def content_key(self, salt: int) -> int:
+        """A dedup key for the held acks: equal whenever the same acks are held, whichever task attempt holds them.
+
+        A re-run that repeats a batch exactly sends the same key, which the
+        ackers drop; one that cuts its batches differently sends other keys,
+        and a row acked twice reappears in its tree (which then times out and
+        is replayed): it can never complete a tree falsely.
+        """
+        roots = np.concatenate(self._held_roots) if self._held_roots else _EMPTY
+        values = np.concatenate(self._held_values) if self._held_values else _EMPTY
+        roots, values = fold_xor(roots, values)
+        if not len(roots):
+            return 0
+        mixed = mix64(mix64(roots ^ np.uint64(salt)) ^ values)
+        return int(np.bitwise_xor.reduce(mixed)) or 1  # 0 means no key on the wire
 
     def withhold(self, shards: set[int], shard_count: int) -> tuple[int, ...]:
         """Drop the held acks and fails of trees on ``shards`` (known unreachable); return their roots."""

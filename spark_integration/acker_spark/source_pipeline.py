@@ -532,6 +532,8 @@ class SourcePipeline:
             mine = self.table.rounds == round_no
             if not mine.any() or (self.table.state[mine] != PENDING).any():
                 continue
+            if len(self._undelivered) or self._errors or self._watch.down():
+                continue  # acks that could not be delivered explain it: they end as ACKS_UNDELIVERED
             self._fill_stats()
             raise RunStopped(
                 f"round {round_no}'s Spark job succeeded {now - ended:.0f} s ago but none of its"

@@ -248,7 +248,8 @@ class TrackedStep:
             return {}
         return dict(self.fail_reasons.value)
 
-    def _commit(self, collector: Any, partition: int) -> None:
+    def _commit(self, collector: Any, partition: int, batch_key: int | None = None) -> None:
+        """Send the collector's held acks and fails with the task's dedup key (or ``batch_key``, one batch's)."""
         refused = self._refused
         withheld: tuple[int, ...] = ()
         if refused and self.addresses is not None:
@@ -259,7 +260,7 @@ class TrackedStep:
             replicas = client_for(self.addresses, self.security, **self.client_options).replicas
             withheld = collector.withhold(owners_without_replica(set(refused), count, replicas), count)
         try:
-            collector.commit(dedup_key(self.uid, partition))
+            collector.commit(batch_key if batch_key is not None else dedup_key(self.uid, partition))
         except ShardUnavailable as err:
             # Failing the task would only make Spark retry against the same dead
             # shard; the trees whose acks were dropped are reported to the driver

@@ -212,19 +212,67 @@ def test_emit_checks_columns_and_anchors() -> None:
         sink.emit({"x": [1]}, anchors=[0])
 
 
-def test_a_failing_partition_sends_nothing() -> None:
-    """A function that raises on a later batch discards the partition's held acks: the client sees nothing."""
-    client = RecordingClient()
+def test_a_failing_batch_sends_nothing_of_its_own() -> None:
+    """A function that raises on a later batch: per batch, the earlier batch was committed and the failing one
+    sends nothing; per task, the partition's held acks are all discarded."""
 
     def fn(batch: pa.RecordBatch, collector: ArrowCollector) -> None:
         if batch.column("n")[0].as_py() == 2:
             raise RuntimeError("boom")
 
-    bolt = ArrowBolt(fn, ["a:1"], schema=None, uid=3)
     batches = [tracked_batch([MessageId.single(1, 5)], n=[1]), tracked_batch([MessageId.single(2, 6)], n=[2])]
+    per_batch, per_task = RecordingClient(), RecordingClient()
     with pytest.raises(RuntimeError, match="boom"):
-        run_bolt(bolt, batches, client)
-    assert client.acks == {} and client.keys == []
+        run_bolt(ArrowBolt(fn, ["a:1"], schema=None, uid=3), batches, per_batch)
+    with pytest.raises(RuntimeError, match="boom"):
+        run_bolt(ArrowBolt(fn, ["a:1"], schema=None, uid=3, commit_every="task"), batches, per_task)
+    assert per_batch.acks == {1: 5} and len(per_batch.keys) == 1 and per_batch.keys[0] != 0
+    assert per_task.acks == {} and per_task.keys == []
+
+
+class DedupClient(RecordingClient):
+    """A RecordingClient that drops an ack whose dedup key its root already applied, as the ackers do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: set[tuple[int, int]] = set()
+
+    def ack_columns(self, roots: Any, values: Any, dedup_key: int = 0) -> None:
+        kept = [(r, v) for r, v in zip(np.asarray(roots).tolist(), np.asarray(values).tolist())
+                if not dedup_key or (r, dedup_key) not in self.applied]  # fmt: skip
+        self.applied.update((r, dedup_key) for r, _ in kept if dedup_key)
+        as_u64 = [np.array(column, dtype=np.uint64) for column in ([r for r, _ in kept], [v for _, v in kept])]
+        super().ack_columns(*as_u64, dedup_key)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=2, max_size=12), st.integers(1, 5), st.randoms(use_true_random=False))
+def test_per_batch_commits_of_a_rerun_never_complete_a_tree_early(counts: list[int], cut: int, rng: Any) -> None:
+    """A task re-run after it committed some batches: an exact repeat is dropped by its dedup keys (every tree
+    completes once the sink acks), and a re-run that cuts its batches differently may hang a tree but never
+    completes one whose children the sink has not acked."""
+    roots = list(range(1, len(counts) + 1))
+    inits = {r: rng.getrandbits(64) | 1 for r in roots}
+    parents = [MessageId.single(r, inits[r]) for r in roots]
+    batches = [tracked_batch(parents[i : i + cut], n=counts[i : i + cut]) for i in range(0, len(roots), cut)]
+    client = DedupClient()
+    stage1 = ArrowBolt(fan_out(counts), ["a:1"], schema=X_SCHEMA, uid=11)
+    children = run_bolt(stage1, batches, client)
+    rerun = run_bolt(ArrowBolt(fan_out(counts), ["a:1"], schema=X_SCHEMA, uid=11), batches, client)  # exact
+    assert [b.to_pylist() for b in rerun] == [b.to_pylist() for b in children]
+    shuffled = [
+        tracked_batch(parents[i : i + cut + 1], n=counts[i : i + cut + 1]) for i in range(0, len(roots), cut + 1)
+    ]
+    exact = client.acks.copy()
+    run_bolt(ArrowBolt(fan_out(counts), ["a:1"], schema=X_SCHEMA, uid=11), shuffled, client)  # cut otherwise
+    with_children = [r for r in roots if counts[r - 1]]
+    assert all(client.acks.get(r, 0) ^ inits[r] != 0 for r in with_children)  # no sink yet: none complete
+    sink = ArrowBolt(lambda batch, collector: None, ["a:1"], schema=None, uid=12)
+    finished = DedupClient()
+    finished.acks = exact  # the first run and its exact repeat, then the sink: every tree completes
+    if children:
+        run_bolt(sink, children, finished)
+    assert all(finished.acks.get(r, 0) ^ inits[r] == 0 for r in roots)
 
 
 def test_empty_emits_and_row_lists_are_fine() -> None:
