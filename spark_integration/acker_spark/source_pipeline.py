@@ -128,6 +128,7 @@ class SourceStats:
     commit_errors: dict[str, int] = field(default_factory=dict)
     copied: int = 0  # records of an in-memory source this driver copied into the checkpoint
     output_rows: int = 0  # rows this driver committed to the output
+    staged_rows: int = 0  # output rows this driver's jobs staged (every delivery's, copies included)
     output_commits: int = 0  # commits this driver made
 
     def as_dict(self) -> dict[str, Any]:
@@ -258,6 +259,8 @@ class SourcePipeline:
             self._restore(backstop)
             self._loop(df, job, backstop)
             self._commit_acked()
+            if self._commits is not None:
+                self._commits.drop_staged()  # every ACKED delivery's rows are committed: the rest is never needed
         finally:
             self.cluster.remove_error_listener(self._watch)
             self._feed.close()
@@ -505,7 +508,8 @@ class SourcePipeline:
             self.security,
             self.client_options,
         )
-        result.mapInArrow(stager, stager_schema()).collect()
+        counts = result.mapInArrow(stager, stager_schema()).collect()
+        self.stats.staged_rows += sum(row[0] for row in counts)
 
     def _commit_acked(self) -> None:
         """Commit the output of every ACKED delivery no commit took yet."""

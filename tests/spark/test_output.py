@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -170,3 +171,98 @@ def test_writer_after_a_bolt_is_named_at_once_not_replayed(
         )
     assert stopped.value.stats.replayed == 0
     assert stopped.value.stats.pending == 50
+
+
+class Crash(RuntimeError):
+    """Stands for the driver dying at that point."""
+
+
+def test_a_commit_interrupted_while_publishing_is_finished_once(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver dies after moving two of a commit's files: the next driver moves the rest, nothing twice."""
+    import acker_spark.output.destinations as destinations
+
+    out = tmp_path / "out"
+    output = FileOutput(str(out), partition_by=["bucket"])
+    real_replace, moves = os.replace, []
+
+    def dying_replace(src: Any, dst: Any) -> None:
+        if ".acker-staging" in str(src):
+            if len(moves) == 2:
+                raise Crash("killed while publishing")
+            moves.append(dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(destinations.os, "replace", dying_replace)
+    with pytest.raises(Crash):
+        SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, output=output).run(
+            keyed_source(spark, 80), split_job(ackers.addresses), key="id"
+        )
+    monkeypatch.setattr(destinations.os, "replace", real_replace)
+    assert 0 < len(rows_of(spark.read.parquet(str(out)))) < len(expected_words(80))  # half a commit visible
+    stats = SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, output=output).run(
+        keyed_source(spark, 80), split_job(ackers.addresses), key="id"
+    )
+    assert stats.resumed and stats.rounds == 0  # nothing read again: only the commit was finished
+    assert rows_of(spark.read.parquet(str(out))) == expected_words(80)
+    assert len(list((out / "_acker_commits").glob("*.json"))) == 1
+
+
+def test_a_function_commit_interrupted_is_called_again_with_the_same_id_and_rows(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
+) -> None:
+    """BatchOutput: a call that dies is made again, same commit id, same rows; then never again."""
+    calls: list[tuple[str, Counter[tuple[str, str]]]] = []
+
+    def flaky(commit_id: str, df: Any) -> None:
+        calls.append((commit_id, rows_of(df)))
+        if len(calls) == 1:
+            raise Crash("killed inside the function")
+
+    output = BatchOutput(flaky)
+    with pytest.raises(Crash):
+        SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, output=output).run(
+            keyed_source(spark, 40), split_job(ackers.addresses), key="id"
+        )
+    SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, output=output).run(
+        keyed_source(spark, 40), split_job(ackers.addresses), key="id"
+    )
+    SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, output=output).run(
+        keyed_source(spark, 40), split_job(ackers.addresses), key="id"
+    )
+    assert len(calls) == 2 and calls[0] == calls[1]
+    assert calls[0][1] == expected_words(40)
+
+
+def test_rows_of_failed_and_superseded_deliveries_are_never_committed(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
+) -> None:
+    """Each record's rows come from the delivery that ACKED: the failed first delivery's staged rows stay out."""
+    out = tmp_path / "out"
+
+    class Tagged(FlakySplit):
+        def __call__(self, batch: pa.RecordBatch, collector: Any) -> None:
+            pieces = pc.split_pattern(batch.column("text"), " ")
+            parents = pc.list_parent_indices(pieces)
+            columns = {
+                "id": pc.take(batch.column("id"), parents),
+                "word": pc.list_flatten(pieces),
+                "attempt": pc.take(batch.column("_attempt"), parents),
+            }
+            collector.emit(columns, anchors=parents)
+            first = batch.column("_attempt").to_numpy() == 1
+            collector.fail(np.flatnonzero(first & (np.arange(batch.num_rows) % 2 == 0)))
+
+    bolt = ArrowBolt(Tagged(), ackers.addresses, schema="id string, word string, attempt int", name="tagged")
+    pipeline = SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, output=FileOutput(str(out)))
+    stats = pipeline.run(keyed_source(spark, 100), bolt.apply_df, key="id")
+    assert stats.staged_rows > stats.output_rows  # the failed first deliveries' rows were staged too
+    assert not (tmp_path / "cp" / "output" / "staged").exists()  # and dropped at the end of the run
+    committed = spark.read.parquet(str(out))
+    assert rows_of(committed) == expected_words(100)
+    attempts = {r["id"]: set() for r in committed.select("id").collect()}
+    for r in committed.select("id", "attempt").collect():
+        attempts[r["id"]].add(r["attempt"])
+    assert all(len(a) == 1 for a in attempts.values())  # one delivery per record
+    assert sum(1 for a in attempts.values() if a == {2}) == stats.replayed > 0

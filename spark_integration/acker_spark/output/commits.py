@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,10 @@ class OutputCommits:
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
+
+    def drop_staged(self) -> None:
+        """Delete the staged rows (at the end of a run: what no commit took belongs to failed deliveries)."""
+        shutil.rmtree(self.checkpoint / STAGED_DIR, ignore_errors=True)
 
     # -- committing -----------------------------------------------------------------------
 
