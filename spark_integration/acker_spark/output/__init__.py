@@ -12,6 +12,7 @@ it (:mod:`.commits`, :mod:`.destinations`).
 from .commits import OutputCommits
 from .destinations import BatchOutput, FileOutput, Output, TableOutput, published_files
 from .stager import OutputStager, UnanchoredOutput
+from .stream import StreamOutput
 
 __all__ = [
     "BatchOutput",
@@ -19,6 +20,7 @@ __all__ = [
     "Output",
     "OutputCommits",
     "OutputStager",
+    "StreamOutput",
     "TableOutput",
     "UnanchoredOutput",
     "published_files",

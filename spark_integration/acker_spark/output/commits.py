@@ -62,6 +62,7 @@ class CommitRecord:
     state: str  # decided, written, done
     rounds: tuple[int, ...]  # the rounds whose staged folders hold its rows
     first: bool  # the run's first commit (an overwrite clears the destination once, before it)
+    key: int | None = None  # the caller's key for it (a streaming query's batch id)
 
 
 class OutputCommits:
@@ -82,7 +83,9 @@ class OutputCommits:
         out = []
         for path in sorted(self.folder.glob("c*.json")):
             data = json.loads(path.read_text())
-            out.append(CommitRecord(data["number"], data["state"], tuple(data["rounds"]), data["first"]))
+            out.append(
+                CommitRecord(data["number"], data["state"], tuple(data["rounds"]), data["first"], data.get("key"))
+            )
         return out
 
     def taken(self) -> np.ndarray:
@@ -93,7 +96,13 @@ class OutputCommits:
     def _save(self, record: CommitRecord) -> None:
         path = self.folder / f"c{record.number:05d}.json"
         tmp = path.with_name(f".{path.name}.tmp")
-        data = {"number": record.number, "state": record.state, "rounds": list(record.rounds), "first": record.first}
+        data = {
+            "number": record.number,
+            "state": record.state,
+            "rounds": list(record.rounds),
+            "first": record.first,
+            "key": record.key,
+        }
         with open(tmp, "w") as out:
             json.dump(data, out)
             out.flush()
@@ -106,10 +115,15 @@ class OutputCommits:
 
     # -- committing -----------------------------------------------------------------------
 
-    def commit(self, spark: Any, roots: np.ndarray, rounds: np.ndarray) -> int:
+    def has_key(self, key: int) -> bool:
+        """True if a commit of the log was made with ``key``."""
+        return any(record.key == key for record in self.records())
+
+    def commit(self, spark: Any, roots: np.ndarray, rounds: np.ndarray, key: int | None = None) -> int:
         """Decide, write and publish a commit of the trees ``roots`` (ACKED, not taken before), started in ``rounds``.
 
-        Returns how many rows it committed.
+        ``rounds`` name the staged folders that hold their rows; ``key`` is kept
+        with the commit (:meth:`has_key`). Returns how many rows it committed.
         """
         records = self.records()
         if records and records[-1].state != "done":
@@ -125,7 +139,7 @@ class OutputCommits:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, npz)
-        record = CommitRecord(number, "decided", tuple(sorted(int(r) for r in np.unique(rounds))), number == 0)
+        record = CommitRecord(number, "decided", tuple(sorted(int(r) for r in np.unique(rounds))), number == 0, key)
         self._save(record)
         return self._finish(spark, record)
 
@@ -145,10 +159,10 @@ class OutputCommits:
             if df is not None:  # no staged row: an empty commit (the trees' records produced no output)
                 self.output.write(spark, df, self.run, record.number)
                 df.unpersist()
-            record = CommitRecord(record.number, "written", record.rounds, record.first)
+            record = CommitRecord(record.number, "written", record.rounds, record.first, record.key)
             self._save(record)
         files = self.output.publish(spark, self.run, record.number, first=record.first)
-        self._save(CommitRecord(record.number, "done", record.rounds, record.first))
+        self._save(CommitRecord(record.number, "done", record.rounds, record.first, record.key))
         self.rows_committed += rows
         log.info("output commit %d: %d rows to %s (%d files)", record.number, rows, self.output.describe(), len(files))
         return rows
