@@ -22,7 +22,16 @@ from acker_spark.sqlite import open_db, upsert
 
 from .wordcount import FailureInjection, InjectedCrash, Word
 
-__all__ = ["NO_FAULTS", "WORD_SCHEMA", "split_sentences", "CountWordRows", "build_job", "build_source_job"]
+__all__ = [
+    "NO_FAULTS",
+    "WORD_SCHEMA",
+    "split_sentences",
+    "CheckWordRows",
+    "CountWordRows",
+    "build_job",
+    "build_output_job",
+    "build_source_job",
+]
 
 WORD_SCHEMA = "key string, position int, word string, attempt int"
 """The split bolt's output columns."""
@@ -87,6 +96,43 @@ class CountWordRows:
             return np.zeros(count, dtype=bool)
         words = map(Word, columns["key"], columns["position"], columns["word"], columns["attempt"])
         return np.fromiter((injection.should_fail(w) for w in words), dtype=bool, count=count)
+
+
+class CheckWordRows:
+    """ArrowBolt step before the output: fails the injected word rows, passes the others on (anchored to themselves).
+
+    The output rows are what the pipeline commits; a crash injected here kills
+    the task's first attempt after ``crash_after`` rows of its first batch.
+    """
+
+    def __init__(self, injection: FailureInjection = NO_FAULTS) -> None:
+        self.injection = injection
+        self._counting = CountWordRows("", injection)  # its failure draw, without its SQLite sink
+
+    def __call__(self, batch: pa.RecordBatch, collector: Any) -> None:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is not None and self.injection.crashes(context.partitionId(), context.attemptNumber()):
+            raise InjectedCrash(f"injected crash in partition {context.partitionId()} (first attempt)")
+        failed = self._counting._failed(batch.to_pydict())
+        kept = np.flatnonzero(~failed)
+        collector.emit(batch.take(pa.array(kept)), anchors=kept)
+        collector.fail(failed)
+
+
+def build_output_job(
+    addresses: Sequence[str] | None, *, partitions: int = 4, injection: FailureInjection = NO_FAULTS
+) -> tuple[Any, tuple[ArrowBolt, ArrowBolt]]:
+    """The word count for ``SourcePipeline(..., output=FileOutput(...))``: the job returns the word rows to commit."""
+    split = ArrowBolt(split_sentences, addresses, schema=WORD_SCHEMA, name="split")
+    check = ArrowBolt(CheckWordRows(injection), addresses, schema=WORD_SCHEMA, name="check")
+
+    def job(df: Any) -> Any:
+        keyed = df.selectExpr("_record_key AS key", "value", "_attempt AS attempt", "_acker_ids")
+        return check.apply_df(split.apply_df(keyed).repartition(partitions, "word"))
+
+    return job, (split, check)
 
 
 def build_job(

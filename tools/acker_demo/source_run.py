@@ -5,7 +5,10 @@ source): it copies them once into its checkpoint as Parquet and reads that copy
 on the executors, each record named by its key; ``--source-dir`` reads text
 files with ``spark.read.text`` (records identified by file and position).
 Each record's tree starts in the task that reads it, failures are replayed by
-re-reading the source, and the run's checkpoint lives next to the sink.
+re-reading the source, and the job ends with Spark's own Parquet writer: the
+pipeline commits the word rows of the deliveries that ACKED, exactly once
+(``output=FileOutput(...)``), into a folder next to the SQLite file that keeps
+the dead letters; the checkpoint lives there too.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from acker_spark.sources import Record
 
 from . import wordcount
 
-__all__ = ["run_source_tracked", "expected_without_dead"]
+__all__ = ["run_source_tracked", "expected_without_dead", "output_check"]
 
 
 def _source(args: argparse.Namespace, spark: Any, records: list[Record]) -> Any:
@@ -38,20 +41,22 @@ def run_source_tracked(
 ) -> dict[str, Any]:
     """One tracked run through SourcePipeline; the summary fields the demo prints."""
     from acker_client import ClusterClient
+    from acker_spark.output import FileOutput
     from acker_spark.source_pipeline import SourcePipeline
 
     from acker_service.process_cluster import ProcessCluster
 
-    from .dataframe_job import build_source_job
+    from .dataframe_job import build_output_job
 
     work = db.parent / f"{db.stem}-source"
-    checkpoint = work / f"checkpoint-{time.time_ns()}"  # a fresh run each time the demo runs
+    run_id = time.time_ns()  # a fresh run each time the demo runs
+    checkpoint, output = work / f"checkpoint-{run_id}", work / f"words-{run_id}.parquet"
     source = _source(args, spark, records)
     with ProcessCluster(count=args.shards, message_timeout=args.message_timeout) as cluster:
         injection = wordcount.FailureInjection(
             fail_percent=args.fail_percent, crash_partition=0 if args.crash_task else None
         )
-        job, bolts = build_source_job(cluster.addresses, db, partitions=args.partitions, injection=injection)
+        job, bolts = build_output_job(cluster.addresses, partitions=args.partitions, injection=injection)
         policy = ReplayPolicy(max_attempts=args.max_attempts, backoff_base=args.backoff, backoff_cap=8.0)
         chaos = chaos_factory(cluster)
         with ClusterClient(cluster.addresses) as client, chaos:
@@ -62,6 +67,7 @@ def run_source_tracked(
                 policy=policy,
                 dead_letters=DeadLetterStore(db),
                 on_progress=live.update if live else None,
+                output=FileOutput(str(output)),  # Spark's Parquet writer, exactly once per record
             )
             started = time.perf_counter()
             stats = pipeline.run(source, job)
@@ -76,6 +82,7 @@ def run_source_tracked(
         "acker_restarted": chaos.restarted,
         "commit_errors": sum(b.commit_errors.value for b in bolts if b.commit_errors is not None),
         "checkpoint": str(checkpoint),
+        "output": str(output),
     }
 
 
@@ -85,3 +92,11 @@ def expected_without_dead(records: list[Record], db: Path) -> Counter[str]:
     for letter in DeadLetterStore(db).all():
         expected.subtract(wordcount.tokenize(letter.record["value"]))
     return +expected
+
+
+def output_check(spark: Any, output: str) -> tuple[Counter[str], int, int]:
+    """The Parquet output's word counts, its rows, and rows that repeat a (record, position) (0 when exact)."""
+    rows = spark.read.parquet(output)
+    counts = Counter({r["word"]: r["count"] for r in rows.groupBy("word").count().collect()})
+    total = rows.count()
+    return counts, total, total - rows.select("key", "position").distinct().count()
