@@ -382,7 +382,7 @@ class ClusterClient:
 
     def ack(self, root: int, value: int, dedup_key: int = 0) -> None:
         """Buffer ACK(root, value); acks with the same root and dedup key in one batch fold into one."""
-        # The hot path: checks and the common case inlined (about 0.5 µs per call).
+        # The hot path (once per tuple acked): the checks and the common case are inlined, as every call here is paid per tuple.
         if not (0 < root <= MAX_ID and 0 <= value <= MAX_ID and 0 <= dedup_key <= MAX_ID):
             check_id(root, value)
             raise ValueError(f"dedup key {dedup_key!r} is not a 64-bit unsigned integer")
