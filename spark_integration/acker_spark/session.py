@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["local_session", "LOCAL_MASTER", "spark_context_of", "default_parallelism"]
+__all__ = ["local_session", "LOCAL_MASTER", "spark_context_of", "default_parallelism", "submitted_master"]
 
 # "local[2,4]": two cores, and up to 4 attempts per task. Plain "local[N]" never
 # retries a failed task, which would hide exactly what the integration must survive.
@@ -35,8 +35,28 @@ def _log4j2_file() -> Path:
     return path
 
 
+def submitted_master() -> str | None:
+    """The master that ``spark-submit --master`` (or ``PYSPARK_SUBMIT_ARGS``) gave this process, or None.
+
+    Under ``spark-submit`` the driver's JVM is already running (``PYSPARK_GATEWAY_PORT``)
+    and holds the master among its settings; a Python started with
+    ``PYSPARK_SUBMIT_ARGS="--master ... pyspark-shell"`` names it there.
+    """
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()  # connects to spark-submit's JVM; starts none
+        master = SparkConf().get("spark.master", None)
+        if master:
+            return str(master)
+    args = os.environ.get("PYSPARK_SUBMIT_ARGS", "").split()
+    if "--master" in args[:-1]:
+        return args[args.index("--master") + 1]
+    return None
+
+
 def local_session(
-    master: str = LOCAL_MASTER,
+    master: str | None = None,
     *,
     app_name: str = "acker-spark",
     shuffle_partitions: int = 4,
@@ -44,6 +64,9 @@ def local_session(
     extra_conf: dict[str, str] | None = None,
 ) -> Any:
     """Get or create a local SparkSession whose Python workers run this interpreter.
+
+    ``master``: None (the default) keeps a master given by ``spark-submit
+    --master`` (:func:`submitted_master`) and is otherwise :data:`LOCAL_MASTER`.
 
     ``quiet=True`` shows Spark's log at ERROR and above only (failed tasks
     included); ``quiet=False`` leaves Spark's own logging as configured.
@@ -58,6 +81,8 @@ def local_session(
     # is not enough in local mode).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if master is None:
+        master = submitted_master() or LOCAL_MASTER
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)

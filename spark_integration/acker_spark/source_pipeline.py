@@ -339,10 +339,11 @@ class SourcePipeline:
         roots, outcomes = self.checkpoint.read_outcomes()
         if len(roots):
             self._settle(roots, outcomes)
+        # Superseded deliveries first: only a dead record's last delivery is DEAD (one per record).
+        self.table.mark_replayed(self._manifest["salt"], self.table.idents, self.table.attempts)
         dead = self.checkpoint.read_dead()
         if len(dead):
             self.table.state[np.isin(self.table.idents, dead) & (self.table.state == FAILED)] = DEAD
-        self.table.mark_replayed(self._manifest["salt"], self.table.idents, self.table.attempts)
         if len(self._undelivered):
             self._mark_undelivered()
         self.table.due[self.table.state == FAILED] = self.clock()  # their backoff ran while no driver was up
