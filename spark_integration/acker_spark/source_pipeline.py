@@ -249,6 +249,17 @@ class SourcePipeline:
         df, key, copy = self._source_frame(source, key)
         spec = resolve_identity(self.spark, df, key)
         self._open(spec, copy)
+        replicas = getattr(self.cluster, "replicas", 1)
+        log.info(
+            "%s run %s: %d ackers, replicas %d (%s), checkpoint %s, output %s",
+            "resuming" if self.stats.resumed else "starting",
+            self._manifest["name"],
+            self.cluster.shard_count,
+            replicas,
+            "each tree kept by two ackers" if replicas == 2 else "an acker's loss replays its trees",
+            self.checkpoint.path,
+            self.output.describe() if self.output is not None else "none (the job writes its own)",
+        )
         backstop = self.spout_timeout if self.spout_timeout is not None else self._backstop()
         from .outcome_feed import OutcomeFeed
 

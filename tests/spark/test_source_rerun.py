@@ -54,3 +54,20 @@ def test_rerun_on_a_finished_checkpoint_counts_each_dead_record_once(
     assert again.resumed and again.rounds == 0
     assert (again.acked, again.dead_lettered, again.replayed, again.emitted) == (35, 5, 10, 40)
     assert len(letters.all()) == 5
+
+
+def test_first_log_line_says_whether_trees_are_replicated(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run's first line names the acker count and replication, so a user sees whether an acker loss replays."""
+    rows = [(f"k{i}", "good") for i in range(6)]
+    with local_cluster(2, message_timeout=60.0, replicas=2) as cluster, ClusterClient(cluster.addresses) as client:
+        sink = ArrowBolt(fail_bad, cluster.addresses, schema=None, name="sink")
+        pipeline = SourcePipeline(spark, client, tmp_path / "cp")
+        with caplog.at_level("INFO", logger="acker_spark.source_pipeline"):
+            pipeline.run(
+                spark.createDataFrame(rows, "id string, text string"), lambda df: sink.apply_df(df).count(), key="id"
+            )
+    close_clients()
+    first = [r.getMessage() for r in caplog.records if r.name == "acker_spark.source_pipeline"][0]
+    assert "2 ackers, replicas 2 (each tree kept by two ackers)" in first and str(tmp_path / "cp") in first

@@ -121,3 +121,18 @@ def test_usage_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as both:
         main(["--ackers", "x:1", "fail", "5", "--spout", "s"])
     assert both.value.code == 2
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_status_says_whether_trees_are_replicated(replicas):
+    """status shows each shard's --replicas and says in words what it means (JSON: the number)."""
+    with local_cluster(2, message_timeout=300.0, replicas=replicas) as cluster:
+        printed: list[str] = []
+        assert main(["--ackers", ",".join(cluster.addresses), "status", "--interval", "0"], out=printed.append) == 0
+        code, text = ctl(cluster, "status", "--interval", "0")
+    assert code == 0 and json.loads(text)["replicas"] == replicas
+    assert {s["replicas"] for s in json.loads(text)["shards"]} == {replicas}
+    assert (
+        f"replicas: {replicas} (every tree is kept by {'its shard and the next one' if replicas == 2 else 'one acker'}"
+        in printed[0]
+    )

@@ -96,15 +96,27 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 _TREE_COLUMNS = ("root", "shard", "status", "age_seconds", "spout", "failed", "resets", "dedup_keys")
 _STATUS_COLUMNS = (
     "shard", "address", "incarnation", "pending_trees", "oldest_age_seconds", "oldest_root",
-    "started_per_s", "acked_per_s", "failed_per_s", "timed_out_per_s", "timeout_mode",
+    "started_per_s", "acked_per_s", "failed_per_s", "timed_out_per_s", "timeout_mode", "replicas",
 )  # fmt: skip
+
+
+def _summary(status: dict[str, Any]) -> str:
+    """The status table's last lines: pending trees, and how many ackers keep each tree."""
+    replicas = status["replicas"]
+    if replicas == 2:
+        kept = "replicas: 2 (every tree is kept by its shard and the next one: one acker's loss replays nothing)"
+    elif replicas == 1:
+        kept = "replicas: 1 (every tree is kept by one acker: its loss replays that acker's trees)"
+    else:
+        kept = f"replicas: shards disagree ({replicas}): start every acker with the same --replicas"
+    return f"pending trees: {status['pending_trees']}\n{kept}"
 
 
 def _run(args: argparse.Namespace, cluster: Cluster) -> tuple[Any, str]:
     """(JSON-ready result, its table) for the chosen subcommand."""
     if args.command == "status":
         result = cluster.status(args.interval)
-        return result, _table(result["shards"], _STATUS_COLUMNS) + f"\npending trees: {result['pending_trees']}"
+        return result, _table(result["shards"], _STATUS_COLUMNS) + "\n" + _summary(result)
     if args.command == "inspect":
         trees = cluster.inspect(args.roots)
         return trees, _table(trees, _TREE_COLUMNS)

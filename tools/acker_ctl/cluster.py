@@ -137,9 +137,15 @@ class Cluster:
                     "message_timeout_seconds": info.message_timeout_seconds,
                     "timeout_mode": info.timeout_mode or "fixed",
                     "max_tree_lifetime_seconds": info.max_tree_lifetime_seconds,
+                    "replicas": info.replicas or 1,  # 0: a server from before replication, which keeps one copy
                 }
             )
-        return {"shards": shards, "pending_trees": sum(s["pending_trees"] for s in shards)}
+        replicas = sorted({int(info.replicas or 1) for info in infos})
+        return {
+            "shards": shards,
+            "pending_trees": sum(s["pending_trees"] for s in shards),
+            "replicas": replicas[0] if len(replicas) == 1 else replicas,
+        }
 
     def inspect(self, roots: Sequence[int]) -> list[dict[str, Any]]:
         """Each root's state, asked of the shard that owns it, in the order given."""
