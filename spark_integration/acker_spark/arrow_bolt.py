@@ -25,6 +25,7 @@ on Spark Connect alike (no ``df.rdd``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -34,11 +35,14 @@ from acker_protocol.credentials import ChannelSecurity
 
 from .arrow_collector import ArrowCollector
 from .frames import TRACKING_COLUMN, PairColumn, decode_ids, require_tracking_column, tracked_schema
+from .job_errors import job_error
 from .leases import LeaseKeeper
 from .session import spark_context_of
 from .step import TrackedStep
 
 __all__ = ["ArrowBolt", "ArrowFunction"]
+
+log = logging.getLogger("acker_spark.executor")  # the name operators already filter on
 
 ArrowFunction = Callable[[Any, ArrowCollector], None]
 """``fn(batch, collector)``: emits with ``collector.emit(out, anchors)``, may ``fail``/``ack`` rows, returns None."""
@@ -57,6 +61,11 @@ class ArrowBolt(TrackedStep):
     ``lease_cap``: see :class:`~acker_spark.step.TrackedStep`). ``commit_every``:
     ``"batch"`` (default) sends each input batch's acks and fails once its
     output has been handed on, ``"task"`` once the whole partition is done.
+    ``on_error``: when ``fn`` raises for a batch, ``"isolate"`` (default) calls
+    it again on halves of the batch until each row that raises is alone, and
+    fails just those rows with the exception as their reason (``Type: message
+    (at file:line in function)``: the dead letter's cause), keeping what ``fn``
+    did for every other row; ``"raise"`` fails the task, as Spark does.
     """
 
     def __init__(
@@ -74,7 +83,11 @@ class ArrowBolt(TrackedStep):
         message_timeout: float | None = None,
         lease_cap: float | None = None,
         commit_every: str = "batch",
+        on_error: str = "isolate",
     ) -> None:
+        if on_error not in ("isolate", "raise"):
+            raise ValueError(f'on_error must be "isolate" or "raise", got {on_error!r}')
+        self.on_error = on_error
         if commit_every not in ("batch", "task"):
             raise ValueError(f'commit_every must be "batch" or "task", got {commit_every!r}')
         self.commit_every = commit_every
@@ -174,13 +187,39 @@ class ArrowBolt(TrackedStep):
         else:
             parents = PairColumn(np.zeros(batch.num_rows + 1, dtype=np.int64), *_no_pairs())
         user = batch.remove_column(index)
+        return self._call(user, parents, collector)
+
+    def _call(self, user: pa.RecordBatch, parents: PairColumn, collector: ArrowCollector) -> list[pa.RecordBatch]:
+        """``fn`` over ``user``; if it raises, over halves of it until each raising row is alone, then failed."""
+        mark = collector._mark()
         collector._start_batch(parents)
-        result = self.fn(user.to_pandas() if self.pandas else user, collector)
+        try:
+            result = self.fn(user.to_pandas() if self.pandas else user, collector)
+        except Exception as err:
+            if self.on_error == "raise" or user.num_rows == 0:
+                raise
+            collector._roll_back(mark)
+            if user.num_rows == 1:
+                return self._fail_alone(parents, collector, err)
+            half = user.num_rows // 2
+            rest = np.arange(half, user.num_rows)
+            return [
+                *self._call(user.slice(0, half), parents.take(np.arange(half)), collector),
+                *self._call(user.slice(half), parents.take(rest), collector),
+            ]
         if result is not None:
             raise TypeError(
                 f"bolt {self.name!r}: the function returned {type(result).__name__}; it must emit with"
                 f" collector.emit(batch, anchors) and return None"
             )
+        return collector._finish_batch()
+
+    def _fail_alone(self, parents: PairColumn, collector: ArrowCollector, err: Exception) -> list[pa.RecordBatch]:
+        """One row raised on its own: fail it with the exception as its reason (its record is poison or unlucky)."""
+        cause = str(job_error(err))
+        log.warning("bolt %s: a record raised, failing it alone: %s", self.name, cause)
+        collector._start_batch(parents)
+        collector.fail(0, reason=cause)
         return collector._finish_batch()
 
     def __repr__(self) -> str:

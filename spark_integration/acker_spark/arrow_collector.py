@@ -47,6 +47,8 @@ class ArrowCollector:
         self._held_values: list[np.ndarray] = []
         self._held_fails: list[np.ndarray] = []
         self.undelivered: tuple[int, ...] = ()  # roots of the last commit that could not be delivered
+        # root -> the reason fail() gave (first wins); the bolt reports them with its commits
+        self.fail_reasons: dict[int, str] = {}
 
     @property
     def tracking(self) -> bool:
@@ -93,12 +95,31 @@ class ArrowCollector:
         if self.tracking:
             self._hold_acks(mask)
 
-    def fail(self, rows: Rows) -> None:
-        """Fail input ``rows``: each tree they belong to fails, and its spout replays the record."""
+    def fail(self, rows: Rows, reason: str | Any = None) -> None:
+        """Fail input ``rows``: each tree they belong to fails, and its spout replays the record.
+
+        ``reason`` says why: one text for every row, or one per failed row (in
+        row order); the pipeline keeps it as the dead letter's ``cause``.
+        """
         mask = self._settle(rows)
         if self.tracking:
-            index, _ = self._current.gather(np.flatnonzero(mask))
-            self._held_fails.append(self._current.roots[index])
+            selected = np.flatnonzero(mask)
+            index, starts = self._current.gather(selected)
+            roots = self._current.roots[index]
+            self._held_fails.append(roots)
+            if reason is not None:
+                self._keep_reasons(roots, np.diff(starts), reason, len(selected))
+
+    def _keep_reasons(self, roots: np.ndarray, counts: np.ndarray, reason: Any, rows: int) -> None:
+        """Remember each failed row's reason for every root it carries (a root's first reason is kept)."""
+        if isinstance(reason, str):
+            per_row = [reason] * rows
+        else:
+            per_row = [str(r) for r in reason]
+            if len(per_row) != rows:
+                raise ValueError(f"{len(per_row)} reasons for {rows} failed rows: give one text, or one per row")
+        for root, text in zip(roots.tolist(), np.repeat(np.asarray(per_row, dtype=object), counts).tolist()):
+            self.fail_reasons.setdefault(root, text)
 
     def reset_timeout(self, rows: Rows) -> None:
         """Give every tree of input ``rows`` a fresh acker timeout (sent at once: it changes no checksum)."""
@@ -117,6 +138,18 @@ class ArrowCollector:
         self._ordinals = np.zeros(parents.rows, dtype=np.int64)
         self._settled = np.zeros(parents.rows, dtype=bool)
         self._out: list[pa.RecordBatch] = []
+
+    def _mark(self) -> tuple[int, int, int, int]:
+        """Where the held lists and reasons stand now (see :meth:`_roll_back`)."""
+        return len(self._held_roots), len(self._held_values), len(self._held_fails), len(self.fail_reasons)
+
+    def _roll_back(self, mark: tuple[int, int, int, int]) -> None:
+        """Forget what a call of the function that raised held, emitted or gave as reasons since ``mark``."""
+        roots, values, fails, reasons = mark
+        del self._held_roots[roots:], self._held_values[values:], self._held_fails[fails:]
+        for root in list(self.fail_reasons)[reasons:]:  # a dict keeps insertion order
+            del self.fail_reasons[root]
+        self._out = []
 
     def _finish_batch(self) -> list[pa.RecordBatch]:
         """The function returned: ack every row it neither acked nor failed; return the batches it emitted."""

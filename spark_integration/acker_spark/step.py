@@ -278,6 +278,7 @@ class TrackedStep:
             reasons = getattr(collector, "fail_reasons", None)
             if reasons:
                 self.fail_reasons.add(frozenset(itertools.islice(reasons.items(), _MAX_REASONS_PER_TASK)))
+                reasons.clear()  # reported: a per-batch commit does not send them again
 
 
 def _probed(client: Any, failure: Any) -> Any:

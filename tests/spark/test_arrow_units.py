@@ -27,6 +27,7 @@ class RecordingClient:
         self.acks: dict[int, int] = {}
         self.fails: set[int] = set()
         self.keys: list[int] = []
+        self.reasons: dict[int, str] = {}  # root -> reason the bolt's commits reported
 
     def ack_columns(self, roots: Any, values: Any, dedup_key: int = 0) -> None:
         self.keys.append(dedup_key)
@@ -68,6 +69,13 @@ def run_bolt(bolt: ArrowBolt, batches: list[pa.RecordBatch], client: RecordingCl
     """Run ``bolt`` over one partition's batches with ``client`` standing in for the ackers."""
     bolt.client = lambda: client  # type: ignore[method-assign]  # this bolt's executor client, replaced
     bolt.leases = False  # the stand-in answers no Describe; leases have tests of their own (test_leases.py)
+    committed = bolt._commit
+
+    def commit(collector: ArrowCollector, *args: Any, **kwargs: Any) -> None:
+        client.reasons.update(collector.fail_reasons)  # what the commit reports to the driver
+        committed(collector, *args, **kwargs)
+
+    bolt._commit = commit  # type: ignore[method-assign]
     return list(bolt.run_batches(3, batches))
 
 
@@ -213,8 +221,8 @@ def test_emit_checks_columns_and_anchors() -> None:
 
 
 def test_a_failing_batch_sends_nothing_of_its_own() -> None:
-    """A function that raises on a later batch: per batch, the earlier batch was committed and the failing one
-    sends nothing; per task, the partition's held acks are all discarded."""
+    """A function that raises on a later batch (on_error='raise'): per batch, the earlier batch was committed and
+    the failing one sends nothing; per task, the partition's held acks are all discarded."""
 
     def fn(batch: pa.RecordBatch, collector: ArrowCollector) -> None:
         if batch.column("n")[0].as_py() == 2:
@@ -223,9 +231,9 @@ def test_a_failing_batch_sends_nothing_of_its_own() -> None:
     batches = [tracked_batch([MessageId.single(1, 5)], n=[1]), tracked_batch([MessageId.single(2, 6)], n=[2])]
     per_batch, per_task = RecordingClient(), RecordingClient()
     with pytest.raises(RuntimeError, match="boom"):
-        run_bolt(ArrowBolt(fn, ["a:1"], schema=None, uid=3), batches, per_batch)
+        run_bolt(ArrowBolt(fn, ["a:1"], schema=None, uid=3, on_error="raise"), batches, per_batch)
     with pytest.raises(RuntimeError, match="boom"):
-        run_bolt(ArrowBolt(fn, ["a:1"], schema=None, uid=3, commit_every="task"), batches, per_task)
+        run_bolt(ArrowBolt(fn, ["a:1"], schema=None, uid=3, commit_every="task", on_error="raise"), batches, per_task)
     assert per_batch.acks == {1: 5} and len(per_batch.keys) == 1 and per_batch.keys[0] != 0
     assert per_task.acks == {} and per_task.keys == []
 
@@ -319,3 +327,54 @@ def test_withhold_drops_the_held_rows_of_unreachable_shards() -> None:
     collector.commit(dedup_key=77)
     assert client.fails == set()
     assert client.acks == {3: 103, 5: 105}
+
+
+def raising_on(bad: set[int]) -> Any:
+    """An ArrowBolt function emitting one child per row; it raises ValueError for any batch holding a ``bad`` n."""
+
+    def fn(batch: pa.RecordBatch, collector: ArrowCollector) -> None:
+        values = batch.column("n").to_pylist()
+        collector.emit({"x": pa.array(values, pa.int64())}, anchors=np.arange(batch.num_rows))
+        hit = sorted(bad & set(values))
+        if hit:
+            raise ValueError(f"cannot handle n={hit[0]}")
+
+    return fn
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 40), st.sets(st.integers(0, 39), max_size=4))
+def test_a_raising_row_is_failed_alone_with_its_cause(rows: int, bad: set[int]) -> None:
+    """on_error='isolate': the rows that raise are failed with the exception as reason; every other row's
+    children are emitted once and its tree completes."""
+    bad = {b for b in bad if b < rows}
+    roots = list(range(1, rows + 1))
+    inits = {r: r * 1_000_003 for r in roots}
+    client = RecordingClient()
+    bolt = ArrowBolt(raising_on(bad), ["a:1"], schema=X_SCHEMA, uid=7)
+    batch = tracked_batch([MessageId.single(r, inits[r]) for r in roots], n=list(range(rows)))
+    out = run_bolt(bolt, [batch], client)
+    emitted = [x for b in out for x in b.column("x").to_pylist()]
+    assert sorted(emitted) == [n for n in range(rows) if n not in bad]
+    assert client.fails == {n + 1 for n in bad}
+    sink = ArrowBolt(lambda batch, collector: None, ["a:1"], schema=None, uid=8)
+    if out:
+        run_bolt(sink, out, client)
+    assert all(client.acks.get(r, 0) ^ inits[r] == 0 for r in roots if r - 1 not in bad)
+    reasons = dict(bolt_reasons(bolt, client))
+    assert set(reasons) == {n + 1 for n in bad}
+    assert all(r.startswith(f"ValueError: cannot handle n={n - 1}") and " in fn)" in r for n, r in reasons.items())
+
+
+def bolt_reasons(bolt: ArrowBolt, client: RecordingClient) -> list[tuple[int, str]]:
+    """The (root, reason) pairs the bolt's last run reported (its collector, as the commit reads them)."""
+    return list(client.reasons.items())
+
+
+def test_on_error_raise_fails_the_task() -> None:
+    """on_error='raise' keeps Spark's behaviour: the exception ends the task and nothing is sent."""
+    client = RecordingClient()
+    bolt = ArrowBolt(raising_on({1}), ["a:1"], schema=X_SCHEMA, uid=7, on_error="raise", commit_every="task")
+    with pytest.raises(ValueError, match="n=1"):
+        run_bolt(bolt, [tracked_batch([MessageId.single(r, r) for r in (1, 2, 3)], n=[0, 1, 2])], client)
+    assert client.acks == {} and client.fails == set()
