@@ -35,7 +35,7 @@ from acker_protocol.credentials import ChannelSecurity
 
 from .arrow_collector import ArrowCollector
 from .frames import TRACKING_COLUMN, PairColumn, decode_ids, require_tracking_column, tracked_schema
-from .job_errors import job_error
+from .job_errors import POISON_ERRORS, job_error
 from .leases import LeaseKeeper
 from .session import spark_context_of
 from .step import TrackedStep
@@ -65,7 +65,11 @@ class ArrowBolt(TrackedStep):
     it again on halves of the batch until each row that raises is alone, and
     fails just those rows with the exception as their reason (``Type: message
     (at file:line in function)``: the dead letter's cause), keeping what ``fn``
-    did for every other row; ``"raise"`` fails the task, as Spark does.
+    did for every other row. An exception that is not a poison type (``ValueError``,
+    ``KeyError``, ``TypeError``, decode errors: :data:`~acker_spark.job_errors.POISON_ERRORS`)
+    raised by the first eight rows alone with none succeeding fails the task
+    instead (a failing service, not a bad record: Spark retries the task).
+    ``"raise"`` always fails the task, as Spark does.
     """
 
     def __init__(
@@ -187,9 +191,11 @@ class ArrowBolt(TrackedStep):
         else:
             parents = PairColumn(np.zeros(batch.num_rows + 1, dtype=np.int64), *_no_pairs())
         user = batch.remove_column(index)
-        return self._call(user, parents, collector)
+        return self._call(user, parents, collector, _Isolation(user.num_rows))
 
-    def _call(self, user: pa.RecordBatch, parents: PairColumn, collector: ArrowCollector) -> list[pa.RecordBatch]:
+    def _call(
+        self, user: pa.RecordBatch, parents: PairColumn, collector: ArrowCollector, isolation: _Isolation
+    ) -> list[pa.RecordBatch]:
         """``fn`` over ``user``; if it raises, over halves of it until each raising row is alone, then failed."""
         mark = collector._mark()
         collector._start_batch(parents)
@@ -200,18 +206,24 @@ class ArrowBolt(TrackedStep):
                 raise
             collector._roll_back(mark)
             if user.num_rows == 1:
+                isolation.raised += 1
+                if isolation.batch_wide(err):
+                    raise (isolation.first or err) from None  # the task fails; Spark retries it
+                isolation.first = isolation.first or err
                 return self._fail_alone(parents, collector, err)
+            isolation.first = isolation.first or err
             half = user.num_rows // 2
             rest = np.arange(half, user.num_rows)
             return [
-                *self._call(user.slice(0, half), parents.take(np.arange(half)), collector),
-                *self._call(user.slice(half), parents.take(rest), collector),
+                *self._call(user.slice(0, half), parents.take(np.arange(half)), collector, isolation),
+                *self._call(user.slice(half), parents.take(rest), collector, isolation),
             ]
         if result is not None:
             raise TypeError(
                 f"bolt {self.name!r}: the function returned {type(result).__name__}; it must emit with"
                 f" collector.emit(batch, anchors) and return None"
             )
+        isolation.succeeded += user.num_rows
         return collector._finish_batch()
 
     def _fail_alone(self, parents: PairColumn, collector: ArrowCollector, err: Exception) -> list[pa.RecordBatch]:
@@ -224,6 +236,32 @@ class ArrowBolt(TrackedStep):
 
     def __repr__(self) -> str:
         return f"ArrowBolt({self.name!r}, uid={self.uid:#x}, tracking={self.tracking}, pandas={self.pandas})"
+
+
+class _Isolation:
+    """One input batch's isolation so far: rows that ran, rows that raised alone, the first exception.
+
+    An exception that is not a poison type (:data:`~acker_spark.job_errors.POISON_ERRORS`)
+    raised by the first rows alone while none ran (``_BATCH_WIDE`` of them, or all
+    of a smaller batch) is taken for a failure of the task, not of its records (a
+    service down, an injected crash): the task fails, so Spark retries it, instead
+    of every record being failed one by one.
+    """
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.succeeded = 0
+        self.raised = 0
+        self.first: Exception | None = None
+
+    def batch_wide(self, err: Exception) -> bool:
+        """True when the rows that raised alone so far say the whole task is failing."""
+        if type(err).__name__ in POISON_ERRORS or self.succeeded:
+            return False
+        return self.raised >= min(self.rows, _BATCH_WIDE)
+
+
+_BATCH_WIDE = 8
 
 
 def _no_pairs() -> tuple[np.ndarray, np.ndarray]:

@@ -14,12 +14,31 @@ import re
 import traceback
 from dataclasses import dataclass
 
-__all__ = ["JobError", "job_error", "CONFIGURATION_ERRORS"]
+__all__ = ["JobError", "job_error", "CONFIGURATION_ERRORS", "POISON_ERRORS", "error_type"]
 
 # Raised by executors whose acker configuration is wrong (client's address list,
 # credentials, refused batches) or whose job cannot give exactly-once output (rows
 # anchored to no record): cured by fixing the job or its configuration, never by a replay.
 CONFIGURATION_ERRORS = frozenset({"ClusterMisconfigured", "RequestRefused", "UnanchoredOutput"})
+
+# Exceptions that say the record itself is bad (malformed, missing a field, of the wrong type):
+# a replay raises them again, so such a record is dead-lettered at once, and a bolt isolates
+# it even when every record of a batch raises one. Others (timeouts, connections) are retried.
+POISON_ERRORS = frozenset(
+    {
+        "ValueError",
+        "KeyError",
+        "TypeError",
+        "IndexError",
+        "AttributeError",
+        "UnicodeDecodeError",
+        "UnicodeEncodeError",
+        "JSONDecodeError",
+        "ArrowInvalid",
+        "ArrowTypeError",
+        "DecodeError",
+    }
+)
 
 _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
@@ -53,6 +72,14 @@ def job_error(err: BaseException) -> JobError:
     frames = traceback.extract_tb(err.__traceback__)
     where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
     return JobError(type(err).__name__, _clip(str(err)), where)
+
+
+def error_type(cause: str | None) -> str | None:
+    """The exception type a cause names (``"ValueError: ..."`` -> ``ValueError``), or None for free text."""
+    if not cause:
+        return None
+    match = _EXCEPTION.match(cause.split("\n", 1)[0])
+    return match["type"].rsplit(".", 1)[-1] if match and match["message"] is not None else None
 
 
 def _from_text(text: str) -> JobError | None:

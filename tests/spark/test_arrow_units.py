@@ -378,3 +378,23 @@ def test_on_error_raise_fails_the_task() -> None:
     with pytest.raises(ValueError, match="n=1"):
         run_bolt(bolt, [tracked_batch([MessageId.single(r, r) for r in (1, 2, 3)], n=[0, 1, 2])], client)
     assert client.acks == {} and client.fails == set()
+
+
+@pytest.mark.parametrize(("error", "task_fails"), [(RuntimeError, True), (ConnectionError, True), (KeyError, False)])
+def test_every_row_raising_fails_the_task_unless_the_records_are_poison(error: type, task_fails: bool) -> None:
+    """A batch whose every row raises a non-poison error is a failing task (Spark retries it); a poison type
+    (the records themselves are bad) fails each record alone instead."""
+
+    def fn(batch: pa.RecordBatch, collector: ArrowCollector) -> None:
+        raise error("down")
+
+    client = RecordingClient()
+    bolt = ArrowBolt(fn, ["a:1"], schema=None, uid=7)
+    batch = tracked_batch([MessageId.single(r, r) for r in range(1, 21)], n=list(range(20)))
+    if task_fails:
+        with pytest.raises(error, match="down"):
+            run_bolt(bolt, [batch], client)
+        assert client.fails == set() and client.acks == {}
+    else:
+        assert run_bolt(bolt, [batch], client) == []
+        assert client.fails == set(range(1, 21))
