@@ -34,6 +34,7 @@ import pyarrow as pa
 from acker_protocol.credentials import ChannelSecurity
 
 from .arrow_collector import ArrowCollector
+from .causes import CauseWriter, task_checkpoint
 from .frames import TRACKING_COLUMN, PairColumn, decode_ids, require_tracking_column, tracked_schema
 from .job_errors import POISON_ERRORS, job_error
 from .leases import LeaseKeeper
@@ -149,21 +150,27 @@ class ArrowBolt(TrackedStep):
             context = TaskContext.get()
             if context is None:
                 raise RuntimeError(f"bolt {bolt.name!r} called outside a Spark task: use run_batches(index, batches)")
-            return bolt.run_batches(context.partitionId(), batches)
+            return bolt.run_batches(context.partitionId(), batches, context.taskAttemptId())
 
         return df.mapInArrow(run, self.schema)
 
-    def run_batches(self, partition: int, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def run_batches(
+        self, partition: int, batches: Iterable[pa.RecordBatch], task_attempt: int = 0
+    ) -> Iterator[pa.RecordBatch]:
         """Run the function over one partition's batches, then commit its held acks and fails (task's dedup key)."""
         client = self.client() if self.tracking else None
         collector = ArrowCollector(self.uid if self.tracking else None, self.output_schema, client)
         keeper = self.start_leases(client) if client is not None else None
+        checkpoint = task_checkpoint() if self.tracking else None
+        causes = CauseWriter(checkpoint, f"{self.uid:016x}-p{partition}-t{task_attempt}") if checkpoint else None
         try:
             try:
                 for batch in batches:
                     yield from self._process(batch, collector, keeper)
                     if self.tracking and self.commit_every == "batch":
                         # Its output was taken downstream: the batch's work is done.
+                        if causes is not None:
+                            causes.write(collector.fail_reasons)  # on disk before the fails they explain
                         self._commit(collector, partition, batch_key=collector.content_key(self.uid))
             except BaseException:
                 # Includes GeneratorExit (the consumer stopped early): the work is not
@@ -171,8 +178,12 @@ class ArrowBolt(TrackedStep):
                 collector.discard()
                 raise
             if self.tracking and self.commit_every == "task":
+                if causes is not None:
+                    causes.write(collector.fail_reasons)
                 self._commit(collector, partition)
         finally:
+            if causes is not None:
+                causes.close()
             # After the commit: until its acks are sent, the task's trees cannot complete.
             if keeper is not None:
                 keeper.stop()
