@@ -61,11 +61,10 @@ def _hidden(name: str) -> bool:
     return name.startswith((".", "_"))
 
 
-@dataclass(frozen=True)
-class FileOutput:
-    """Files at ``path`` written by Spark's writer: ``format``, ``partition_by``, ``mode`` and writer ``options``."""
+@dataclass(frozen=True, kw_only=True)
+class _SparkWriter:
+    """What both Spark-written destinations take: ``format``, ``partition_by``, ``mode`` and writer ``options``."""
 
-    path: str
     format: str = "parquet"
     partition_by: Sequence[str] = ()
     mode: str = "append"
@@ -73,6 +72,23 @@ class FileOutput:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition_by", _check(self.format, self.mode, self.partition_by))
+
+    def _save(self, df: Any, folder: Path) -> None:
+        """Write ``df`` into ``folder`` with Spark's writer (replacing what an interrupted try left there)."""
+        writer = df.write.format(self.format).mode("overwrite").options(**self.options)
+        if self.partition_by:
+            writer = writer.partitionBy(*self.partition_by)
+        writer.save(str(folder))
+
+
+@dataclass(frozen=True)
+class FileOutput(_SparkWriter):
+    """Files at ``path`` written by Spark's writer: ``format``, ``partition_by``, ``mode`` and writer ``options``."""
+
+    path: str
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         object.__setattr__(self, "path", str(Path(self.path).absolute()))
 
     def describe(self) -> str:
@@ -89,10 +105,7 @@ class FileOutput:
 
     def write(self, spark: Any, df: Any, run: str, commit: int) -> None:
         """Write commit ``commit``'s rows into its staging folder (replacing what an interrupted try left)."""
-        writer = df.write.format(self.format).mode("overwrite").options(**self.options)
-        if self.partition_by:
-            writer = writer.partitionBy(*self.partition_by)
-        writer.save(str(_staging(Path(self.path), run, commit)))
+        self._save(df, _staging(Path(self.path), run, commit))
 
     def publish(self, spark: Any, run: str, commit: int, *, first: bool) -> list[str]:
         """Move the staged files into place (the first commit of an overwrite run clears the folder first)."""
@@ -103,17 +116,10 @@ class FileOutput:
 
 
 @dataclass(frozen=True)
-class TableOutput:
+class TableOutput(_SparkWriter):
     """A catalog table stored as files, created with ``saveAsTable`` on the first commit if it does not exist."""
 
     name: str
-    format: str = "parquet"
-    partition_by: Sequence[str] = ()
-    mode: str = "append"
-    options: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "partition_by", _check(self.format, self.mode, self.partition_by))
 
     def describe(self) -> str:
         """One line for logs and the checkpoint: what this destination is."""
@@ -130,11 +136,7 @@ class TableOutput:
 
     def write(self, spark: Any, df: Any, run: str, commit: int) -> None:
         """Create the table if needed, then write the commit's rows into a staging folder of its location."""
-        location = self._ensure(spark, df)
-        writer = df.write.format(self.format).mode("overwrite").options(**self.options)
-        if self.partition_by:
-            writer = writer.partitionBy(*self.partition_by)
-        writer.save(str(_staging(location, run, commit)))
+        self._save(df, _staging(self._ensure(spark, df), run, commit))
 
     def publish(self, spark: Any, run: str, commit: int, *, first: bool) -> list[str]:
         """Move the staged files into the table's location, then refresh the table (and recover partitions)."""
