@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-_FIRST = ("spark", "spark-subprocess", "packaging")
+_FIRST = ("spark", "spark-subprocess", "packaging", "tools")
 _SUBPROCESS_DRIVERS = {
     "tests/spark/test_source_restart.py",
     "tests/spark/test_source_speculation.py",
