@@ -1,8 +1,10 @@
-"""Suite-wide: how ``make test`` spreads the suite over two pytest-xdist workers.
+"""Suite-wide: how ``make test`` spreads its first tier over two pytest-xdist workers.
 
-``make test PYTEST_WORKERS="-n 2 --dist loadscope"`` runs the suite on two workers. Tests that share expensive
-session fixtures must run in one worker, or each worker would build them
-again, so the unit of work is a whole top-level folder (``tests/spark`` with
+``make test`` runs every test not marked ``chaos`` on two workers (``PYTEST_WORKERS``,
+default ``-n 2 --dist loadscope``), then the ``chaos`` tests serially (Makefile,
+docs/testing.md). Tests that share expensive session fixtures must run in one
+worker, or each worker would build them again, so the unit of work is a whole
+top-level folder (``tests/spark`` with
 its one SparkSession and Spark Connect server, ``tests/compose`` with its
 compose project, ``tests/deploy`` with its Prometheus, ...), except that the
 Spark tests which run a driver of their own in a subprocess (a killed driver,
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 
-_FIRST = ("spark", "spark-subprocess", "packaging")
+_FIRST = ("spark", "spark-subprocess", "packaging", "tools")
 _SUBPROCESS_DRIVERS = {
     "tests/spark/test_source_restart.py",
     "tests/spark/test_source_speculation.py",

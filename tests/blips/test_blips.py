@@ -25,6 +25,8 @@ from .proxy import BlipProxy
 from .scenario import proxies, run_cuts, run_kills
 from .workload import WorkloadConfig
 
+pytestmark = pytest.mark.chaos  # network cuts under load: make test runs them serially (docs/testing.md)
+
 CUTS = int(os.environ.get("BLIP_CUTS", "1"))
 SECONDS = float(os.environ.get("BLIP_SECONDS", "1.5"))
 WORKLOAD = WorkloadConfig(rate=300.0, bolt_threads=2)

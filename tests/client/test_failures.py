@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from acker_client import AckerError, BoltCollector, ClusterClient, Spout
 from acker_client.testing import local_cluster
 from acker_protocol.wire import Outcome
 
 from .polling import wait_until
+
+pytestmark = pytest.mark.chaos  # kill -9 and cut streams: make test runs them serially (docs/testing.md)
 
 
 def _tree(spout: Spout, bolt: BoltCollector, i, *, finish: bool = True):

@@ -106,6 +106,7 @@ def _ack_all(bolt: BoltCollector, kids) -> None:
             raise
 
 
+@pytest.mark.chaos
 def test_replica_restarted_mid_tree_replays_nothing(recorder):
     """kill -9 of shard 1 while 300 trees are half acked, restart, finish them: every record acked, none lost.
 
@@ -135,6 +136,7 @@ def test_replica_restarted_mid_tree_replays_nothing(recorder):
         spout.close()
 
 
+@pytest.mark.chaos
 def test_replica_partitioned_for_part_of_a_tree(recorder):
     """Shard 1 is cut off from the client between a tree's init and its acks: the partners ack every record,
     and shard 1's later TIMED_OUT for the trees whose acks it missed is a duplicate, not a callback."""
@@ -162,6 +164,7 @@ def test_replica_partitioned_for_part_of_a_tree(recorder):
                 proxy.close()
 
 
+@pytest.mark.chaos
 def test_both_replicas_lost_ends_in_lost(recorder):
     """kill -9 of shards 1 and 2, the two replicas of roots = 1 (mod 3): those records end LOST at the backstop,
     every other record is acked by a surviving replica, each exactly once."""

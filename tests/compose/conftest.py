@@ -3,8 +3,11 @@
 Everything runs in real containers: the acker image and a Prometheus image built by
 deploy/images/build.sh (`make images`). Ports are published on 127.0.0.1 only, on
 free ports chosen here; the project (containers, network, volumes) is removed at
-the end of the run, whether the tests passed or not. Without a Docker engine or
-without the images, every test here is skipped with the reason.
+the end of the run, whether the tests passed or not. A run that was killed before
+its end (an interrupted ``make test``, a timeout) cannot remove its project: the
+next run removes every project of this suite whose test process is gone before it
+starts its own (the project name carries that process's id). Without a Docker
+engine or without the images, every test here is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ REPLICAS = 2
 # 2-core machine running three containers (the spout's backstop is about 7 s).
 MESSAGE_TIMEOUT = 4.0
 STARTUP_TIMEOUT = 120.0
+# Project names: PREFIX, the test process's id, 6 hex digits (ComposeCluster).
+PREFIX = "ackertest"
+PROJECT_LABEL = "com.docker.compose.project"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -70,11 +76,57 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_projects(projects: set[str]) -> list[str]:
+    """The compose projects of this suite whose test process no longer runs (killed or interrupted runs)."""
+    stale = []
+    for project in sorted(projects):
+        owner = project[len(PREFIX) : -6]
+        if project.startswith(PREFIX) and owner.isdigit() and not _pid_alive(int(owner)):
+            stale.append(project)
+    return stale
+
+
+def remove_stale_projects() -> list[str]:
+    """Remove the containers, networks and volumes of every stale project (see stale_projects); their names."""
+    listings = {
+        kind: _run("docker", kind, "ls", *(["-a"] if kind == "container" else []), "--filter", f"label={PROJECT_LABEL}",
+                   "--format", f'{{{{.ID}}}} {{{{.Label "{PROJECT_LABEL}"}}}}', check=False).split("\n")
+        for kind in ("container", "network", "volume")
+    }  # fmt: skip
+    found: dict[str, dict[str, list[str]]] = {}
+    for kind, lines in listings.items():
+        for line in lines:
+            if line.strip() and len(line.split()) == 2:
+                ident, project = line.split()
+                found.setdefault(project, {}).setdefault(kind, []).append(ident)
+    stale = stale_projects(set(found))
+    for project in stale:
+        parts = found[project]
+        if parts.get("container"):
+            _run("docker", "rm", "--force", "--volumes", *parts["container"], check=False)
+        if parts.get("network"):
+            _run("docker", "network", "rm", *parts["network"], check=False)
+        if parts.get("volume"):
+            _run("docker", "volume", "rm", "--force", *parts["volume"], check=False)
+    return stale
+
+
 class ComposeCluster:
     """The compose project: its published addresses and the operations the tests do to its containers."""
 
     def __init__(self) -> None:
-        self.project = f"ackertest{os.getpid()}{secrets.token_hex(3)}"
+        self.project = f"{PREFIX}{os.getpid()}{secrets.token_hex(3)}"  # the owner's pid: stale_projects()
         self.ports = [_free_port() for _ in range(SHARDS)]
         self.prometheus_port = _free_port()
         self.env = {
@@ -174,6 +226,9 @@ def compose_cluster() -> Iterator[ComposeCluster]:
     reason = _skip_reason()
     if reason is not None:
         pytest.skip(reason)
+    removed = remove_stale_projects()
+    if removed:
+        print(f"removed the compose projects of earlier, interrupted test runs: {', '.join(removed)}")
     cluster = ComposeCluster()
     try:
         cluster.up()

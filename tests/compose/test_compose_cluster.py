@@ -80,6 +80,7 @@ def test_up_gives_three_healthy_ackers_that_ack_a_workload(compose_cluster: Comp
     assert figures.replayed == 0 and not figures.failed, figures.line("up")
 
 
+@pytest.mark.chaos
 def test_node_loss_under_load(compose_cluster: ComposeCluster) -> None:
     """A crashed acker under load, with every tree on two ackers (REPLICAS 2): the partner replicas settle its
     trees, so no record is replayed because of the crash; the restart policy brings it back and load recovers;
@@ -103,6 +104,7 @@ def test_node_loss_under_load(compose_cluster: ComposeCluster) -> None:
     assert figures.replayed == 0 and not figures.failed, figures.line("node loss")
 
 
+@pytest.mark.chaos
 def test_partition_under_load(compose_cluster: ComposeCluster) -> None:
     """An acker cut off the network and reconnected: same guarantees, the clients recover without a restart."""
     shard = 2
@@ -125,6 +127,7 @@ def test_partition_under_load(compose_cluster: ComposeCluster) -> None:
     assert figures.slowest_failure_seconds <= load.backstop + 5.0, figures.line("partition")
 
 
+@pytest.mark.chaos
 def test_rolling_restart_loses_and_duplicates_nothing(compose_cluster: ComposeCluster) -> None:
     """`docker-compose restart` of each acker in turn under load: every record acked exactly once in the end."""
     load = Workload(compose_cluster.addresses).start()

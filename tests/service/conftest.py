@@ -21,10 +21,26 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-@pytest.fixture(params=["native", "reference"])
-def engine(request) -> str:
-    """The ledger engine the test's servers run: every server test runs against both."""
-    return request.param
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``engine``, the ledger engine the test's servers run: native, plus reference for the smoke tests.
+
+    tests/ledger/test_differential.py keeps the reference engine equal to the native one
+    after every batch, so the server tests run on the native engine; the few marked
+    ``reference_engine`` also run on the reference engine, to show it serves over gRPC.
+    A test that parametrizes ``engine`` itself keeps its own values.
+    """
+    if "engine" not in metafunc.fixturenames:
+        return
+    if any("engine" in _argnames(mark) for mark in metafunc.definition.iter_markers("parametrize")):
+        return
+    both = metafunc.definition.get_closest_marker("reference_engine") is not None
+    metafunc.parametrize("engine", ["native", "reference"] if both else ["native"])
+
+
+def _argnames(mark: pytest.Mark) -> list[str]:
+    """The argument names of a ``parametrize`` mark."""
+    names = mark.args[0] if mark.args else mark.kwargs["argnames"]
+    return [name.strip() for name in names.split(",")] if isinstance(names, str) else list(names)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from acker_protocol.wire import OpKind
 INIT, ACK, FAIL, RESET = (int(k) for k in OpKind)
 
 
+@pytest.mark.reference_engine
 def test_batch_of_trees_is_applied_and_counted(make_server, connect, apply, ledger_state):
     """A batch that inits 100 trees and acks half of them leaves exactly the other half pending."""
     server = make_server()
@@ -55,6 +56,7 @@ def test_dedup_key_ignores_a_repeated_ack(make_server, connect, apply, ledger_st
     assert (pending, stats["acked"], stats["deduplicated"]) == (0, 1, 1)
 
 
+@pytest.mark.reference_engine
 def test_messages_for_ended_trees_become_orphans(make_server, connect, apply):
     """An ack or fail for a tree that already ended makes a spout-less entry, never a second outcome."""
     server = make_server()

@@ -153,6 +153,7 @@ def test_cli_serves_health_and_exits_0_on_sigterm():
             proc.communicate()
 
 
+@pytest.mark.reference_engine
 def test_start_line_without_metrics_says_off(make_server, engine):
     """With no metrics port the start line says 'metrics off'."""
     from acker_service.server import start_line

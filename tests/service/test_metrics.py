@@ -34,6 +34,7 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
     }
 
 
+@pytest.mark.reference_engine
 def test_ledger_metrics_read_back_over_http(make_server, connect, apply, clock, engine):
     """Operations, outcomes, gauges and the exact latency histogram match what the test did."""
     server = make_server(clock=clock, metrics_port=0, message_timeout=10.0, retain_outcomes=2)

@@ -26,6 +26,7 @@ def first_batch_with_outcomes(stream) -> acker_pb2.OutcomeBatch:
     raise AssertionError("the stream ended without outcomes")
 
 
+@pytest.mark.reference_engine
 def test_inspect_reports_trees_and_the_oldest(make_server, connect, clock):
     """Each requested root's state in request order, then the oldest pending trees, oldest first."""
     server = make_server(clock=clock, message_timeout=30.0)

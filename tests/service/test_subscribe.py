@@ -56,6 +56,7 @@ def test_first_batch_confirms_the_subscription(make_server, connect):
     stream.cancel()
 
 
+@pytest.mark.reference_engine
 def test_live_outcomes_arrive_in_sequence(make_server, connect, apply):
     """Outcomes of trees applied while subscribed arrive with sequences 1, 2, 3 and their kinds."""
     server = make_server()
@@ -172,6 +173,7 @@ def test_retention_ages_out(make_server, connect, apply, clock):
     stream.cancel()
 
 
+@pytest.mark.reference_engine
 def test_timed_out_trees_are_delivered(make_server, connect, apply, clock):
     """Trees not completed within the timeout reach the spout as TIMED_OUT with their age as latency."""
     server = make_server(clock=clock, message_timeout=2.0, buckets=3)

@@ -38,6 +38,7 @@ def store(lines: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTupl
     return iter(())
 
 
+@pytest.mark.chaos
 def test_a_dead_shard_stops_the_run_naming_it_and_the_driver_says_what_it_waits_on(
     spark: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

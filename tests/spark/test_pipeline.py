@@ -182,6 +182,7 @@ def test_per_record_failures_replay_exactly_those_and_dead_letter(
     assert sink_counts(db) == expected_counts(records, always)
 
 
+@pytest.mark.chaos
 def test_killed_acker_loses_no_record(spark: Any, db: Path) -> None:
     """Acker shard 1 is SIGKILLed during the first job and restarted: its records are replayed, none lost."""
     records = list(generated_sentences(240, seed=5))

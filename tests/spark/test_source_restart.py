@@ -55,6 +55,7 @@ def acked_outcomes(checkpoint: Path) -> int:
     return int((outcomes == int(Outcome.ACKED)).sum())
 
 
+@pytest.mark.chaos
 def test_driver_killed_mid_run_resumes_from_checkpoint(ackers: Any, tmp_path: Path) -> None:
     """kill -9 after some trees were acked: the second driver finishes, sink exact, no acked record redone."""
     lines = write_lines(tmp_path / "in", 600, files=4)

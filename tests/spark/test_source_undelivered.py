@@ -122,6 +122,7 @@ def test_one_unreachable_bolt_address_delays_only_the_trees_it_owns(
     assert "DEADLINE_EXCEEDED" not in str(raised.value)
 
 
+@pytest.mark.chaos
 def test_a_dead_shard_stops_the_run_naming_it(spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A shard killed with nothing restarting it: the reading tasks cannot init, run() raises ShardDown naming it."""
     with local_cluster(3, message_timeout=60.0, processes=True) as cluster:

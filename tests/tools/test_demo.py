@@ -20,6 +20,7 @@ def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[
     return code, json.loads(lines[0])
 
 
+@pytest.mark.chaos
 def test_demo_with_faults_injected(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Failed words, a crashed task, a killed acker: all acked or dead-lettered, sink exact, exit 0."""
     code, summary = run_main(

@@ -13,7 +13,7 @@ from acker_client import Spout, SpoutFull
 from acker_client.testing import ManualClock
 from acker_protocol.wire import Outcome
 
-from .fakes import RecordingCluster
+from ..client.fakes import RecordingCluster
 
 
 class SleepingClock(ManualClock):

@@ -50,6 +50,7 @@ def test_shards_are_in_client_order(metrics_cluster: ProcessCluster, describe_ac
     assert len(set(metrics_cluster.metrics_urls)) == 3
 
 
+@pytest.mark.chaos
 def test_kill_and_restart_keep_shard_and_port(describe_acker: Callable) -> None:
     """A killed shard is reported dead, and restart() brings the same shard back on the same address."""
     with ProcessCluster(count=2, message_timeout=5.0) as cluster:
@@ -66,6 +67,7 @@ def test_kill_and_restart_keep_shard_and_port(describe_acker: Callable) -> None:
         assert cluster.is_alive(0)
 
 
+@pytest.mark.chaos
 def test_restart_flag_revives_a_crashed_shard(caplog: pytest.LogCaptureFixture) -> None:
     """With restart=True a SIGKILLed shard is reported and comes back by itself on the same port."""
     caplog.set_level(logging.INFO, logger="acker_service.process_cluster")
@@ -78,6 +80,7 @@ def test_restart_flag_revives_a_crashed_shard(caplog: pytest.LogCaptureFixture) 
     assert "exited unexpectedly with signal SIGKILL" in caplog.text
 
 
+@pytest.mark.chaos
 def test_requested_kill_is_not_reported_as_unexpected(caplog: pytest.LogCaptureFixture) -> None:
     """cluster.kill() is a crash the caller asked for: logged as requested, not as an unexpected exit."""
     caplog.set_level(logging.INFO, logger="acker_service.process_cluster")
@@ -194,6 +197,7 @@ def test_cli_prints_addresses_and_stops_cleanly(launch: Callable[..., Launcher],
     assert all(_gone(pid) for pid in pids), launcher.stderr()
 
 
+@pytest.mark.chaos
 def test_cli_reports_a_crashed_shard(launch: Callable[..., Launcher]) -> None:
     """kill -9 of a child makes the launcher say which shard died and how; the others keep serving."""
     launcher = launch("--count", "2", "--base-port", "0", "--restart")
@@ -209,6 +213,7 @@ def test_cli_reports_a_crashed_shard(launch: Callable[..., Launcher]) -> None:
     assert _gone(pids[0])
 
 
+@pytest.mark.chaos
 def test_cli_restart_brings_the_shard_back_on_its_port(
     launch: Callable[..., Launcher], describe_acker: Callable
 ) -> None:
@@ -295,6 +300,7 @@ def test_cli_on_taken_ports_fails_and_leaves_nothing_running(launch: Callable[..
         assert _ackers_on_port(port) == [other.pid(0)]
 
 
+@pytest.mark.chaos
 def test_kill_9_of_the_launcher_leaves_no_shard(launch: Callable[..., Launcher]) -> None:
     """The children get a parent-death signal: SIGKILL of acker-cluster stops them too."""
     launcher = launch("--count", "2", "--base-port", "0")
@@ -305,6 +311,7 @@ def test_kill_9_of_the_launcher_leaves_no_shard(launch: Callable[..., Launcher])
     _wait_for(lambda: all(_dead(pid) for pid in pids), "the orphaned shards to stop")
 
 
+@pytest.mark.chaos
 def test_cli_restarts_a_dead_shard_by_default(launch: Callable[..., Launcher], describe_acker: Callable) -> None:
     """Issue 23: a shard killed under a plain `acker-cluster` used to stay dead (and a job hung 480 s on it)."""
     launcher = launch("--count", "2", "--base-port", "0")
@@ -316,6 +323,7 @@ def test_cli_restarts_a_dead_shard_by_default(launch: Callable[..., Launcher], d
     assert launcher.stop() == 0
 
 
+@pytest.mark.chaos
 def test_cli_with_no_restart_exits_when_a_shard_exits(launch: Callable[..., Launcher]) -> None:
     """--no-restart: one dead shard stops the launcher (exit 1, naming it) and every other shard."""
     launcher = launch("--count", "2", "--base-port", "0", "--no-restart")
