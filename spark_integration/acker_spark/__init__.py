@@ -28,10 +28,10 @@ from .executor import Bolt, BoltFunction, CommitErrors, UntrackedCollector, clie
 from .frames import TRACKING_COLUMN, pack_ids, unpack_ids
 from .ids import DeterministicEdgeIds, dedup_key, stable_id
 from .pipeline import AcksUndelivered, GuaranteedPipeline, Job, PipelineStats, RecordsFailed, ShardDown, run_untracked
-from .replays import ReplayPolicy
+from .replay_policy import ReplayPolicy
 from .session import LOCAL_MASTER, local_session
 from .sources import Delivery, Record, TextDirectorySource, generated_sentences, records_from
-from .stream_ledger import StreamDelivery, StreamLedger, record_commit_errors
+from .stream_undelivered import record_commit_errors
 
 # Imported on first use: the streaming source imports pyspark.sql, and the Arrow bolts pyarrow,
 # which `import acker_spark` does not.
@@ -45,7 +45,6 @@ _LAZY = {
     "SourceStats": "source_pipeline",
     "UnstableIdentity": "identity",
     "StreamOptions": "stream_options",
-    "StreamSpout": "stream_spout",
     "register_acker_spout": "streaming",
 }
 
@@ -83,10 +82,7 @@ __all__ = [
     "ReplayPolicy",
     "SourcePipeline",
     "SourceStats",
-    "StreamDelivery",
-    "StreamLedger",
     "StreamOptions",
-    "StreamSpout",
     "TRACKING_COLUMN",
     "TextDirectorySource",
     "UnstableIdentity",

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .job_errors import JobError
-from .replays import ReplayPolicy
+from .replay_policy import ReplayPolicy
 from .sources import Delivery
 
 __all__ = ["Isolation", "Verdict", "Failure"]

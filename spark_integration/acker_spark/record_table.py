@@ -157,9 +157,11 @@ class RecordTable:
         """How many entries are in ``state``."""
         return int((self.state == state).sum())
 
-    def find(self, roots: np.ndarray) -> np.ndarray:
-        """Each root's entry position, or -1 if unknown."""
-        return self._find(roots)
+    def in_state(self, roots: np.ndarray, state: int) -> np.ndarray:
+        """The entry positions of those of ``roots`` that are known and in ``state``."""
+        pos = self._find(roots)
+        pos = pos[pos >= 0]
+        return pos[self.state[pos] == state]
 
     def keep(self, mask: np.ndarray) -> None:
         """Keep only the entries where ``mask`` is True (drop settled entries of a long-running stream)."""

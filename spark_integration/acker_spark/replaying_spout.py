@@ -23,7 +23,8 @@ from acker_client import ClusterClient, Spout, TrackedTuple
 from acker_protocol.wire import Outcome
 
 from .isolation import Isolation, Verdict
-from .replays import ReplayPolicy, ReplaySchedule
+from .replay_policy import ReplayPolicy
+from .replays import ReplaySchedule
 from .sources import Delivery
 
 __all__ = ["ReplayingSpout", "OnOutcome", "OnOutcomes"]

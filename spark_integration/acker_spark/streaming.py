@@ -13,8 +13,7 @@ so records in flight survive a restart of the query from its checkpoints.
 
 Each micro-batch holds rows ``key``, ``value``, ``attempt``, ``_acker_ids``,
 the columns ``GuaranteedPipeline.run(..., as_dataframe=True)`` hands a job, so
-``foreachBatch`` can run ``ArrowBolt`` or ``Bolt.apply_df`` on them. The old
-driver-fed mode (option ``generated``) lives in :mod:`acker_spark.stream_memory`.
+``foreachBatch`` can run ``ArrowBolt`` or ``Bolt.apply_df`` on them.
 """
 
 from __future__ import annotations
@@ -67,7 +66,6 @@ class AckerSpoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             from .stream_planner import PlannerOptions, StreamPlanner
 
             opts = self.options
-            assert opts.path is not None and opts.checkpoint is not None
             cluster = ClusterClient(list(opts.ackers), security=opts.security)
             try:
                 self._planner = StreamPlanner(
@@ -146,12 +144,7 @@ class AckerSpoutDataSource(DataSource):
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         """A reader for the options given (validated here, so a bad option fails the query at start)."""
-        options = StreamOptions.parse(self.options)
-        if options.generated is not None:
-            from .stream_memory import MemorySpoutStreamReader
-
-            return MemorySpoutStreamReader(options)
-        return AckerSpoutStreamReader(options)
+        return AckerSpoutStreamReader(StreamOptions.parse(self.options))
 
 
 def register_acker_spout(spark: Any) -> None:

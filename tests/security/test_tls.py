@@ -124,9 +124,10 @@ def test_bolt_and_stream_options_carry_security_to_their_clients(start, pki):
     finally:
         close_clients()
     assert server.call(lambda: server.ledger.pending_trees) == 1
-    options = StreamOptions.parse({"ackers": server.address, "database": "x.db", "generated": "3", "TLS_CA": pki.ca})
+    stream = {"database": "x.db", "path": "in", "checkpoint": "cp"}
+    options = StreamOptions.parse({"ackers": server.address, **stream, "TLS_CA": pki.ca})
     assert options.security == ChannelSecurity(tls=True, tls_ca=pki.ca)
-    assert StreamOptions.parse({"ackers": "a:1", "database": "x.db", "generated": "3"}).security is None
+    assert StreamOptions.parse({"ackers": "a:1", **stream}).security is None
 
 
 def test_security_flags_fall_back_to_environment(pki, tmp_path):

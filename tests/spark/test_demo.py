@@ -172,7 +172,7 @@ def test_demo_spark_read_with_faults(spark: Any, tmp_path: Path, capsys: pytest.
     assert summary["acked"] + summary["dead_lettered"] == 120
     assert summary["replayed"] > 0
     assert summary["sink_matches_expected"] is True
-    assert Path(summary["checkpoint"], "pipeline.json").is_file()
+    assert Path(summary["checkpoint"], "manifest.json").is_file()
 
 
 def test_demo_spark_read_refuses_untracked(capsys: pytest.CaptureFixture[str]) -> None:

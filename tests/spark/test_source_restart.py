@@ -72,8 +72,10 @@ def test_driver_killed_mid_run_resumes_from_checkpoint(ackers: Any, tmp_path: Pa
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.communicate()
-    run_one_rounds = json.loads((checkpoint / "pipeline.json").read_text())["next_round"]
-    assert not json.loads((checkpoint / "pipeline.json").read_text())["source_done"], "killed too late: round 0 done"
+    run_one_rounds = json.loads((checkpoint / "manifest.json").read_text())["source"]["next_round"]
+    assert not json.loads((checkpoint / "manifest.json").read_text())["source"]["source_done"], (
+        "killed too late: round 0 done"
+    )
 
     second = start_driver(ackers, tmp_path / "in", checkpoint, db, 2)
     try:

@@ -18,7 +18,6 @@ from acker_protocol.wire import Outcome
 from acker_spark import Bolt, DeadLetterStore, close_clients
 from acker_spark.frames import unpack_ids
 from acker_spark.sqlite import open_db, upsert
-from acker_spark.stream_memory import MemorySpoutStreamReader
 from acker_spark.stream_planner import stream_progress
 from acker_spark.stream_source import ChunkPartition, ReplayPartition
 from acker_spark.streaming import FORMAT, AckerSpoutDataSource, StreamOptions, register_acker_spout
@@ -73,8 +72,8 @@ def test_options_are_validated() -> None:
     with pytest.raises(ValueError, match="ackers"):
         StreamOptions.parse({"database": "x", "path": "/d", "checkpoint": "c"})
     with pytest.raises(ValueError, match="max_attempts"):
-        StreamOptions.parse({"ackers": "a:1", "database": "x", "generated": "3", "max_attempts": "two"})
-    with pytest.raises(ValueError, match="exactly one record source"):
+        StreamOptions.parse({"ackers": "a:1", "database": "x", "path": "/d", "checkpoint": "c", "max_attempts": "two"})
+    with pytest.raises(ValueError, match="record source"):
         StreamOptions.parse({"ackers": "a:1", "database": "x"})
     with pytest.raises(ValueError, match='"checkpoint" is required'):
         StreamOptions.parse({"ackers": "a:1", "database": "x", "path": "/d"})
@@ -84,9 +83,6 @@ def test_options_are_validated() -> None:
         {"ackers": "a:1, b:2", "database": "x", "path": "/d", "CHECKPOINT": "c", "MAX_PENDING": "7"}
     )
     assert (parsed.ackers, parsed.max_pending, parsed.checkpoint) == (("a:1", "b:2"), 7, "c")
-    # The driver-fed mode stays available, apart: records made in the planning process.
-    memory = AckerSpoutDataSource({"ackers": "a:1", "database": "x", "generated": "3"}).streamReader(None)
-    assert isinstance(memory, MemorySpoutStreamReader)
 
 
 def test_partitions_carry_coordinates_executors_start_trees_and_replays_reread(tmp_path: Path) -> None:

@@ -156,7 +156,8 @@ def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
                     rss_before = _rss_bytes()
                     wall, cpu, stats = _timed(lambda p=pipeline, j=job: p.run(spark.read.text(source), j))
                     rows["tracked"].append((wall, cpu))
-                    table = pipeline.table
+                    assert pipeline.book is not None
+                    table = pipeline.book.table
                     result["driver_rss_bytes_before_tracked"] = rss_before
                     result["driver_rss_bytes_after_tracked"] = _rss_bytes()
                     result["record_table_bytes"] = sum(

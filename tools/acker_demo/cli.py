@@ -27,7 +27,7 @@ from acker_client import AckerError
 from acker_spark.dead_letter import DeadLetterStore
 from acker_spark.executor import close_clients
 from acker_spark.pipeline import GuaranteedPipeline, PipelineStats, run_untracked
-from acker_spark.replays import ReplayPolicy
+from acker_spark.replay_policy import ReplayPolicy
 from acker_spark.session import LOCAL_MASTER, local_session
 from acker_spark.sources import Record, TextDirectorySource, generated_sentences
 from rich.console import Console
@@ -322,7 +322,7 @@ _ROWS = (
     ("lost", "lost (deliveries)"),
     ("replayed", "replayed (deliveries)"),
     ("dead_lettered", "dead-lettered"),
-    ("batches", "Spark jobs"),
+    ("jobs", "Spark jobs"),
     ("job_errors", "Spark jobs failed"),
     ("commit_errors", "task commits dropped (acker down)"),
     ("acker_killed", "acker killed and restarted"),

@@ -18,7 +18,7 @@ from typing import Any
 
 from acker_spark.dead_letter import DeadLetterStore
 from acker_spark.executor import close_clients
-from acker_spark.replays import ReplayPolicy
+from acker_spark.replay_policy import ReplayPolicy
 from acker_spark.sources import Record
 
 from . import wordcount
@@ -67,10 +67,8 @@ def run_source_tracked(
             stats = pipeline.run(source, job)
             seconds = time.perf_counter() - started
     close_clients()
-    summary = stats.as_dict()
-    summary["batches"] = summary.pop("rounds")
     return {
-        **summary,
+        **stats.as_dict(),
         "pipeline_seconds": round(seconds, 3),
         "acker_killed": chaos.killed,
         "acker_restarted": chaos.restarted,
