@@ -69,7 +69,7 @@ def ids_of(tracked: list) -> tuple[np.ndarray, np.ndarray]:
 def run_replaying(records: int, batch: int, fail_every: int, addresses: list[str]) -> float:
     """GuaranteedPipeline's driver side without Spark: ReplayingSpout.take and its outcome callback."""
     from acker_spark import Delivery, ReplayPolicy
-    from acker_spark.replaying_spout import ReplayingSpout
+    from acker_spark.driver_fed.replaying_spout import ReplayingSpout
 
     settled = []
     source = iter(range(records))

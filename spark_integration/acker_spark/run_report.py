@@ -1,7 +1,7 @@
 """What a run reports: its counters (:class:`RunStats`) and the errors that end it, for every driver of the package.
 
-Both families of drivers, the driver-fed :class:`~acker_spark.pipeline.GuaranteedPipeline`
-and the executor-read :class:`~acker_spark.source_pipeline.SourcePipeline`,
+Both families of drivers, the driver-fed :class:`~acker_spark.driver_fed.pipeline.GuaranteedPipeline`
+and the executor-read :class:`~acker_spark.executor_read.source_pipeline.SourcePipeline`,
 fill the same :class:`RunStats` and raise the same errors, so a caller handles
 a run the same way whichever driver ran it. ``PipelineStats`` and
 ``SourceStats`` are the names each driver's stats had before: they stay as
@@ -17,7 +17,7 @@ from acker_client import AckerError
 
 if TYPE_CHECKING:
     from .job_errors import JobError
-    from .step import CommitErrors
+    from .steps.step import CommitErrors
 
 __all__ = [
     "AcksUndelivered",
@@ -91,7 +91,7 @@ class AcksUndelivered(AckerError):
     """Records failed because executors could not deliver their acks (raised by a pipeline's ``run``).
 
     ``stats`` is the finished run's :class:`RunStats`; ``errors`` what each
-    bolt reported (:class:`~acker_spark.step.CommitErrors`). The records are
+    bolt reported (:class:`~acker_spark.steps.step.CommitErrors`). The records are
     in the dead-letter store with reason ``ACKS_UNDELIVERED``.
     """
 

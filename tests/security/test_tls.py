@@ -111,7 +111,7 @@ def test_half_a_key_pair_is_refused_at_start(pki):
 
 def test_bolt_and_stream_options_carry_security_to_their_clients(start, pki):
     """client_for (used by Bolt on executors) and the acker_spout options build TLS clients."""
-    from acker_spark.executor import client_for, close_clients
+    from acker_spark.steps.executor import client_for, close_clients
     from acker_spark.streaming import StreamOptions
 
     server = start(tls_cert=pki.server.cert, tls_key=pki.server.key)

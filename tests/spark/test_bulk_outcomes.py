@@ -12,8 +12,8 @@ from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import Outcome
 from acker_spark import DeadLetterStore, Delivery, GuaranteedPipeline, ReplayPolicy
 from acker_spark import dead_letter as dead_letter_module
-from acker_spark.replaying_spout import ReplayingSpout
-from acker_spark.replays import ReplaySchedule
+from acker_spark.driver_fed.replaying_spout import ReplayingSpout
+from acker_spark.driver_fed.replays import ReplaySchedule
 
 from ..client.fakes import RecordingCluster
 from ..client.polling import wait_until

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from acker_spark.isolation import Isolation, Verdict
+from acker_spark.driver_fed.isolation import Isolation, Verdict
 from acker_spark.job_errors import JobError, job_error
 from acker_spark.replay_policy import ReplayPolicy
 from acker_spark.sources import Delivery

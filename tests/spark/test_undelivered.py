@@ -89,7 +89,7 @@ def test_warn_mode_returns_the_stats_and_logs_the_cause(
     spark: Any, client: ClusterClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     wrong = unreachable_addresses(3)
-    with caplog.at_level(logging.WARNING, logger="acker_spark.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="acker_spark.driver_fed.pipeline"):
         pipeline, seen = run_misconfigured(spark, client, tmp_path / "dead.sqlite", wrong, on_undelivered="warn")
     assert pipeline.stats.acks_undelivered == len(RECORDS)
     assert pipeline.stats.as_dict()["commit_errors"] >= 1
@@ -134,11 +134,11 @@ def test_stream_commit_errors_reach_the_planner_through_the_checkpoint(
     import numpy as np
     from acker_client.testing import ManualClock
     from acker_spark import CommitErrors, record_commit_errors
-    from acker_spark import step as step_module
-    from acker_spark.book import ReplayBook
-    from acker_spark.checkpoint import Checkpoint
-    from acker_spark.emission_log import Emissions
-    from acker_spark.identity import derive_roots
+    from acker_spark.executor_read.book import ReplayBook
+    from acker_spark.executor_read.checkpoint import Checkpoint
+    from acker_spark.executor_read.emission_log import Emissions
+    from acker_spark.executor_read.identity import derive_roots
+    from acker_spark.steps import step as step_module
 
     checkpoint = tmp_path / "acker-checkpoint"
     book = ReplayBook(Checkpoint(checkpoint), 7, ONCE, ManualClock())

@@ -1,7 +1,7 @@
 """Starting the trees of records an executor task has just read: the one place both executor readers do it.
 
-The source pipeline's :class:`~acker_spark.source_reader.SourceReader` and the
-streaming source's :func:`~acker_spark.stream_source.read_partition` read
+The source pipeline's :class:`~acker_spark.executor_read.source_reader.SourceReader` and the
+streaming source's :func:`~acker_spark.streaming.stream_source.read_partition` read
 records differently (a DataFrame's Arrow batches, byte ranges of files); once
 they have each record's identity and attempt number, starting its tree is the
 same four steps, in this order:
@@ -14,7 +14,7 @@ same four steps, in this order:
    settled or replayed;
 4. send the set-once inits column-wise (``init_columns``).
 
-The rows then carry the ``_acker_ids`` column (:mod:`acker_spark.frames`) that
+The rows then carry the ``_acker_ids`` column (:mod:`acker_spark.steps.frames`) that
 anchors each to its tree.
 """
 
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..steps.frames import PairColumn, encode_ids
 from .emission_log import EmissionWriter
-from .frames import PairColumn, encode_ids
 from .identity import derive_roots, first_edges
 
 __all__ = ["StartedTrees", "start_trees"]

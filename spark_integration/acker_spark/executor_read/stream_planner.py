@@ -3,20 +3,20 @@
 Spark runs a stream reader's planning calls in a Python process of its own.
 :class:`StreamPlanner` is what they drive; it never reads a record (except
 the payload of a record it dead-letters). Its state lives in the checkpoint
-directory (the ``checkpoint`` option), laid out as :mod:`acker_spark.checkpoint`
+directory (the ``checkpoint`` option), laid out as :mod:`acker_spark.executor_read.checkpoint`
 says, with the stream's file registry and replay plans.
 
 An offset is ``{"round", "file", "byte"}``: the micro-batch's number and the
 source position it reads up to (file number in the registry, byte in it). A
 micro-batch reads the bytes between two positions, cut into
-:class:`~acker_spark.stream_source.ChunkPartition`\\ s, plus the replays its
-plan names (:class:`~acker_spark.stream_source.ReplayPartition`\\ s). Both are
+:class:`~acker_spark.streaming.stream_source.ChunkPartition`\\ s, plus the replays its
+plan names (:class:`~acker_spark.streaming.stream_source.ReplayPartition`\\ s). Both are
 a function of the offsets and the checkpoint, so a batch Spark runs again
 after a restart reads the same records, less the ones it had started.
 
 After each micro-batch the planner reads the batch's emission log into its
-:class:`~acker_spark.book.ReplayBook`, which settles the outcomes its
-:class:`~acker_spark.outcome_feed.OutcomeFeed` journaled. Failed, timed-out
+:class:`~acker_spark.executor_read.book.ReplayBook`, which settles the outcomes its
+:class:`~acker_spark.executor_read.outcome_feed.OutcomeFeed` journaled. Failed, timed-out
 and lost deliveries wait their ``ReplayPolicy`` backoff and go into a later
 batch's plan; after ``max_attempts`` the record is read once more here and
 written to the dead-letter store. The roots whose acks a bolt could not
@@ -42,13 +42,9 @@ from acker_client import ClusterClient, new_id
 from acker_client.pending import cluster_backstop
 from acker_protocol.wire import Outcome
 
-from .book import DeadLetterRow, ReplayBook
-from .checkpoint import Checkpoint, Manifest, StreamSection, write_json_atomically
-from .dead_letter import DeadLetterStore
-from .emission_log import RoundFilter, read_round, write_filter
-from .record_table import ACKED, FAILED, PENDING, RecordTable
-from .replay_policy import ReplayPolicy
-from .stream_source import (
+from ..dead_letter import DeadLetterStore
+from ..streaming.stream_options import StreamOptions
+from ..streaming.stream_source import (
     ChunkPartition,
     ReplayPartition,
     RoundContext,
@@ -56,33 +52,18 @@ from .stream_source import (
     read_lines_at,
     split_idents,
 )
+from .book import DeadLetterRow, ReplayBook
+from .checkpoint import Checkpoint, Manifest, StreamSection, write_json_atomically
+from .emission_log import RoundFilter, read_round, write_filter
+from .record_table import ACKED, FAILED, PENDING, RecordTable
 
-__all__ = ["PlannerOptions", "StreamPlanner", "StreamProgress", "stream_progress"]
+__all__ = ["StreamPlanner", "StreamProgress", "stream_progress"]
 
 log = logging.getLogger(__name__)
 
 _UNUSED = np.zeros(0, dtype=np.uint64)
 _REPLAY_ROWS = 50_000  # replays per partition
 _WAIT_LIMIT = 0.25  # seconds an AvailableNow planner waits for outcomes between looks at its book
-
-
-@dataclass(frozen=True)
-class PlannerOptions:
-    """What the planner needs from the stream's options."""
-
-    directory: str
-    checkpoint: str
-    database: str
-    addresses: tuple[str, ...]
-    name: str | None = None
-    max_pending: int = 100_000
-    max_bytes_per_batch: int = 64 << 20
-    split_bytes: int = 16 << 20
-    partitions: int = 2
-    policy: ReplayPolicy = ReplayPolicy()
-    security: Any = None
-    spout_timeout: float | None = None
-    journal_interval: float = 0.25
 
 
 def initial_offset() -> dict[str, int]:
@@ -94,12 +75,17 @@ class StreamPlanner:
     """The stream's state in the planning process, rebuilt from the checkpoint when it starts."""
 
     def __init__(
-        self, options: PlannerOptions, cluster: ClusterClient, *, clock: Callable[[], float] = time.monotonic
+        self,
+        options: StreamOptions,
+        cluster: ClusterClient,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        journal_interval: float = 0.25,
     ) -> None:
         self.options = options
         self.cluster = cluster
         self.clock = clock
-        self.directory = Path(options.directory).absolute()
+        self.directory = Path(options.path).absolute()
         if not self.directory.is_dir():
             raise NotADirectoryError(f"stream source directory {self.directory} does not exist or is not a directory")
         self.checkpoint = Checkpoint(options.checkpoint)
@@ -118,7 +104,7 @@ class StreamPlanner:
         self.backstop = options.spout_timeout if options.spout_timeout is not None else cluster_backstop(cluster)
         from .outcome_feed import OutcomeFeed
 
-        self.feed = OutcomeFeed(cluster, self.spout, self.checkpoint, options.journal_interval).start()
+        self.feed = OutcomeFeed(cluster, self.spout, self.checkpoint, journal_interval).start()
         self.book.attach(self.feed)
         try:
             self._restore()

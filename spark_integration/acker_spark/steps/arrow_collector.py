@@ -1,7 +1,7 @@
 """ArrowCollector: a bolt's emits, acks and fails for whole Arrow batches, column-wise, held until the task commits.
 
 The columnar counterpart of :class:`~acker_client.bolt.BoltCollector` for
-:class:`~acker_spark.arrow_bolt.ArrowBolt`. For the input batch being processed
+:class:`~acker_spark.steps.arrow_bolt.ArrowBolt`. For the input batch being processed
 it keeps, per input row, the XOR of its children's edge ids (Storm's
 ``out_ack_val``), how many children it has had (the next ordinal) and whether it
 was acked or failed. ``emit(batch, anchors)`` anchors output row ``k`` to input
@@ -89,13 +89,13 @@ class ArrowCollector:
 
     def ack(self, rows: Rows) -> None:
         """Ack input ``rows`` now (their children are registered with the ack); the rest are acked on return."""
-        mask = self._settle(rows)
+        mask = self._mark_settled_rows(rows)
         if self.tracking:
             self._hold_acks(mask)
 
     def fail(self, rows: Rows) -> None:
         """Fail input ``rows``: each tree they belong to fails, and its spout replays the record."""
-        mask = self._settle(rows)
+        mask = self._mark_settled_rows(rows)
         if self.tracking:
             index, _ = self._current.gather(np.flatnonzero(mask))
             self._held_fails.append(self._current.roots[index])
@@ -179,7 +179,8 @@ class ArrowCollector:
         mask[array] = True
         return mask
 
-    def _settle(self, rows: Rows) -> np.ndarray:
+    def _mark_settled_rows(self, rows: Rows) -> np.ndarray:
+        """The mask of ``rows``, now marked acked or failed; a row settled before is refused."""
         mask = self._mask(rows)
         twice = mask & self._settled
         if twice.any():

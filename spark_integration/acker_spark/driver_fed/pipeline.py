@@ -1,14 +1,14 @@
 """Driver side: a spout that feeds Spark in micro-batches and replays exactly the records that failed.
 
 :class:`GuaranteedPipeline` pulls records from a source, starts one tuple tree
-per record through the :class:`~acker_spark.replaying_spout.ReplayingSpout`
+per record through the :class:`~acker_spark.driver_fed.replaying_spout.ReplayingSpout`
 it shares with the streaming source, runs the user's job on an RDD
 (or a DataFrame) of the batch's TrackedTuples, and receives each tree's
 outcome. Failed, timed-out and lost records are delivered again as new trees
 after an exponential backoff, up to ``max_attempts`` deliveries; then they go
 to the dead-letter table. When a job raises, its records are not charged an
 attempt: they are replayed in halves, each half a job of its own, until the
-record that makes it raise runs alone (:mod:`acker_spark.isolation`); that
+record that makes it raise runs alone (:mod:`acker_spark.driver_fed.isolation`); that
 record's dead letter names the exception.
 """
 
@@ -25,18 +25,18 @@ from typing import Any, Literal
 from acker_client import AckerError, ClusterClient, MessageId, TrackedTuple, new_id
 from acker_protocol.wire import Outcome
 
-from .dead_letter import DeadLetter, DeadLetterStore
-from .executor import CommitErrors, tracked_bolts
-from .frames import delivery_frame
+from ..dead_letter import DeadLetter, DeadLetterStore
+from ..job_errors import JobError, job_error
+from ..replay_policy import ReplayPolicy
+from ..run_report import AcksUndelivered, PipelineStats, RecordsFailed, ShardDown
+from ..session import default_parallelism, spark_context_of
+from ..shard_watch import ProgressLine, ShardWatch
+from ..sources import Delivery, Record
+from ..steps.executor import CommitErrors, tracked_bolts
+from ..steps.frames import delivery_frame
+from ..steps.step import CommitBaseline
 from .isolation import Isolation
-from .job_errors import JobError, job_error
-from .replay_policy import ReplayPolicy
 from .replaying_spout import ReplayingSpout
-from .run_report import AcksUndelivered, PipelineStats, RecordsFailed, ShardDown
-from .session import default_parallelism, spark_context_of
-from .shard_watch import ProgressLine, ShardWatch
-from .sources import Delivery, Record
-from .step import CommitBaseline
 
 __all__ = [
     "AcksUndelivered",
@@ -75,7 +75,7 @@ class GuaranteedPipeline:
     or both, may be given); ``on_progress(stats)`` from the driver thread;
     ``on_dead_letter(letter)`` once per dead-lettered record, from the driver
     thread, with its reason, attempts and cause (the exception that convicted
-    it, see :mod:`acker_spark.isolation`).
+    it, see :mod:`acker_spark.driver_fed.isolation`).
     Outcomes are counted, scheduled for replay and queued for the dead-letter
     table a batch at a time.
     """

@@ -4,11 +4,11 @@ The driver never holds a record. ``pipeline.run(spark.read.text(dir), job)``
 runs rounds of Spark jobs:
 
 1. The first round reads the whole source. Its tasks start each record's tree
-   where they read it (:class:`~acker_spark.source_reader.SourceReader`), log
+   where they read it (:class:`~acker_spark.executor_read.source_reader.SourceReader`), log
    the roots to the checkpoint's emission log, and the job's bolts ack them.
 2. After each job the driver reads the round's emission log into its
-   :class:`~acker_spark.book.ReplayBook` (a numpy record table) and settles
-   the outcomes the :class:`~acker_spark.outcome_feed.OutcomeFeed` journaled,
+   :class:`~acker_spark.executor_read.book.ReplayBook` (a numpy record table) and settles
+   the outcomes the :class:`~acker_spark.executor_read.outcome_feed.OutcomeFeed` journaled,
    in bulk.
 3. Failed, timed-out and lost deliveries wait their backoff (``ReplayPolicy``),
    then a replay round re-reads the source and keeps exactly those identities,
@@ -18,7 +18,7 @@ runs rounds of Spark jobs:
 In-memory sources (``records_from(...)``, ``generated_sentences(...)``, a list
 of ``Record`` or ``(key, value)`` tuples) take the same path: the driver copies
 them once into the checkpoint as Parquet and the rounds read that copy, keyed
-by the records' keys (:mod:`acker_spark.memory_source`); a
+by the records' keys (:mod:`acker_spark.executor_read.memory_source`); a
 ``TextDirectorySource`` becomes ``spark.read.text`` over its files.
 
 A tree that timed out or was lost because a bolt could not deliver its acks
@@ -28,7 +28,7 @@ naming the unreachable shards; a shard the driver finds unreachable longer
 than ``shard_down_after`` stops the run with :class:`~acker_spark.run_report.ShardDown`.
 
 Everything the driver knows is in the checkpoint directory
-(:mod:`acker_spark.checkpoint`): a driver killed at any moment and started again
+(:mod:`acker_spark.executor_read.checkpoint`): a driver killed at any moment and started again
 with the same checkpoint (and the same source and job) finishes the run
 without losing a record or processing again one already acked.
 """
@@ -46,11 +46,20 @@ from acker_client import ClusterClient, ShardUnavailable, new_id
 from acker_client.pending import cluster_backstop
 from acker_protocol.wire import Outcome
 
+from ..dead_letter import DeadLetterStore
+from ..job_errors import JobError, job_error
+from ..output import Output, OutputCommits, OutputStager
+from ..output.stager import stager_schema
+from ..replay_policy import ReplayPolicy
+from ..run_report import AcksUndelivered, RunStopped, ShardDown, SourceStats
+from ..session import default_parallelism
+from ..shard_watch import ProgressLine, ShardWatch
+from ..sources import TextDirectorySource
+from ..steps.frames import TRACKING_COLUMN
+from ..steps.step import CommitBaseline, CommitErrors
 from .book import DeadLetterRow, ReplayBook, round_slot
 from .checkpoint import Checkpoint, Manifest, SourceSection
-from .dead_letter import DeadLetterStore
 from .emission_log import RoundFilter, read_round, write_filter
-from .frames import TRACKING_COLUMN
 from .identity import (
     IdentitySpec,
     UnstableIdentity,
@@ -58,18 +67,9 @@ from .identity import (
     check_unchanged,
     resolve_identity,
 )
-from .job_errors import JobError, job_error
 from .memory_source import COPY_DIR, KEY, DuplicateIdentity, is_dataframe, is_utf8, text_frame, write_records
-from .output import Output, OutputCommits, OutputStager
-from .output.stager import stager_schema
 from .record_table import ACKED, FAILED, PENDING
-from .replay_policy import ReplayPolicy
-from .run_report import AcksUndelivered, RunStopped, ShardDown, SourceStats
-from .session import default_parallelism
-from .shard_watch import ProgressLine, ShardWatch
 from .source_reader import ATTEMPT_COLUMN, IDENT_COLUMN, KEY_COLUMN, SourceReader, reader_schema
-from .sources import TextDirectorySource
-from .step import CommitBaseline, CommitErrors
 
 __all__ = [
     "AcksUndelivered",
@@ -195,7 +195,7 @@ class SourcePipeline:
         run the actions that complete the work (its bolts ack the rows).
         ``key`` names a unique, non-null column of a DataFrame as the record
         identity; without it, file sources are identified by file and position
-        (see :mod:`acker_spark.identity`).
+        (see :mod:`acker_spark.executor_read.identity`).
         """
         df, key, copy = self._source_frame(source, key)
         spec = resolve_identity(self.spark, df, key)

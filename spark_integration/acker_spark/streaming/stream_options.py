@@ -8,7 +8,7 @@ from typing import Any
 
 from acker_protocol.credentials import ChannelSecurity
 
-from .replay_policy import ReplayPolicy
+from ..replay_policy import ReplayPolicy
 
 __all__ = ["StreamOptions"]
 

@@ -1,7 +1,7 @@
 """The durable checkpoint directory of an executor-read driver: what a restarted driver needs to finish the run.
 
-Both executor-read drivers, :class:`~acker_spark.source_pipeline.SourcePipeline`
-and the ``acker_spout`` stream's :class:`~acker_spark.stream_planner.StreamPlanner`,
+Both executor-read drivers, :class:`~acker_spark.executor_read.source_pipeline.SourcePipeline`
+and the ``acker_spout`` stream's :class:`~acker_spark.executor_read.stream_planner.StreamPlanner`,
 keep their state here, in one layout. Every file is appended or replaced
 atomically, so a ``kill -9`` at any moment leaves a readable directory::
 
@@ -9,7 +9,7 @@ atomically, so a ``kill -9`` at any moment leaves a readable directory::
                                driver's own section: the source pipeline's source identity and
                                progress (:class:`SourceSection`), or the stream's directory
                                (:class:`StreamSection`)
-    emissions/r<round>/*.arrow roots the executors started (see :mod:`acker_spark.emission_log`)
+    emissions/r<round>/*.arrow roots the executors started (see :mod:`acker_spark.executor_read.emission_log`)
     rounds/r<round>.npz        which records each round read (its filter)
     outcomes/j<n>.arrow        every outcome the driver took, in order: the ackers' and its own (LOST, job failures)
     positions.json             per shard, the outcome stream position the journal holds everything up to
@@ -18,7 +18,7 @@ atomically, so a ``kill -9`` at any moment leaves a readable directory::
 
 The source pipeline's own files::
 
-    source/*.parquet           an in-memory source, copied once (see :mod:`acker_spark.memory_source`)
+    source/*.parquet           an in-memory source, copied once (see :mod:`acker_spark.executor_read.memory_source`)
     output/staged, output/commits  the job's staged output and its commits (see :mod:`acker_spark.output`)
 
 The stream's own files::
@@ -71,7 +71,7 @@ class WrongCheckpoint(ValueError):
 class SourceSection:
     """The source pipeline's part of the manifest: which source it reads and how far the run got."""
 
-    identity: dict[str, Any]  # the record identity (see acker_spark.identity.IdentitySpec)
+    identity: dict[str, Any]  # the record identity (see acker_spark.executor_read.identity.IdentitySpec)
     source_done: bool = False  # the first round read the whole source
     next_round: int = 0  # rounds started so far (a round's number is taken before its tasks can start a tree)
     memory_source: dict[str, Any] | None = None  # an in-memory source's copy: its folder and record count

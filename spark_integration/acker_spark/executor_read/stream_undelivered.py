@@ -4,7 +4,7 @@ The ``acker_spout`` stream's planner runs in a process Spark starts for it,
 not in the user's driver, where the bolts' task commits report the trees
 whose acks an executor dropped. :func:`record_commit_errors`, called in the
 ``foreachBatch`` function after its actions, journals those roots in the
-stream's checkpoint (``undelivered/``, see :mod:`acker_spark.checkpoint`);
+stream's checkpoint (``undelivered/``, see :mod:`acker_spark.executor_read.checkpoint`);
 the planner reads them there before it settles the next outcomes, so those
 trees' timeouts end as ``ACKS_UNDELIVERED`` (in the dead letters too)
 instead of ``TIMED_OUT``.
@@ -16,8 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import Checkpoint
-
 __all__ = ["record_commit_errors"]
 
 
@@ -28,7 +26,8 @@ def record_commit_errors(checkpoint: str | Path) -> dict[str, int]:
     commits whose acks could not be delivered, per bolt name (since the bolts
     were created), so the function can raise or warn.
     """
-    from .step import commit_errors
+    from ..steps.step import commit_errors
+    from .checkpoint import Checkpoint  # pyarrow: imported when called, not with acker_spark
 
     reports = commit_errors()
     roots = frozenset().union(*(r.roots for r in reports.values())) if reports else frozenset()

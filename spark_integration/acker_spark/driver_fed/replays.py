@@ -15,8 +15,8 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from .replay_policy import ReplayPolicy
-from .sources import Delivery
+from ..replay_policy import ReplayPolicy
+from ..sources import Delivery
 
 __all__ = ["ReplaySchedule"]
 

@@ -4,7 +4,7 @@
 (``spark.read...``), so it runs in the same task that reads the file split.
 Per Arrow batch it hashes each record's identity, keeps the rows the round
 reads (all of them, or the replays with their attempt numbers), and starts
-their trees (:func:`~acker_spark.tree_start.start_trees`: roots derived from
+their trees (:func:`~acker_spark.executor_read.tree_start.start_trees`: roots derived from
 (run, identity, attempt), logged to the task attempt's emission file, then
 initialised with ``init_columns``). A re-run or speculative attempt derives the same roots and
 re-sends the same set-once inits, which the ackers ignore for trees still
@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..steps.frames import TRACKING_COLUMN
 from .emission_log import EmissionWriter, read_filter
-from .frames import TRACKING_COLUMN
 from .identity import (
     BLOCK_COLUMN,
     PATH_COLUMN,
@@ -102,7 +102,7 @@ class SourceReader:
         tracking = self.addresses is not None and not self.peek
         client = None
         if tracking:
-            from .step import client_for
+            from ..steps.step import client_for
 
             assert self.addresses is not None
             client = client_for(self.addresses, self.security, **self.client_options)

@@ -4,10 +4,10 @@ Built on PySpark 4's Python Data Source API (needs pyarrow: ``pip install
 pyspark-acker[streaming]``; this module itself imports without it). Records
 never pass through Spark's planning process: a micro-batch's partitions name
 byte ranges of the directory's files and the identities of records to replay
-(:mod:`acker_spark.stream_source`); the executor task that reads them starts
+(:mod:`acker_spark.streaming.stream_source`); the executor task that reads them starts
 their trees, column-wise, with roots derived from (run, identity, attempt),
 and logs the roots to the emission log in the ``checkpoint`` directory. The
-planning side (:class:`~acker_spark.stream_planner.StreamPlanner`) only
+planning side (:class:`~acker_spark.executor_read.stream_planner.StreamPlanner`) only
 subscribes to the outcomes, settles them by root in bulk and plans replays,
 so records in flight survive a restart of the query from its checkpoints.
 
@@ -63,28 +63,12 @@ class AckerSpoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._planner is None:
             from acker_client import ClusterClient
 
-            from .stream_planner import PlannerOptions, StreamPlanner
+            from ..executor_read.stream_planner import StreamPlanner
 
             opts = self.options
             cluster = ClusterClient(list(opts.ackers), security=opts.security)
             try:
-                self._planner = StreamPlanner(
-                    PlannerOptions(
-                        directory=opts.path,
-                        checkpoint=opts.checkpoint,
-                        database=opts.database,
-                        addresses=opts.ackers,
-                        name=opts.name,
-                        max_pending=opts.max_pending,
-                        max_bytes_per_batch=opts.max_bytes_per_batch,
-                        split_bytes=opts.split_bytes,
-                        partitions=opts.partitions,
-                        policy=opts.policy,
-                        security=opts.security,
-                        spout_timeout=opts.spout_timeout,
-                    ),
-                    cluster,
-                )
+                self._planner = StreamPlanner(opts, cluster)
             except BaseException:
                 cluster.close()
                 raise
@@ -92,7 +76,7 @@ class AckerSpoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def initialOffset(self) -> dict:
         """Micro-batch 0 at the start of the first file."""
-        from .stream_planner import initial_offset
+        from ..executor_read.stream_planner import initial_offset
 
         return initial_offset()
 

@@ -1,14 +1,14 @@
 """The replay book of the executor-read drivers: what was started, what ended, what is due, what is final.
 
-:class:`~acker_spark.source_pipeline.SourcePipeline` and
-:class:`~acker_spark.stream_planner.StreamPlanner` differ in what a round
+:class:`~acker_spark.executor_read.source_pipeline.SourcePipeline` and
+:class:`~acker_spark.executor_read.stream_planner.StreamPlanner` differ in what a round
 reads and how (a Spark job over a DataFrame, a micro-batch of file ranges);
 what they do with the trees a round started is the same, and it is this
 book. It keeps:
 
-- the record table (:class:`~acker_spark.record_table.RecordTable`): every
+- the record table (:class:`~acker_spark.executor_read.record_table.RecordTable`): every
   root the executors started, read from the round's emission log;
-- the outcomes the :class:`~acker_spark.outcome_feed.OutcomeFeed` journaled,
+- the outcomes the :class:`~acker_spark.executor_read.outcome_feed.OutcomeFeed` journaled,
   settled by root in bulk; an outcome that comes before its root was read
   can wait for the next round (a stray);
 - the rounds' backstop deadlines, after which their pending trees are LOST;
@@ -32,12 +32,12 @@ import numpy as np
 from acker_client import ClusterClient, ShardUnavailable
 from acker_protocol.wire import Outcome
 
+from ..dead_letter import DeadLetterStore
+from ..replay_policy import ReplayPolicy
+from ..run_report import RunStats
 from .checkpoint import Checkpoint
-from .dead_letter import DeadLetterStore
 from .emission_log import Emissions, read_round
 from .record_table import ACKED, DEAD, FAILED, PENDING, REPLAYED, RecordTable
-from .replay_policy import ReplayPolicy
-from .run_report import RunStats
 
 __all__ = ["DeadLetterRow", "ReplayBook", "round_slot"]
 
