@@ -16,6 +16,7 @@ from acker_client import BoltCollector, ClusterClient, TrackedTuple
 from acker_client.testing import local_cluster
 from acker_protocol.wire import Outcome
 from acker_spark import Bolt, DeadLetterStore, close_clients
+from acker_spark.executor_read.checkpoint import Checkpoint
 from acker_spark.executor_read.stream_planner import stream_progress
 from acker_spark.sqlite import open_db, upsert
 from acker_spark.steps.frames import unpack_ids
@@ -117,6 +118,10 @@ def test_partitions_carry_coordinates_executors_start_trees_and_replays_reread(t
                 t = TrackedTuple((key, value, attempt), unpack_ids(ids))
                 collector.fail(t) if key in failed else collector.ack(t)
             client.flush()
+            # The next offset admits the rest of the file at once: it names the replays only if both
+            # failures were journaled before it is asked for (outcomes arrive on other threads).
+            journal = Checkpoint(tmp_path / "acker-checkpoint")
+            _wait_until(lambda: len(journal.read_outcomes()[0]) >= len(rows), "the batch's outcomes journaled")
             nxt = _wait_for(reader, end, lambda planned: planned != end)
             replays = [p for p in reader.partitions(end, nxt) if isinstance(p, ReplayPartition)]
             assert len(replays) == 1 and sorted(replays[0].offsets.tolist()) == sorted(
@@ -141,6 +146,16 @@ def test_partitions_carry_coordinates_executors_start_trees_and_replays_reread(t
     progress = stream_progress(tmp_path / "acker-checkpoint")
     assert progress.acked == set(keys) and not progress.waiting and not progress.dead
     assert {k for k, n in progress.deliveries.items() if n > 1} == failed
+
+
+def _wait_until(done: Any, what: str) -> None:
+    """Poll ``done()`` until it is true (a hang guard of DEADLINE seconds)."""
+    import time
+
+    deadline = time.monotonic() + DEADLINE
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def _wait_for(reader: Any, start: dict, done: Any) -> dict:

@@ -43,6 +43,7 @@ from acker_client.pending import cluster_backstop
 from acker_protocol.wire import Outcome
 
 from ..dead_letter import DeadLetterStore
+from ..replay_policy import ReplayPolicy
 from ..streaming.stream_options import StreamOptions
 from ..streaming.stream_source import (
     ChunkPartition,
@@ -55,7 +56,7 @@ from ..streaming.stream_source import (
 from .book import DeadLetterRow, ReplayBook
 from .checkpoint import Checkpoint, Manifest, StreamSection, write_json_atomically
 from .emission_log import RoundFilter, read_round, write_filter
-from .record_table import ACKED, FAILED, PENDING, RecordTable
+from .record_table import ACKED, DEAD, FAILED, PENDING, RecordTable
 
 __all__ = ["StreamPlanner", "StreamProgress", "stream_progress"]
 
@@ -389,17 +390,17 @@ def stream_progress(checkpoint: str | Path) -> StreamProgress:
     outcome journal, so this costs a read of the whole checkpoint.
     """
     cp = Checkpoint(checkpoint)
+    manifest = cp.manifest("stream")
+    if manifest is None:
+        raise FileNotFoundError(f"{cp.path} holds no stream's checkpoint (no manifest.json)")
     names = [name for name, _, _ in json.loads((cp.path / "stream" / "files.json").read_text())]
-    table = RecordTable()
-    for round_no in _rounds_on_disk(cp.path):
-        table.add(read_round(cp.path, round_no), round_no & 0xFFFF)
-    roots, outcomes = cp.read_outcomes()
-    table.settle(roots, outcomes, int(Outcome.ACKED))
+    book = ReplayBook(cp, manifest.salt, ReplayPolicy(), time.monotonic)  # read only: policy and clock unused
+    book.restore(_rounds_on_disk(cp.path))
+    table = book.table
     files, offsets = split_idents(table.idents)
     keys = np.array([f"{names[f]}@{o}" for f, o in zip(files.tolist(), offsets.tolist())], dtype=object)
-    dead_idents = cp.read_dead()
     acked = set(keys[table.state == ACKED].tolist())
-    dead = set(keys[np.isin(table.idents, dead_idents)].tolist()) - acked
+    dead = set(keys[table.state == DEAD].tolist()) - acked
     deliveries: dict[str, int] = {}
     for key in keys.tolist():
         deliveries[key] = deliveries.get(key, 0) + 1
