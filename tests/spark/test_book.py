@@ -188,3 +188,27 @@ def test_one_run_report_for_both_families() -> None:
     assert "replayed_keys" not in data and data["commit_errors"] == 3 and data["jobs"] == 3
     error = AcksUndelivered(stats, {"store": CommitErrors("store", 2, frozenset(), ("shard 0: down",))})
     assert error.stats is stats and "2 deliveries failed" in str(error) and "shard 0: down" in str(error)
+
+
+def test_a_restored_dead_record_counts_once_whatever_its_deliveries(tmp_path: Path) -> None:
+    """Restoring a record dead after 2 failed deliveries: its first delivery is REPLAYED, only the last is DEAD."""
+    clock = ManualClock()
+    checkpoint = Checkpoint(tmp_path / "checkpoint")
+    ids = np.array([4], np.uint64)
+    for round_no, attempt in ((0, 1), (1, 2)):
+        writer = EmissionWriter(checkpoint.path, round_no, 0, 0)
+        writer.write(derive_roots(SALT, ids, np.full(1, attempt, np.uint16)), ids, np.full(1, attempt, np.uint16))
+        writer.close()
+        journal = checkpoint.outcome_journal()
+        journal.append(
+            derive_roots(SALT, ids, np.full(1, attempt, np.uint16)), np.full(1, int(Outcome.FAILED), np.int8)
+        )
+        journal.close()
+    dead = checkpoint.dead_journal()
+    dead.append(ids)
+    dead.close()
+    book = ReplayBook(checkpoint, SALT, POLICY, clock)
+    book.restore([0, 1])
+    stats = RunStats()
+    book.fill_stats(stats)
+    assert sorted(book.table.state.tolist()) == sorted([REPLAYED, DEAD]) and stats.dead_lettered == 1

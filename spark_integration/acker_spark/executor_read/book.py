@@ -94,10 +94,11 @@ class ReplayBook:
         self.undelivered = np.unique(self.checkpoint.read_undelivered())
         roots, outcomes = self.checkpoint.read_outcomes()
         self.settle_outcomes(roots, outcomes, keep_strays=False)
+        # Superseded deliveries first: only a dead record's last delivery is DEAD (one per record).
+        self.table.mark_replayed(self.salt, self.table.idents, self.table.attempts)
         dead = self.checkpoint.read_dead()
         if len(dead):
             self.table.state[np.isin(self.table.idents, dead) & (self.table.state == FAILED)] = DEAD
-        self.table.mark_replayed(self.salt, self.table.idents, self.table.attempts)
         if len(self.undelivered):
             self.mark_undelivered()
         self.table.due[self.table.state == FAILED] = self.clock()
