@@ -12,7 +12,6 @@ That columnar ack costs the same few nanoseconds per record in every mode.
     python scripts/spout_bench.py --mode bulk-per-record  # emit_many() + on_ack/on_fail
     python scripts/spout_bench.py --mode columns   # emit_columns() + on_outcomes
     python scripts/spout_bench.py --mode replaying # acker_spark's ReplayingSpout (GuaranteedPipeline's spout)
-    python scripts/spout_bench.py --mode stream    # the acker_spout source's StreamSpout, SQLite rows included
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import numpy as np
 from acker_client import ClusterClient, Spout
 from acker_client.testing import local_cluster
 
-MODES = ("scalar", "bulk", "bulk-per-record", "columns", "replaying", "stream")
+MODES = ("scalar", "bulk", "bulk-per-record", "columns", "replaying")
 
 
 class Tally:
@@ -70,7 +69,7 @@ def ids_of(tracked: list) -> tuple[np.ndarray, np.ndarray]:
 def run_replaying(records: int, batch: int, fail_every: int, addresses: list[str]) -> float:
     """GuaranteedPipeline's driver side without Spark: ReplayingSpout.take and its outcome callback."""
     from acker_spark import Delivery, ReplayPolicy
-    from acker_spark.replaying_spout import ReplayingSpout
+    from acker_spark.driver_fed.replaying_spout import ReplayingSpout
 
     settled = []
     source = iter(range(records))
@@ -101,47 +100,10 @@ def run_replaying(records: int, batch: int, fail_every: int, addresses: list[str
     return cpu
 
 
-def run_stream(records: int, batch: int, fail_every: int, addresses: list[str]) -> float:
-    """The acker_spout source's driver side without Spark: StreamSpout.advance, rows, commit, SQLite rows."""
-    import tempfile
-
-    from acker_spark import Record
-    from acker_spark.stream_ledger import StreamLedger
-    from acker_spark.stream_spout import StreamSpout
-
-    feed = [Record(str(i), str(i)) for i in range(records)]
-    with tempfile.TemporaryDirectory() as tmp, ClusterClient(addresses) as client:
-        database = f"{tmp}/stream.sqlite"
-        spout = StreamSpout(client, feed, database=database, max_pending=4 * batch, policy=ReplayPolicyOnce()).start()
-        cpu, offset = time.process_time(), 0
-        while True:
-            end = spout.advance(batch)
-            if end == offset:
-                break
-            packed = b"".join(row[3] for row in spout.rows(offset, end))
-            pairs = np.frombuffer(packed, dtype="<u8").reshape(-1, 2)
-            complete(client, pairs[:, 0].copy(), pairs[:, 1].copy(), fail_every)
-            spout.commit(end)
-            offset = end
-        while spout.busy():
-            time.sleep(0.001)
-        cpu = time.process_time() - cpu
-        spout.close()
-        assert len(StreamLedger(database).deliveries()) == records
-    return cpu
-
-
-def ReplayPolicyOnce():  # noqa: N802 - reads as the policy it builds
-    """One delivery per record: failures are final (dead letters), nothing is replayed."""
-    from acker_spark import ReplayPolicy
-
-    return ReplayPolicy(max_attempts=1)
-
-
 def run(mode: str, records: int, batch: int, fail_every: int, addresses: list[str]) -> dict:
     """Emit ``records`` in batches of ``batch`` through a spout in ``mode``; CPU and wall time per record."""
-    if mode in ("replaying", "stream"):
-        cpu = (run_replaying if mode == "replaying" else run_stream)(records, batch, fail_every, addresses)
+    if mode == "replaying":
+        cpu = run_replaying(records, batch, fail_every, addresses)
         return {"mode": mode, "records": records, "batch": batch, "cpu_us_per_record": round(cpu / records * 1e6, 2)}
     tally = Tally()
     with ClusterClient(addresses) as client:

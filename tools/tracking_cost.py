@@ -24,9 +24,9 @@ from typing import Any
 
 from acker_client import BoltCollector, MessageId, TrackedTuple, new_id
 from acker_demo.wordcount import split_words
-from acker_spark.executor import UntrackedCollector
-from acker_spark.ids import DeterministicEdgeIds
 from acker_spark.sources import Delivery, generated_sentences
+from acker_spark.steps.executor import UntrackedCollector
+from acker_spark.steps.ids import DeterministicEdgeIds
 
 STAGES = ("split", "pickle", "unpickle", "ack")
 

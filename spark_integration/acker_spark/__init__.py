@@ -16,7 +16,7 @@ Records fed from the driver (in-memory sources)::
 
 DataFrames (classic Spark and Spark Connect): ``pipeline.run(records, job, as_dataframe=True)``
 with column-wise ``ArrowBolt(fn, addresses, schema=...).apply_df(df)`` steps (see
-:mod:`acker_spark.arrow_bolt`; needs pyarrow), or row functions with ``bolt.apply_df(df, schema)``.
+:mod:`acker_spark.steps.arrow_bolt`; needs pyarrow), or row functions with ``bolt.apply_df(df, schema)``.
 Structured Streaming: ``register_acker_spout(spark)``, then ``spark.readStream.format("acker_spout")``
 (see :mod:`acker_spark.streaming`; needs the ``[streaming]`` extra, pyarrow).
 """
@@ -24,33 +24,40 @@ Structured Streaming: ``register_acker_spout(spark)``, then ``spark.readStream.f
 from typing import Any
 
 from .dead_letter import DeadLetter, DeadLetterStore
-from .executor import Bolt, BoltFunction, CommitErrors, UntrackedCollector, client_for, close_clients, commit_errors
-from .frames import TRACKING_COLUMN, pack_ids, unpack_ids
-from .ids import DeterministicEdgeIds, dedup_key, stable_id
-from .pipeline import AcksUndelivered, GuaranteedPipeline, Job, PipelineStats, RecordsFailed, ShardDown, run_untracked
-from .replays import ReplayPolicy
+from .driver_fed.pipeline import GuaranteedPipeline, Job, run_untracked
+from .executor_read.stream_undelivered import record_commit_errors
+from .replay_policy import ReplayPolicy
+from .run_report import AcksUndelivered, PipelineStats, RecordsFailed, RunStats, RunStopped, ShardDown, SourceStats
 from .session import LOCAL_MASTER, local_session
 from .sources import Delivery, Record, TextDirectorySource, generated_sentences, records_from
-from .stream_ledger import StreamDelivery, StreamLedger, record_commit_errors
+from .steps.executor import (
+    Bolt,
+    BoltFunction,
+    CommitErrors,
+    UntrackedCollector,
+    client_for,
+    close_clients,
+    commit_errors,
+)
+from .steps.frames import TRACKING_COLUMN, pack_ids, unpack_ids
+from .steps.ids import DeterministicEdgeIds, dedup_key, stable_id
 
 # Imported on first use: the streaming source imports pyspark.sql, and the Arrow bolts pyarrow,
 # which `import acker_spark` does not.
 _LAZY = {
-    "ArrowBolt": "arrow_bolt",
-    "ArrowCollector": "arrow_collector",
-    "ArrowFunction": "arrow_bolt",
-    "AckerSpoutDataSource": "streaming",
+    "ArrowBolt": "steps.arrow_bolt",
+    "ArrowCollector": "steps.arrow_collector",
+    "ArrowFunction": "steps.arrow_bolt",
+    "AckerSpoutDataSource": "streaming.data_source",
+    "DuplicateIdentity": "executor_read.source_pipeline",
+    "SourcePipeline": "executor_read.source_pipeline",
+    "UnstableIdentity": "executor_read.identity",
+    "StreamOptions": "streaming.stream_options",
+    "register_acker_spout": "streaming.data_source",
     "BatchOutput": "output",
     "FileOutput": "output",
     "StreamOutput": "output",
     "TableOutput": "output",
-    "DuplicateIdentity": "source_pipeline",
-    "SourcePipeline": "source_pipeline",
-    "SourceStats": "source_pipeline",
-    "UnstableIdentity": "identity",
-    "StreamOptions": "stream_options",
-    "StreamSpout": "stream_spout",
-    "register_acker_spout": "streaming",
 }
 
 
@@ -84,16 +91,15 @@ __all__ = [
     "LOCAL_MASTER",
     "PipelineStats",
     "RecordsFailed",
+    "RunStats",
+    "RunStopped",
     "ShardDown",
     "Record",
     "ReplayPolicy",
     "SourcePipeline",
     "SourceStats",
-    "StreamDelivery",
-    "StreamLedger",
     "StreamOptions",
     "StreamOutput",
-    "StreamSpout",
     "TRACKING_COLUMN",
     "TableOutput",
     "TextDirectorySource",

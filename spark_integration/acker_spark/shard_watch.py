@@ -15,37 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from acker_client import AckerError, ClusterClient, ShardUnavailable
 
+from .run_report import DownShard, ShardDown
+
 __all__ = ["ShardDown", "ShardWatch", "DownShard", "ProgressLine"]
-
-
-@dataclass(frozen=True)
-class DownShard:
-    """One unreachable shard: its index, address, when it was first seen down (clock time) and the last cause."""
-
-    shard: int
-    address: str
-    since: float
-    cause: str
-
-
-class ShardDown(AckerError):
-    """An acker shard stayed unreachable longer than the pipeline's bound (raised by ``run``).
-
-    ``shard`` is the :class:`DownShard`; ``stats`` the run's stats when it stopped.
-    """
-
-    def __init__(self, shard: DownShard, seconds: float, stats: object) -> None:
-        self.shard, self.stats = shard, stats
-        super().__init__(
-            f"acker shard {shard.shard} at {shard.address} has been unreachable for {seconds:.0f} s: {shard.cause}. "
-            "Its trees cannot complete: restart it (acker-cluster restarts a dead shard by default) "
-            "or fix the address list, then run again"
-        )
 
 
 class ShardWatch:

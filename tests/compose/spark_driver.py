@@ -39,7 +39,7 @@ def main(shared: Path) -> None:
     from acker_demo.dataframe_job import WORD_SCHEMA, CountWordRows
     from acker_demo.wordcount import create_sink
     from acker_spark import ArrowBolt, ReplayPolicy, close_clients
-    from acker_spark.source_pipeline import SourcePipeline
+    from acker_spark.executor_read.source_pipeline import SourcePipeline
     from pyspark.sql import SparkSession
 
     started = time.monotonic()

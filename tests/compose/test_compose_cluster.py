@@ -187,7 +187,7 @@ def test_pyspark_word_count_against_compose(compose_cluster: ComposeCluster, spa
     from acker_demo.wordcount import build_job, create_sink, expected_counts, sink_counts
     from acker_spark import close_clients
     from acker_spark.dead_letter import DeadLetterStore
-    from acker_spark.pipeline import GuaranteedPipeline
+    from acker_spark.driver_fed.pipeline import GuaranteedPipeline
     from acker_spark.sources import generated_sentences
 
     audit_class = _spark_audit().AckAudit

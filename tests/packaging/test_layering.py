@@ -64,6 +64,79 @@ def test_the_scan_sees_function_level_imports(tmp_path):
     assert _imports(module) == [(2, "acker_service")]
 
 
+# acker_spark's folders: which of the package's folders each may not import, and why.
+SPARK = REPO / "spark_integration" / "acker_spark"
+DRIVERS = {"executor_read", "streaming", "driver_fed", "output"}
+SPARK_FORBIDDEN = {
+    # What runs inside the user's job serves every driver: it knows none of them.
+    "steps": DRIVERS,
+    # The executor-read drivers and the stream share the book, not the driver-fed wing's machinery.
+    "executor_read": {"driver_fed"},
+    "streaming": {"driver_fed"},
+    # The driver-fed wing may use the shared modules and the steps, nothing of the other family.
+    "driver_fed": {"executor_read", "streaming", "output"},
+    # The package's shared modules (run report, policy, dead letters, ...) sit below every folder but the steps.
+    "": DRIVERS,
+}
+
+
+def _spark_imports(path: Path, text: str | None = None) -> set[str]:
+    """The acker_spark modules ``path`` imports, as dotted paths inside the package (relative imports resolved)."""
+    package = list(path.relative_to(SPARK).parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(text if text is not None else path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                parts = base + (node.module.split(".") if node.module else [])
+            elif node.module and node.module.split(".")[0] == "acker_spark":
+                parts = node.module.split(".")[1:]
+            else:
+                continue
+            found.add(".".join(parts))
+    return found
+
+
+def _folder(dotted: str) -> str:
+    """The folder of an acker_spark module (its first part if that is a folder; "" for a top-level module)."""
+    head = dotted.split(".")[0]
+    return head if (SPARK / head).is_dir() else ""
+
+
+def test_acker_spark_folders_follow_their_layers():
+    """Steps import no driver, the executor-read drivers and the stream never the driver-fed wing, and so on."""
+    wrong = []
+    for path in sorted(SPARK.rglob("*.py")):
+        rel = path.relative_to(SPARK)
+        if rel.name == "__init__.py" and len(rel.parts) == 1:
+            continue  # the package's public names gather every folder
+        folder = rel.parts[0] if len(rel.parts) > 1 else ""
+        for target in sorted(_spark_imports(path)):
+            if _folder(target) in SPARK_FORBIDDEN.get(folder, set()) - {folder}:
+                wrong.append(f"acker_spark/{rel} imports acker_spark.{target}")
+    assert not wrong, "acker_spark layering broken: " + "; ".join(wrong)
+
+
+def test_the_folder_scan_resolves_relative_imports():
+    """A step's ``from ..driver_fed.pipeline import X`` is seen as an import of the driver-fed wing."""
+    text = "from ..driver_fed.pipeline import GuaranteedPipeline\nfrom .frames import pack_ids\n"
+    assert _spark_imports(SPARK / "steps" / "step.py", text) == {"driver_fed.pipeline", "steps.frames"}
+    assert _folder("driver_fed.pipeline") in SPARK_FORBIDDEN["steps"]
+
+
+def test_no_import_cycles_across_acker_spark_folders():
+    """No loop of imports between modules of different acker_spark folders either (lazy imports included)."""
+    graph: dict[str, set[str]] = {}
+    for path in SPARK.rglob("*.py"):
+        rel = path.relative_to(SPARK).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        graph[name] = _spark_imports(path)  # a package's own name stands for its __init__
+    for name in graph:
+        graph[name] = {t for t in graph[name] if t in graph and t != name}
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
 def _module_graph(folder: Path, package: str) -> dict[str, set[str]]:
     """Module -> sibling modules it imports (relative or absolute, TYPE_CHECKING ones included)."""
     modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
@@ -76,7 +149,7 @@ def _module_graph(folder: Path, package: str) -> dict[str, set[str]]:
                 if node.level == 1:
                     targets |= {module.split(".")[0]} if module else {a.name for a in node.names}
                 elif node.level == 0 and module.startswith(package + "."):
-                    targets.add(module.split(".")[1])
+                    targets.add(module[len(package) + 1 :].split(".")[0])
         graph[name] = targets & modules - {name}
     return graph
 
@@ -101,11 +174,15 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+PACKAGE_FOLDERS = {name: folder for name, (folder, _) in FORBIDDEN.items()} | {
+    f"acker_spark.{sub.name}": sub for sub in sorted(SPARK.iterdir()) if (sub / "__init__.py").is_file()
+}
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGE_FOLDERS))
 def test_no_import_cycles_inside_a_package(package):
-    """No two modules of a library package import each other, directly or around a loop (lazily or not)."""
-    folder, _ = FORBIDDEN[package]
-    cycle = _cycle(_module_graph(folder, package))
+    """No two modules of a library package (or of one of acker_spark's folders) import each other, even lazily."""
+    cycle = _cycle(_module_graph(PACKAGE_FOLDERS[package], package))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 

@@ -111,7 +111,7 @@ def test_half_a_key_pair_is_refused_at_start(pki):
 
 def test_bolt_and_stream_options_carry_security_to_their_clients(start, pki):
     """client_for (used by Bolt on executors) and the acker_spout options build TLS clients."""
-    from acker_spark.executor import client_for, close_clients
+    from acker_spark.steps.executor import client_for, close_clients
     from acker_spark.streaming import StreamOptions
 
     server = start(tls_cert=pki.server.cert, tls_key=pki.server.key)
@@ -124,9 +124,10 @@ def test_bolt_and_stream_options_carry_security_to_their_clients(start, pki):
     finally:
         close_clients()
     assert server.call(lambda: server.ledger.pending_trees) == 1
-    options = StreamOptions.parse({"ackers": server.address, "database": "x.db", "generated": "3", "TLS_CA": pki.ca})
+    stream = {"database": "x.db", "path": "in", "checkpoint": "cp"}
+    options = StreamOptions.parse({"ackers": server.address, **stream, "TLS_CA": pki.ca})
     assert options.security == ChannelSecurity(tls=True, tls_ca=pki.ca)
-    assert StreamOptions.parse({"ackers": "a:1", "database": "x.db", "generated": "3"}).security is None
+    assert StreamOptions.parse({"ackers": "a:1", **stream}).security is None
 
 
 def test_security_flags_fall_back_to_environment(pki, tmp_path):

@@ -24,9 +24,9 @@ def main() -> None:
     from acker_client import ClusterClient
     from acker_demo.dataframe_job import WORD_SCHEMA, split_sentences
     from acker_spark import ReplayPolicy, local_session
-    from acker_spark.arrow_bolt import ArrowBolt
-    from acker_spark.source_pipeline import SourcePipeline
+    from acker_spark.executor_read.source_pipeline import SourcePipeline
     from acker_spark.sqlite import open_db, upsert
+    from acker_spark.steps.arrow_bolt import ArrowBolt
 
     with open_db(db) as conn:
         conn.execute("CREATE TABLE IF NOT EXISTS writes (record_key TEXT, root TEXT, run INTEGER)")

@@ -42,7 +42,7 @@ from acker_demo.wordcount import (
     word_of,
 )
 from acker_spark import Bolt, DeadLetterStore, GuaranteedPipeline, ReplayPolicy, close_clients, local_session
-from acker_spark.executor import client_for
+from acker_spark.steps.executor import client_for
 
 # Run as a script: its own folder (tests/spark) is first on sys.path.
 from audit import AckAudit

@@ -16,8 +16,8 @@ from acker_demo import dataframe_job
 from acker_demo.wordcount import FailureInjection, expected_counts, sink_counts
 from acker_protocol.wire import Outcome
 from acker_spark import ArrowBolt, DeadLetterStore, Delivery, GuaranteedPipeline, close_clients, generated_sentences
-from acker_spark.frames import delivery_frame, pack_ids, unpack_ids
 from acker_spark.sqlite import open_db, upsert
+from acker_spark.steps.frames import delivery_frame, pack_ids, unpack_ids
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 

@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from acker_client import MessageId, TrackedTuple
-from acker_spark.arrow_bolt import ArrowBolt
-from acker_spark.arrow_collector import ArrowCollector
-from acker_spark.frames import decode_ids, pack_ids, pairs_of, unpack_ids
+from acker_spark.steps.arrow_bolt import ArrowBolt
+from acker_spark.steps.arrow_collector import ArrowCollector
+from acker_spark.steps.frames import decode_ids, pack_ids, pairs_of, unpack_ids
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import LongType, StructField, StructType

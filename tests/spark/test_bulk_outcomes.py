@@ -10,13 +10,10 @@ import pytest
 from acker_client.testing import ManualClock
 from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import Outcome
-from acker_spark import DeadLetterStore, Delivery, GuaranteedPipeline, Record, ReplayPolicy
+from acker_spark import DeadLetterStore, Delivery, GuaranteedPipeline, ReplayPolicy
 from acker_spark import dead_letter as dead_letter_module
-from acker_spark import stream_ledger as stream_ledger_module
-from acker_spark.replaying_spout import ReplayingSpout
-from acker_spark.replays import ReplaySchedule
-from acker_spark.stream_ledger import StreamLedger
-from acker_spark.stream_spout import StreamSpout
+from acker_spark.driver_fed.replaying_spout import ReplayingSpout
+from acker_spark.driver_fed.replays import ReplaySchedule
 
 from ..client.fakes import RecordingCluster
 from ..client.polling import wait_until
@@ -141,11 +138,10 @@ def test_replaying_spout_per_delivery_callback_sees_every_delivery_despite_an_er
         ReplayingSpout(cluster, on_outcome=on_outcome, on_outcomes=Batches(), timeout=1.0)
 
 
-def test_dead_letters_and_ledger_rows_are_written_per_batch_in_one_transaction(tmp_path: Path, monkeypatch):
-    """add_many and record_many store every row with one connection each, as add and record would row by row."""
-    store, ledger = DeadLetterStore(tmp_path / "db"), StreamLedger(tmp_path / "db")
+def test_dead_letters_are_written_per_batch_in_one_transaction(tmp_path: Path, monkeypatch):
+    """add_many stores every row with one connection, as add would row by row."""
+    store = DeadLetterStore(tmp_path / "db")
     dead_opened = count_connections(monkeypatch, dead_letter_module)
-    ledger_opened = count_connections(monkeypatch, stream_ledger_module)
     assert store.add_many([("k1", {"v": 1}, Outcome.FAILED, 3), ("k2", "x", Outcome.LOST, 5)]) == 2
     assert store.add_many([("k1", {"v": 1}, Outcome.TIMED_OUT, 4)]) == 1  # replaces, as add does
     assert store.add_many([]) == 0
@@ -154,40 +150,6 @@ def test_dead_letters_and_ledger_rows_are_written_per_batch_in_one_transaction(t
         ("k1", {"v": 1}, Outcome.TIMED_OUT, 4),
         ("k2", "x", Outcome.LOST, 5),
     ]
-    rows = [("a", 1, Outcome.ACKED, True), ("b", 1, Outcome.FAILED, False)]
-    assert ledger.record_many("run", rows, at=1.0) == [Outcome.ACKED, Outcome.FAILED] and len(ledger_opened) == 1
-    assert [(d.key, d.attempt, d.outcome, d.final) for d in ledger.deliveries()] == [
-        ("a", 1, Outcome.ACKED, True),
-        ("b", 1, Outcome.FAILED, False),
-    ]
-
-
-def test_stream_spout_writes_a_batch_of_outcomes_with_one_transaction_per_table(tmp_path: Path, monkeypatch):
-    """A batch of outcomes becomes its stream_deliveries rows and dead letters, one SQLite transaction per table."""
-    cluster, database = RecordingCluster(), tmp_path / "stream.sqlite"
-    feed = [Record(k, k) for k in "abc"]
-    spout = StreamSpout(cluster, feed, database=database, policy=ReplayPolicy(max_attempts=1)).start()
-    try:
-        assert spout.advance() == 3
-        dead_opened = count_connections(monkeypatch, dead_letter_module)
-        ledger_opened = count_connections(monkeypatch, stream_ledger_module)
-        (_, roots, _, _), *more = [c for c in cluster.calls if c[0] == "init_columns"]
-        assert not more  # the three records went out in one batch
-        cluster.push(0, 1, 1, roots, [ACKED, FAILED, TIMED_OUT])
-        wait_until(lambda: not spout.busy(), "the batch to settle")
-    finally:
-        spout.close()
-    assert (len(dead_opened), len(ledger_opened)) == (1, 1)
-    outcomes = {(d.key, d.attempt): (d.outcome, d.final) for d in StreamLedger(database).deliveries()}
-    assert outcomes == {
-        ("a", 1): (Outcome.ACKED, True),
-        ("b", 1): (Outcome.FAILED, True),
-        ("c", 1): (Outcome.TIMED_OUT, True),
-    }
-    assert {(d.key, d.reason) for d in DeadLetterStore(database).all()} == {
-        ("b", Outcome.FAILED),
-        ("c", Outcome.TIMED_OUT),
-    }
 
 
 class _NoSpark:
@@ -218,18 +180,3 @@ def test_pipeline_counts_a_batch_of_outcomes_and_writes_its_dead_letters_at_once
     pipeline._write_dead_letters()
     assert len(opened) == 1 and pipeline.stats.dead_lettered == 2
     assert {(x.key, x.reason, x.attempts) for x in store.all()} == {("b", Outcome.FAILED, 2), ("d", Outcome.LOST, 2)}
-
-
-def test_record_many_names_undelivered_trees_in_the_same_transaction(tmp_path: Path, monkeypatch):
-    """A timed-out row whose tree's acks were dropped is stored (and returned) as ACKS_UNDELIVERED, one connection."""
-    ledger = StreamLedger(tmp_path / "db")
-    ledger.add_commit_errors({"store": (1, ["shard 0: down"])}, [7])
-    opened = count_connections(monkeypatch, stream_ledger_module)
-    rows = [("a", 1, Outcome.TIMED_OUT, True), ("b", 1, Outcome.TIMED_OUT, True), ("c", 1, Outcome.FAILED, True)]
-    stored = ledger.record_many("run", rows, at=1.0, roots=[(7,), (8,), (7,)])
-    assert stored == [Outcome.ACKS_UNDELIVERED, Outcome.TIMED_OUT, Outcome.FAILED] and len(opened) == 1
-    assert {d.key: d.outcome for d in ledger.deliveries()} == {
-        "a": Outcome.ACKS_UNDELIVERED,
-        "b": Outcome.TIMED_OUT,
-        "c": Outcome.FAILED,
-    }

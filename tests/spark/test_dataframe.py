@@ -20,8 +20,8 @@ from acker_spark import (
     generated_sentences,
     run_untracked,
 )
-from acker_spark.frames import delivery_frame, unpack_ids
 from acker_spark.sqlite import open_db, upsert
+from acker_spark.steps.frames import delivery_frame, unpack_ids
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType

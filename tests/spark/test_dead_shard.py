@@ -58,7 +58,7 @@ def test_a_dead_shard_stops_the_run_naming_it_and_the_driver_says_what_it_waits_
             shard_down_after=3.0,
             log_interval=0.5,
         )
-        with client, caplog.at_level(logging.INFO, logger="acker_spark.pipeline"):
+        with client, caplog.at_level(logging.INFO, logger="acker_spark.driver_fed.pipeline"):
             with pytest.raises(ShardDown) as raised:
                 stats = pipeline.run(RECORDS, lambda rdd: bolt.apply(rdd).count())
                 pytest.fail(f"run() returned instead of raising ShardDown: {stats}")  # says how it ended

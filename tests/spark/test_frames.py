@@ -1,4 +1,4 @@
-"""The tracking column's codec (acker_spark.frames): one byte format, per row and per column, agreeing byte for byte."""
+"""The tracking column's codec (acker_spark.steps.frames): one byte format, per row and per column, agreeing byte for byte."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from acker_client import MessageId
-from acker_spark.frames import PAIR, decode_ids, encode_ids, from_bytes, pack_ids, pairs_of, unpack_ids
+from acker_spark.steps.frames import PAIR, decode_ids, encode_ids, pack_ids, pairs_of, unpack_ids
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,7 +95,6 @@ def test_binary_column_decodes_like_unpack_ids(values: list[MessageId | None], c
     expected = [unpack_ids(p) for p in packed[min(cut, len(packed)) :]]
     assert decode_ids(column).message_ids() == expected
     assert decode_ids(pa.array(packed, pa.large_binary())).message_ids() == [unpack_ids(p) for p in packed]
-    assert from_bytes(packed).message_ids() == [unpack_ids(p) for p in packed]
 
 
 @settings(deadline=None)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from acker_spark.isolation import Isolation, Verdict
+from acker_spark.driver_fed.isolation import Isolation, Verdict
 from acker_spark.job_errors import JobError, job_error
-from acker_spark.replays import ReplayPolicy
+from acker_spark.replay_policy import ReplayPolicy
 from acker_spark.sources import Delivery
 
 POLICY = ReplayPolicy(max_attempts=3, backoff_base=1.0, backoff_factor=2.0)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from acker_client.testing import ManualClock
 from acker_spark import Bolt
-from acker_spark.leases import ClusterTimeouts, LeaseKeeper, cluster_timeouts
+from acker_spark.steps.leases import ClusterTimeouts, LeaseKeeper, cluster_timeouts
 
 
 class Renewals:
@@ -129,7 +129,7 @@ def test_a_bolt_caps_its_leases_at_the_ackers_lifetime_unless_given_one():
 def test_a_bolt_holds_every_tree_of_the_tuples_its_function_reads():
     """Tuples of one tree and of several (a join's output) hand all their roots to the keeper as they are read."""
     from acker_client import MessageId, TrackedTuple
-    from acker_spark.executor import _holding
+    from acker_spark.steps.executor import _holding
 
     renewals = Renewals()
     keeper = LeaseKeeper(renewals, 1.0, clock=ManualClock())

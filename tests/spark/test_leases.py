@@ -22,7 +22,7 @@ from acker_client import ClusterClient, Spout, TrackedTuple
 from acker_client.testing import local_cluster
 from acker_protocol.wire import Outcome
 from acker_spark import ArrowBolt, Bolt, Delivery, close_clients
-from acker_spark.frames import delivery_frame
+from acker_spark.steps.frames import delivery_frame
 from pyspark import cloudpickle
 
 from .test_executor import Outcomes

@@ -17,8 +17,8 @@ import pytest
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
 from acker_spark import ArrowBolt, ReplayPolicy, close_clients
+from acker_spark.executor_read.source_pipeline import OutputNotReturned, RunStopped, SourcePipeline
 from acker_spark.output import BatchOutput, FileOutput, TableOutput, published_files
-from acker_spark.source_pipeline import OutputNotReturned, RunStopped, SourcePipeline
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

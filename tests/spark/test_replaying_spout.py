@@ -8,7 +8,7 @@ from acker_client.testing import ManualClock
 from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import Outcome
 from acker_spark import Delivery, ReplayPolicy
-from acker_spark.replaying_spout import ReplayingSpout
+from acker_spark.driver_fed.replaying_spout import ReplayingSpout
 
 from ..client.fakes import RecordingCluster
 

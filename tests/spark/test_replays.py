@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from acker_client.testing import ManualClock
 from acker_spark import Delivery, ReplayPolicy
-from acker_spark.replays import ReplaySchedule
+from acker_spark.driver_fed.replays import ReplaySchedule
 
 POLICY = ReplayPolicy(max_attempts=3, backoff_base=1.0, backoff_factor=2.0, backoff_cap=10.0)
 

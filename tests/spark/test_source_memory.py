@@ -27,9 +27,9 @@ from acker_spark import (
     generated_sentences,
     records_from,
 )
-from acker_spark.checkpoint import Checkpoint
-from acker_spark.memory_source import DuplicateIdentity, write_records
-from acker_spark.source_pipeline import SourcePipeline
+from acker_spark.executor_read.checkpoint import Checkpoint
+from acker_spark.executor_read.memory_source import DuplicateIdentity, write_records
+from acker_spark.executor_read.source_pipeline import SourcePipeline
 from acker_spark.sqlite import open_db, upsert
 from pyspark import cloudpickle
 

@@ -14,8 +14,8 @@ from acker_demo.dataframe_job import build_source_job
 from acker_demo.wordcount import FailureInjection, expected_counts, sink_counts
 from acker_protocol.wire import Outcome
 from acker_spark import DeadLetterStore, ReplayPolicy, close_clients, generated_sentences
-from acker_spark.identity import UnstableIdentity
-from acker_spark.source_pipeline import DuplicateIdentity, SourcePipeline
+from acker_spark.executor_read.identity import UnstableIdentity
+from acker_spark.executor_read.source_pipeline import DuplicateIdentity, SourcePipeline
 from acker_spark.sqlite import open_db
 from pyspark import cloudpickle
 

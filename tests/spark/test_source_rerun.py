@@ -13,7 +13,7 @@ import pytest
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
 from acker_spark import ArrowBolt, DeadLetterStore, ReplayPolicy, close_clients
-from acker_spark.source_pipeline import SourcePipeline
+from acker_spark.executor_read.source_pipeline import SourcePipeline
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -64,10 +64,10 @@ def test_first_log_line_says_whether_trees_are_replicated(
     with local_cluster(2, message_timeout=60.0, replicas=2) as cluster, ClusterClient(cluster.addresses) as client:
         sink = ArrowBolt(fail_bad, cluster.addresses, schema=None, name="sink")
         pipeline = SourcePipeline(spark, client, tmp_path / "cp")
-        with caplog.at_level("INFO", logger="acker_spark.source_pipeline"):
+        with caplog.at_level("INFO", logger="acker_spark.executor_read.source_pipeline"):
             pipeline.run(
                 spark.createDataFrame(rows, "id string, text string"), lambda df: sink.apply_df(df).count(), key="id"
             )
     close_clients()
-    first = [r.getMessage() for r in caplog.records if r.name == "acker_spark.source_pipeline"][0]
+    first = [r.getMessage() for r in caplog.records if r.name == "acker_spark.executor_read.source_pipeline"][0]
     assert "2 ackers, replicas 2 (each tree kept by two ackers)" in first and str(tmp_path / "cp") in first

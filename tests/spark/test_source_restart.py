@@ -18,8 +18,8 @@ from acker_client.testing import local_cluster
 from acker_demo.wordcount import create_sink, expected_counts, sink_counts
 from acker_protocol.wire import Outcome
 from acker_spark import close_clients
-from acker_spark.checkpoint import Checkpoint
-from acker_spark.emission_log import read_round
+from acker_spark.executor_read.checkpoint import Checkpoint
+from acker_spark.executor_read.emission_log import read_round
 from acker_spark.sqlite import open_db
 
 from .test_source_pipeline import line_records, write_lines
@@ -73,8 +73,10 @@ def test_driver_killed_mid_run_resumes_from_checkpoint(ackers: Any, tmp_path: Pa
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.communicate()
-    run_one_rounds = json.loads((checkpoint / "pipeline.json").read_text())["next_round"]
-    assert not json.loads((checkpoint / "pipeline.json").read_text())["source_done"], "killed too late: round 0 done"
+    run_one_rounds = json.loads((checkpoint / "manifest.json").read_text())["source"]["next_round"]
+    assert not json.loads((checkpoint / "manifest.json").read_text())["source"]["source_done"], (
+        "killed too late: round 0 done"
+    )
 
     second = start_driver(ackers, tmp_path / "in", checkpoint, db, 2)
     try:

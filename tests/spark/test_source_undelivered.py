@@ -19,8 +19,8 @@ from acker_client import ClusterClient
 from acker_client.testing import local_cluster, unreachable_addresses
 from acker_protocol.wire import Outcome
 from acker_spark import AcksUndelivered, ArrowBolt, DeadLetterStore, ReplayPolicy, ShardDown
-from acker_spark.checkpoint import Checkpoint
-from acker_spark.source_pipeline import RunStopped, SourcePipeline
+from acker_spark.executor_read.checkpoint import Checkpoint
+from acker_spark.executor_read.source_pipeline import RunStopped, SourcePipeline
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -74,7 +74,7 @@ def test_warn_mode_returns_the_stats_and_logs_the_cause(
 ) -> None:
     wrong = unreachable_addresses(3)
     pipeline = SourcePipeline(spark, client, tmp_path / "checkpoint", policy=ONCE, on_undelivered="warn")
-    with caplog.at_level(logging.WARNING, logger="acker_spark.source_pipeline"):
+    with caplog.at_level(logging.WARNING, logger="acker_spark.executor_read.source_pipeline"):
         stats = pipeline.run(RECORDS, word_job(wrong, client_options=IMPATIENT))
     assert (stats.acks_undelivered, stats.timed_out) == (6, 0) and stats.as_dict()["commit_errors"] >= 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -140,7 +140,7 @@ def test_a_dead_shard_stops_the_run_naming_it(spark: Any, tmp_path: Path, caplog
             log_interval=0.5,
         )
         job = word_job(cluster.addresses, client_options=IMPATIENT)
-        with client, caplog.at_level(logging.INFO, logger="acker_spark.source_pipeline"):
+        with client, caplog.at_level(logging.INFO, logger="acker_spark.executor_read.source_pipeline"):
             with pytest.raises(ShardDown) as raised:
                 pipeline.run([(f"r{i}", f"alpha beta {i}") for i in range(30)], job)
     message = str(raised.value)

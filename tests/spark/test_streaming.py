@@ -16,12 +16,12 @@ from acker_client import BoltCollector, ClusterClient, TrackedTuple
 from acker_client.testing import local_cluster
 from acker_protocol.wire import Outcome
 from acker_spark import Bolt, DeadLetterStore, close_clients
-from acker_spark.frames import unpack_ids
+from acker_spark.executor_read.checkpoint import Checkpoint
+from acker_spark.executor_read.stream_planner import stream_progress
 from acker_spark.sqlite import open_db, upsert
-from acker_spark.stream_memory import MemorySpoutStreamReader
-from acker_spark.stream_planner import stream_progress
-from acker_spark.stream_source import ChunkPartition, ReplayPartition
+from acker_spark.steps.frames import unpack_ids
 from acker_spark.streaming import FORMAT, AckerSpoutDataSource, StreamOptions, register_acker_spout
+from acker_spark.streaming.stream_source import ChunkPartition, ReplayPartition
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.datasource import ReadAllAvailable
@@ -73,8 +73,8 @@ def test_options_are_validated() -> None:
     with pytest.raises(ValueError, match="ackers"):
         StreamOptions.parse({"database": "x", "path": "/d", "checkpoint": "c"})
     with pytest.raises(ValueError, match="max_attempts"):
-        StreamOptions.parse({"ackers": "a:1", "database": "x", "generated": "3", "max_attempts": "two"})
-    with pytest.raises(ValueError, match="exactly one record source"):
+        StreamOptions.parse({"ackers": "a:1", "database": "x", "path": "/d", "checkpoint": "c", "max_attempts": "two"})
+    with pytest.raises(ValueError, match="record source"):
         StreamOptions.parse({"ackers": "a:1", "database": "x"})
     with pytest.raises(ValueError, match='"checkpoint" is required'):
         StreamOptions.parse({"ackers": "a:1", "database": "x", "path": "/d"})
@@ -84,9 +84,6 @@ def test_options_are_validated() -> None:
         {"ackers": "a:1, b:2", "database": "x", "path": "/d", "CHECKPOINT": "c", "MAX_PENDING": "7"}
     )
     assert (parsed.ackers, parsed.max_pending, parsed.checkpoint) == (("a:1", "b:2"), 7, "c")
-    # The driver-fed mode stays available, apart: records made in the planning process.
-    memory = AckerSpoutDataSource({"ackers": "a:1", "database": "x", "generated": "3"}).streamReader(None)
-    assert isinstance(memory, MemorySpoutStreamReader)
 
 
 def test_partitions_carry_coordinates_executors_start_trees_and_replays_reread(tmp_path: Path) -> None:
@@ -121,6 +118,10 @@ def test_partitions_carry_coordinates_executors_start_trees_and_replays_reread(t
                 t = TrackedTuple((key, value, attempt), unpack_ids(ids))
                 collector.fail(t) if key in failed else collector.ack(t)
             client.flush()
+            # The next offset admits the rest of the file at once: it names the replays only if both
+            # failures were journaled before it is asked for (outcomes arrive on other threads).
+            journal = Checkpoint(tmp_path / "acker-checkpoint")
+            _wait_until(lambda: len(journal.read_outcomes()[0]) >= len(rows), "the batch's outcomes journaled")
             nxt = _wait_for(reader, end, lambda planned: planned != end)
             replays = [p for p in reader.partitions(end, nxt) if isinstance(p, ReplayPartition)]
             assert len(replays) == 1 and sorted(replays[0].offsets.tolist()) == sorted(
@@ -145,6 +146,16 @@ def test_partitions_carry_coordinates_executors_start_trees_and_replays_reread(t
     progress = stream_progress(tmp_path / "acker-checkpoint")
     assert progress.acked == set(keys) and not progress.waiting and not progress.dead
     assert {k for k, n in progress.deliveries.items() if n > 1} == failed
+
+
+def _wait_until(done: Any, what: str) -> None:
+    """Poll ``done()`` until it is true (a hang guard of DEADLINE seconds)."""
+    import time
+
+    deadline = time.monotonic() + DEADLINE
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def _wait_for(reader: Any, start: dict, done: Any) -> dict:

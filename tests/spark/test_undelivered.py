@@ -89,7 +89,7 @@ def test_warn_mode_returns_the_stats_and_logs_the_cause(
     spark: Any, client: ClusterClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     wrong = unreachable_addresses(3)
-    with caplog.at_level(logging.WARNING, logger="acker_spark.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="acker_spark.driver_fed.pipeline"):
         pipeline, seen = run_misconfigured(spark, client, tmp_path / "dead.sqlite", wrong, on_undelivered="warn")
     assert pipeline.stats.acks_undelivered == len(RECORDS)
     assert pipeline.stats.as_dict()["commit_errors"] >= 1
@@ -119,76 +119,44 @@ class _FakeSpark:
     defaultParallelism = 2
 
 
-# -- the streaming source (its spout alone, no Spark) ------------------------------
+# -- the streaming source (its planner's book alone, no Spark) ----------------------
 
 
-def test_stream_spout_records_undelivered_acks_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The driver records its bolts' commit errors; the stream's spout then names ACKS_UNDELIVERED, not TIMED_OUT."""
-    from acker_client.testing import ManualClock, local_cluster
-    from acker_spark import CommitErrors, StreamLedger, record_commit_errors
-    from acker_spark import executor as executor_module
-    from acker_spark.frames import unpack_ids
-    from acker_spark.sources import Record
-    from acker_spark.stream_spout import StreamSpout
-
-    db = tmp_path / "progress.sqlite"
-    clock = ManualClock()
-    with local_cluster(1, message_timeout=1.0, clock=clock) as ackers, ClusterClient(ackers.addresses) as client:
-        spout = StreamSpout(client, [Record("k1", "v"), Record("k2", "v")], database=db, policy=ONCE).start()
-        try:
-            spout.advance()
-            rows = spout.rows(0, 2)
-            dropped = frozenset(unpack_ids(rows[0][3]).roots)  # k1's acks "could not be delivered"
-            report = CommitErrors("store", 1, dropped, ("shard 0 at 10.0.0.9:7100: UNAVAILABLE: no route",))
-            monkeypatch.setattr(executor_module, "commit_errors", lambda: {"store": report})
-            assert record_commit_errors(db) == {"store": 1}
-            client.flush()
-            clock.advance(3.0)
-            for server in ackers.servers:
-                server.advance()
-            assert spout.spout.wait_idle(60)
-        finally:
-            spout.close()
-    ledger = StreamLedger(db)
-    outcomes = {d.key: (d.outcome, d.final) for d in ledger.deliveries()}
-    assert outcomes == {"k1": (Outcome.ACKS_UNDELIVERED, True), "k2": (Outcome.TIMED_OUT, True)}
-    assert ledger.commit_errors() == {"store": 1}
-    assert {d.key: d.reason for d in DeadLetterStore(db).all()} == {
-        "k1": Outcome.ACKS_UNDELIVERED,
-        "k2": Outcome.TIMED_OUT,
-    }
-
-
-# -- ArrowBolts (the DataFrame path) -----------------------------------------------
-
-
-def _split_words(batch: Any, collector: Any) -> None:
-    import pyarrow.compute as pc
-
-    pieces = pc.split_pattern(batch.column("value"), " ")
-    collector.emit({"word": pc.list_flatten(pieces)}, anchors=pc.list_parent_indices(pieces))
-
-
-def _sink(batch: Any, collector: Any) -> None:
-    """Acks every row on return."""
-
-
-def test_arrow_bolts_on_dead_addresses_fail_the_run_as_undelivered(
-    spark: Any, client: ClusterClient, tmp_path: Path
+def test_stream_commit_errors_reach_the_planner_through_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A DataFrame pipeline whose ArrowBolts cannot reach the ackers raises, every record ACKS_UNDELIVERED."""
-    from acker_spark import ArrowBolt
+    """The query's driver journals its bolts' dropped acks in the checkpoint; the planner's book then names ACKS_UNDELIVERED.
 
-    wrong = unreachable_addresses(3)
-    split_bolt = ArrowBolt(_split_words, wrong, schema="word string", name="split", client_options=IMPATIENT)
-    sink_bolt = ArrowBolt(_sink, wrong, schema=None, name="sink", client_options=IMPATIENT)
-    pipeline = GuaranteedPipeline(spark, client, dead_letters=DeadLetterStore(tmp_path / "d.sqlite"), policy=ONCE)
-    with pytest.raises(AcksUndelivered) as raised:
-        pipeline.run(
-            RECORDS,
-            lambda df: sink_bolt.apply_df(split_bolt.apply_df(df).repartition(2, "word")).count(),
-            as_dataframe=True,
-        )
-    assert raised.value.stats.acks_undelivered == len(RECORDS)
-    assert raised.value.stats.commit_errors.get("split", 0) >= 1
-    assert {d.reason for d in DeadLetterStore(tmp_path / "d.sqlite").all()} == {Outcome.ACKS_UNDELIVERED}
+    The stream's planner runs in a process of its own: what the ``foreachBatch``
+    function records must reach it through the checkpoint, also after the tree's
+    timeout was settled.
+    """
+    import numpy as np
+    from acker_client.testing import ManualClock
+    from acker_spark import CommitErrors, record_commit_errors
+    from acker_spark.executor_read.book import ReplayBook
+    from acker_spark.executor_read.checkpoint import Checkpoint
+    from acker_spark.executor_read.emission_log import Emissions
+    from acker_spark.executor_read.identity import derive_roots
+    from acker_spark.steps import step as step_module
+
+    checkpoint = tmp_path / "acker-checkpoint"
+    book = ReplayBook(Checkpoint(checkpoint), 7, ONCE, ManualClock())
+    idents, attempts = np.array([11, 12], dtype=np.uint64), np.ones(2, dtype=np.uint16)
+    roots = derive_roots(7, idents, attempts)
+    order = np.argsort(roots)
+    book.add_round(Emissions(roots[order], idents[order], attempts[order], 0), 1)
+    book.settle_outcomes(roots, np.full(2, int(Outcome.TIMED_OUT), dtype=np.int8))
+    dropped = int(roots[0])  # record 11's acks "could not be delivered"
+    report = CommitErrors("store", 1, frozenset([dropped]), ("shard 0 at 10.0.0.9:7100: UNAVAILABLE: no route",))
+    monkeypatch.setattr(step_module, "commit_errors", lambda: {"store": report})
+    assert record_commit_errors(checkpoint) == {"store": 1}
+    assert record_commit_errors(checkpoint) == {"store": 1}  # reported again: journaled once
+    assert Checkpoint(checkpoint).read_undelivered().tolist() == [dropped]
+    book.reload_undelivered()
+    store = DeadLetterStore(tmp_path / "dead.sqlite")
+    table = book.table
+    book.write_dead_letters(
+        store, lambda dead: [(str(table.idents[p]), None, Outcome(int(table.reason[p])), 1) for p in dead]
+    )
+    assert {d.key: d.reason for d in store.all()} == {"11": Outcome.ACKS_UNDELIVERED, "12": Outcome.TIMED_OUT}

@@ -18,7 +18,7 @@ from acker_spark import (
     records_from,
     stable_id,
 )
-from acker_spark.frames import _RowCodec, pack_ids, tracked_schema
+from acker_spark.steps.frames import _RowCodec, pack_ids, tracked_schema
 
 from .standalone import StandaloneCluster, can_bind, loopback_hosts
 
@@ -219,7 +219,7 @@ class TestFrameTracking:
     def test_codec_decodes_rows_without_the_tracking_column(self) -> None:
         """Input Arrow rows become TrackedTuples whose value is a Row of the other columns, by name."""
         import pyarrow as pa
-        from acker_spark.arrow_rows import _decode
+        from acker_spark.steps.arrow_rows import _decode
         from pyspark.sql.types import LongType, StringType, StructField, StructType
 
         batch = pa.RecordBatch.from_pydict(
@@ -232,7 +232,7 @@ class TestFrameTracking:
 
     def test_codec_encodes_tuples_dicts_rows_and_scalars(self) -> None:
         """Emitted values map to the schema's columns by position (tuples) or by name (dicts, Rows)."""
-        from acker_spark.arrow_rows import _encode
+        from acker_spark.steps.arrow_rows import _encode
         from pyspark.sql import Row
         from pyspark.sql.types import LongType, StringType, StructField, StructType
 

@@ -174,7 +174,7 @@ def test_demo_spark_read_with_faults(spark: Any, tmp_path: Path, capsys: pytest.
     assert summary["acked"] + summary["dead_lettered"] == 120
     assert summary["replayed"] > 0
     assert summary["sink_matches_expected"] is True
-    assert Path(summary["checkpoint"], "pipeline.json").is_file()
+    assert Path(summary["checkpoint"], "manifest.json").is_file()
     # Ended with Spark's Parquet writer: every word row of every acked record once, nothing else.
     assert summary["output_duplicates"] == 0 and summary["output_rows"] == summary["words_expected"] > 0
     assert spark.read.parquet(summary["output"]).count() == summary["output_rows"]

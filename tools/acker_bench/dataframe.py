@@ -54,7 +54,7 @@ def sink(batch: pa.RecordBatch, collector: Any) -> None:
 
 
 def _job(addresses: Sequence[str] | None, config: DataFrameBenchConfig) -> tuple[Any, Any]:
-    from acker_spark.arrow_bolt import ArrowBolt
+    from acker_spark.steps.arrow_bolt import ArrowBolt
 
     stage1 = ArrowBolt(fan_out_children(config.fan_out), addresses, schema="key string, child int", name="fan-out")
     stage2 = ArrowBolt(sink, addresses, schema=None, name="sink")
@@ -72,9 +72,9 @@ def _source(count: int, tag: str) -> list[tuple[str, str]]:
 def run_dataframe_bench(config: DataFrameBenchConfig) -> dict[str, Any]:
     """Run the untracked, then the tracked pipeline over ``config.records`` records; rows/s of both and the ratio."""
     from acker_client import ClusterClient
-    from acker_spark.executor import close_clients
-    from acker_spark.pipeline import GuaranteedPipeline, run_untracked
+    from acker_spark.driver_fed.pipeline import GuaranteedPipeline, run_untracked
     from acker_spark.session import local_session
+    from acker_spark.steps.executor import close_clients
 
     from acker_service.process_cluster import ProcessCluster
 

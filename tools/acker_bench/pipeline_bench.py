@@ -5,7 +5,7 @@ the demo's DataFrame word count (the ``split`` and ``count`` ArrowBolt
 functions, a shuffle by word, the idempotent SQLite sink). The plain job runs
 the functions untracked over ``spark.read.text(dir)`` keyed by file and
 ``monotonically_increasing_id``; the tracked one runs them through a
-:class:`~acker_spark.source_pipeline.SourcePipeline` against embedded ackers.
+:class:`~acker_spark.executor_read.source_pipeline.SourcePipeline` against embedded ackers.
 Rounds alternate (plain, tracked, plain, tracked, ...) so that machine noise
 hits both; the best time of each is reported. Driver CPU is this Python
 process's ``time.process_time()`` over a run (every driver thread: py4j, the
@@ -13,7 +13,7 @@ outcome streams, the journal; not the JVM), divided by N. The old driver-fed
 path (``GuaranteedPipeline`` over ``TextDirectorySource``) runs once as a row.
 
 With ``reader_only`` each round also runs the same job behind the pipeline's
-reading step with tracking off (:class:`~acker_spark.source_reader.SourceReader`
+reading step with tracking off (:class:`~acker_spark.executor_read.source_reader.SourceReader`
 with no acker addresses: the same extra ``mapInArrow`` stage and columns, no
 trees, no inits, no acks): how much of the tracked run's extra time is the
 reading stage itself, and how much is tracking.
@@ -86,10 +86,10 @@ def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
     from acker_demo.dataframe_job import build_job, build_source_job
     from acker_demo.wordcount import create_sink, sink_counts
     from acker_spark import GuaranteedPipeline, TextDirectorySource, close_clients, local_session
-    from acker_spark.emission_log import RoundFilter, write_filter
-    from acker_spark.identity import resolve_identity
-    from acker_spark.source_pipeline import SourcePipeline
-    from acker_spark.source_reader import SourceReader, reader_schema
+    from acker_spark.executor_read.emission_log import RoundFilter, write_filter
+    from acker_spark.executor_read.identity import resolve_identity
+    from acker_spark.executor_read.source_pipeline import SourcePipeline
+    from acker_spark.executor_read.source_reader import SourceReader, reader_schema
     from pyspark.sql import functions as F
 
     from acker_service.process_cluster import ProcessCluster
@@ -156,7 +156,8 @@ def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
                     rss_before = _rss_bytes()
                     wall, cpu, stats = _timed(lambda p=pipeline, j=job: p.run(spark.read.text(source), j))
                     rows["tracked"].append((wall, cpu))
-                    table = pipeline.table
+                    assert pipeline.book is not None
+                    table = pipeline.book.table
                     result["driver_rss_bytes_before_tracked"] = rss_before
                     result["driver_rss_bytes_after_tracked"] = _rss_bytes()
                     result["record_table_bytes"] = sum(

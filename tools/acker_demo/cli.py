@@ -25,11 +25,11 @@ from typing import Any
 
 from acker_client import AckerError
 from acker_spark.dead_letter import DeadLetterStore
-from acker_spark.executor import close_clients
-from acker_spark.pipeline import GuaranteedPipeline, PipelineStats, run_untracked
-from acker_spark.replays import ReplayPolicy
+from acker_spark.driver_fed.pipeline import GuaranteedPipeline, PipelineStats, run_untracked
+from acker_spark.replay_policy import ReplayPolicy
 from acker_spark.session import LOCAL_MASTER, local_session
 from acker_spark.sources import Record, TextDirectorySource, generated_sentences
+from acker_spark.steps.executor import close_clients
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -324,7 +324,7 @@ _ROWS = (
     ("lost", "lost (deliveries)"),
     ("replayed", "replayed (deliveries)"),
     ("dead_lettered", "dead-lettered"),
-    ("batches", "Spark jobs"),
+    ("jobs", "Spark jobs"),
     ("job_errors", "Spark jobs failed"),
     ("commit_errors", "task commits dropped (acker down)"),
     ("acker_killed", "acker killed and restarted"),

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from acker_spark.arrow_bolt import ArrowBolt
-from acker_spark.pipeline import Job
+from acker_spark.driver_fed.pipeline import Job
 from acker_spark.sqlite import open_db, upsert
+from acker_spark.steps.arrow_bolt import ArrowBolt
 
 from .wordcount import FailureInjection, InjectedCrash, Word
 

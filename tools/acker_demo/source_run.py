@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from acker_spark.dead_letter import DeadLetterStore
-from acker_spark.executor import close_clients
-from acker_spark.replays import ReplayPolicy
+from acker_spark.replay_policy import ReplayPolicy
 from acker_spark.sources import Record
+from acker_spark.steps.executor import close_clients
 
 from . import wordcount
 
@@ -41,8 +41,8 @@ def run_source_tracked(
 ) -> dict[str, Any]:
     """One tracked run through SourcePipeline; the summary fields the demo prints."""
     from acker_client import ClusterClient
+    from acker_spark.executor_read.source_pipeline import SourcePipeline
     from acker_spark.output import FileOutput
-    from acker_spark.source_pipeline import SourcePipeline
 
     from acker_service.process_cluster import ProcessCluster
 
@@ -73,10 +73,8 @@ def run_source_tracked(
             stats = pipeline.run(source, job)
             seconds = time.perf_counter() - started
     close_clients()
-    summary = stats.as_dict()
-    summary["batches"] = summary.pop("rounds")
     return {
-        **summary,
+        **stats.as_dict(),
         "pipeline_seconds": round(seconds, 3),
         "acker_killed": chaos.killed,
         "acker_restarted": chaos.restarted,

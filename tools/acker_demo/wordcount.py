@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from acker_spark.dead_letter import DeadLetterStore
-from acker_spark.executor import Bolt
-from acker_spark.ids import stable_id
-from acker_spark.pipeline import Job
+from acker_spark.driver_fed.pipeline import Job
 from acker_spark.sources import Record
 from acker_spark.sqlite import open_db, upsert
+from acker_spark.steps.executor import Bolt
+from acker_spark.steps.ids import stable_id
 
 __all__ = [
     "Word",

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..frames import TRACKING_COLUMN, decode_ids
+from ..steps.frames import TRACKING_COLUMN, decode_ids
 from .destinations import Output
 from .stager import STAGED_DIR
 

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from acker_client.columns import fold_xor, mix64
 
-from ..frames import TRACKING_COLUMN, decode_ids
+from ..steps.frames import TRACKING_COLUMN, decode_ids
 
 __all__ = ["STAGED_DIR", "OutputStager", "UnanchoredOutput", "staged_dir", "stager_schema"]
 
@@ -83,7 +83,7 @@ class OutputStager:
 
     def run(self, batches: Iterator[pa.RecordBatch], partition: int, task_attempt: int) -> Iterator[pa.RecordBatch]:
         """Stage, then ack, each non-empty batch; yield one count row per staged batch."""
-        from ..step import client_for
+        from ..steps.step import client_for
 
         client = client_for(self.addresses, self.security, **self.client_options)
         folder = staged_dir(self.checkpoint, self.round_no)

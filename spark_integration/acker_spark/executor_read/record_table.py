@@ -4,8 +4,9 @@ One entry per root the executors started (read from the emission log): its
 identity hash, attempt, the round that started it and its state. Outcomes are
 matched with ``searchsorted``; only a pending entry takes an outcome, so a
 second tree with an already settled root (an init re-executed after its tree
-completed) changes nothing. About 30 bytes per entry, no Python object per
-record.
+completed) changes nothing. No Python object per record: a few bytes per
+entry (docs/benchmarks.md has the measured size and the timings behind the
+choices below).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class RecordTable:
         roots = emissions.roots
         if not len(self.roots) and _strictly_increasing(roots):
             # The first round, read by read_round: already sorted, each root once. Taking the
-            # columns as they are skips a merge sort and seven gathers (about 50 ms at 1M roots).
+            # columns as they are skips a merge sort and seven gathers.
             return self._take(emissions, round_no)
         if len(self.roots):
             known = self._find(roots) >= 0
@@ -96,12 +97,12 @@ class RecordTable:
     def settle(self, roots: np.ndarray, outcomes: np.ndarray, acked_code: int) -> tuple[Settled, np.ndarray]:
         """Apply outcomes in order (the first for a pending entry counts); return what ended and the unknown roots."""
         # Sorted by root (stably when a root repeats, so its outcomes stay in arrival order):
-        # searchsorted then walks the table forwards instead of missing the cache on every lookup
-        # (about 10x at a million), and a root's first outcome is the first of its run.
+        # searchsorted then walks the table forwards instead of missing the cache on every lookup,
+        # and a root's first outcome is the first of its run.
         if len(outcomes) and (outcomes == outcomes[0]).all():
             # One code for the whole batch (the usual case: all ACKED): which outcome of a repeated
-            # root comes first does not matter, so the roots alone are sorted, about twice as fast
-            # as the permutation argsort computes.
+            # root comes first does not matter, so the roots alone are sorted, cheaper than the
+            # permutation argsort computes.
             by_root = np.sort(roots)
             first = np.ones(len(roots), dtype=bool)
             first[1:] = by_root[1:] != by_root[:-1]
@@ -112,7 +113,7 @@ class RecordTable:
         pos = self._find(roots)
         known = pos >= 0
         # The usual batch: every root known and pending. Each mask is applied only when it drops
-        # something (a compaction of a million entries costs a few milliseconds).
+        # something (applying one copies every column, as a compaction does).
         if known.all():
             unknown = roots[:0]
         else:
@@ -157,9 +158,11 @@ class RecordTable:
         """How many entries are in ``state``."""
         return int((self.state == state).sum())
 
-    def find(self, roots: np.ndarray) -> np.ndarray:
-        """Each root's entry position, or -1 if unknown."""
-        return self._find(roots)
+    def in_state(self, roots: np.ndarray, state: int) -> np.ndarray:
+        """The entry positions of those of ``roots`` that are known and in ``state``."""
+        pos = self._find(roots)
+        pos = pos[pos >= 0]
+        return pos[self.state[pos] == state]
 
     def keep(self, mask: np.ndarray) -> None:
         """Keep only the entries where ``mask`` is True (drop settled entries of a long-running stream)."""

@@ -22,9 +22,10 @@ from typing import Any
 from acker_client import ClusterClient, Spout, TrackedTuple
 from acker_protocol.wire import Outcome
 
+from ..replay_policy import ReplayPolicy
+from ..sources import Delivery
 from .isolation import Isolation, Verdict
-from .replays import ReplayPolicy, ReplaySchedule
-from .sources import Delivery
+from .replays import ReplaySchedule
 
 __all__ = ["ReplayingSpout", "OnOutcome", "OnOutcomes"]
 
@@ -48,7 +49,7 @@ class ReplayingSpout:
     spout's callback thread, and a delivery counts as unsettled until it
     returns, so whoever sees :meth:`busy` turn False finds its effects done.
 
-    ``isolation`` (an :class:`~acker_spark.isolation.Isolation` guarded by
+    ``isolation`` (an :class:`~acker_spark.driver_fed.isolation.Isolation` guarded by
     ``cond``) sees every delivery emitted and every outcome first: the failed
     deliveries it holds as suspects are not scheduled here (no attempt is
     charged); the driver emits its probes with :meth:`emit_exactly`.
@@ -80,7 +81,7 @@ class ReplayingSpout:
         self.isolation = isolation
         self.spout = Spout(
             cluster,
-            on_outcomes=self._settle,
+            on_outcomes=self._take_outcomes,
             name=name,
             max_pending=max_pending,
             timeout=timeout,
@@ -170,7 +171,7 @@ class ReplayingSpout:
                 self.isolation.withdrawn(deliveries)
             self.cond.notify_all()
 
-    def _settle(self, acked: list[Any], failed: list[tuple[Any, Outcome]]) -> None:
+    def _take_outcomes(self, acked: list[Any], failed: list[tuple[Any, Outcome]]) -> None:
         """A batch of outcomes from the client spout: queue the replays, then tell the driver."""
         with self.cond:
             # A tree cut short by close() is no failure of the record: neither replayed nor final.

@@ -1,14 +1,14 @@
 """Driver side: a spout that feeds Spark in micro-batches and replays exactly the records that failed.
 
 :class:`GuaranteedPipeline` pulls records from a source, starts one tuple tree
-per record through the :class:`~acker_spark.replaying_spout.ReplayingSpout`
+per record through the :class:`~acker_spark.driver_fed.replaying_spout.ReplayingSpout`
 it shares with the streaming source, runs the user's job on an RDD
 (or a DataFrame) of the batch's TrackedTuples, and receives each tree's
 outcome. Failed, timed-out and lost records are delivered again as new trees
 after an exponential backoff, up to ``max_attempts`` deliveries; then they go
 to the dead-letter table. When a job raises, its records are not charged an
 attempt: they are replayed in halves, each half a job of its own, until the
-record that makes it raise runs alone (:mod:`acker_spark.isolation`); that
+record that makes it raise runs alone (:mod:`acker_spark.driver_fed.isolation`); that
 record's dead letter names the exception.
 """
 
@@ -19,23 +19,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 from acker_client import AckerError, ClusterClient, MessageId, TrackedTuple, new_id
 from acker_protocol.wire import Outcome
 
-from .dead_letter import DeadLetter, DeadLetterStore
-from .executor import CommitErrors, tracked_bolts
-from .frames import delivery_frame
+from ..dead_letter import DeadLetter, DeadLetterStore
+from ..job_errors import JobError, job_error
+from ..replay_policy import ReplayPolicy
+from ..run_report import AcksUndelivered, PipelineStats, RecordsFailed, ShardDown
+from ..session import default_parallelism, spark_context_of
+from ..shard_watch import ProgressLine, ShardWatch
+from ..sources import Delivery, Record
+from ..steps.executor import CommitErrors, tracked_bolts
+from ..steps.frames import delivery_frame
+from ..steps.step import CommitBaseline
 from .isolation import Isolation
-from .job_errors import JobError, job_error
 from .replaying_spout import ReplayingSpout
-from .replays import ReplayPolicy
-from .session import default_parallelism, spark_context_of
-from .shard_watch import ProgressLine, ShardDown, ShardWatch
-from .sources import Delivery, Record
-from .step import CommitBaseline
 
 __all__ = [
     "AcksUndelivered",
@@ -57,86 +58,6 @@ DataFrame with columns ``key``, ``value``, ``attempt`` and ``_acker_ids``.
 """
 
 
-@dataclass
-class PipelineStats:
-    """What a run did. Per-record counts: emitted, acked, dead_lettered; per-delivery: the rest."""
-
-    emitted: int = 0  # distinct records taken from the source
-    acked: int = 0
-    failed: int = 0  # deliveries that ended FAILED (a bolt failed a tuple)
-    timed_out: int = 0  # ... TIMED_OUT (the acker's timeout)
-    lost: int = 0  # ... LOST (the spout's backstop: the outcome never came)
-    replayed: int = 0  # deliveries after the first
-    dead_lettered: int = 0
-    attempts: int = 0  # all deliveries: emitted + replayed
-    pending: int = 0  # trees in flight now
-    awaiting_replay: int = 0  # failed records waiting for their backoff
-    batches: int = 0  # Spark jobs run
-    job_errors: int = 0  # jobs that raised (their unfinished trees were failed and replayed)
-    # ... ACKS_UNDELIVERED: timed out or lost because a bolt's acks for it never reached its acker
-    acks_undelivered: int = 0
-    # Task commits whose acks could not be delivered, by bolt name (executors that cannot reach the ackers).
-    commit_errors: dict[str, int] = field(default_factory=dict)
-    replayed_keys: set[str] = field(default_factory=set, repr=False)
-
-    def as_dict(self) -> dict[str, int]:
-        """The counters as a plain dict (no key sets; commit errors summed over bolts), for JSON and tables."""
-        data = asdict(self)
-        data.pop("replayed_keys")
-        data["commit_errors"] = sum(self.commit_errors.values())
-        return data
-
-
-class AcksUndelivered(AckerError):
-    """Records failed because executors could not deliver their acks (raised by :meth:`GuaranteedPipeline.run`).
-
-    ``stats`` is the finished run's :class:`PipelineStats`; ``errors`` what each
-    bolt reported (:class:`~acker_spark.executor.CommitErrors`). The records are
-    in the dead-letter table with reason ``ACKS_UNDELIVERED``.
-    """
-
-    def __init__(self, stats: PipelineStats, errors: dict[str, CommitErrors]) -> None:
-        self.stats, self.errors = stats, errors
-        super().__init__(_undelivered_message(stats, errors))
-
-
-def _undelivered_message(stats: PipelineStats, errors: dict[str, CommitErrors]) -> str:
-    causes = sorted({cause for report in errors.values() for cause in report.causes})
-    bolts = ", ".join(f"{name} ({n} task commits dropped)" for name, n in sorted(stats.commit_errors.items()))
-    return (
-        f"{stats.acks_undelivered} deliveries failed because executors could not deliver their acks "
-        f"(bolts: {bolts or 'unknown'}); could not reach: {'; '.join(causes) or 'unknown'}. "
-        "Check the addresses given to each Bolt (executors must reach them; the driver's client did)."
-    )
-
-
-class RecordsFailed(AckerError):
-    """Records were dead-lettered because a job raised, or the run stopped on a misconfiguration (from ``run``).
-
-    ``stats`` is the finished run's :class:`PipelineStats`; ``causes`` the
-    distinct causes (exception type, message, place), the first ones first;
-    ``stopped`` the configuration error that stopped the run (no record was
-    replayed after it and the source was not read further), or None.
-    """
-
-    def __init__(self, stats: PipelineStats, causes: list[str], stopped: JobError | None) -> None:
-        self.stats, self.causes, self.stopped = stats, causes, stopped
-        shown = "; ".join(causes[:_CAUSES_SHOWN]) + (
-            f"; and {len(causes) - _CAUSES_SHOWN} more" if len(causes) > _CAUSES_SHOWN else ""
-        )
-        if stopped is not None:
-            head = (
-                f"the run stopped at a job that failed on a misconfiguration: {stopped}; "
-                f"{stats.dead_lettered} records dead-lettered, the rest of the source not read"
-            )
-        else:
-            head = f"{stats.dead_lettered} records dead-lettered, because a job raised: {shown}"
-        super().__init__(head + " (see the dead-letter table's cause column)")
-
-
-_CAUSES_SHOWN = 3
-
-
 class GuaranteedPipeline:
     """Runs a Spark job over a source with per-record tracking, replay and dead letters.
 
@@ -154,7 +75,7 @@ class GuaranteedPipeline:
     or both, may be given); ``on_progress(stats)`` from the driver thread;
     ``on_dead_letter(letter)`` once per dead-lettered record, from the driver
     thread, with its reason, attempts and cause (the exception that convicted
-    it, see :mod:`acker_spark.isolation`).
+    it, see :mod:`acker_spark.driver_fed.isolation`).
     Outcomes are counted, scheduled for replay and queued for the dead-letter
     table a batch at a time.
     """
@@ -401,7 +322,7 @@ class GuaranteedPipeline:
         self._collect_commit_errors(batch)
         self._collect_fail_reasons(batch)
         with self._cond:
-            self.stats.batches += 1
+            self.stats.jobs += 1
 
     def _stop(self, batch: list[TrackedTuple], error: JobError) -> None:
         """A job failed on a misconfiguration: stop reading and replaying; every unfinished record is dead-lettered."""
@@ -657,7 +578,7 @@ def run_untracked(
         stats.emitted += len(batch)
         stats.attempts += len(batch)
         stats.acked += len(batch)
-        stats.batches += 1
+        stats.jobs += 1
         if on_progress is not None:
             on_progress(stats)
 

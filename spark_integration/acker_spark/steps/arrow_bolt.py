@@ -18,7 +18,7 @@ been handed on (``commit_every="batch"``, the default), tagged with a dedup key
 derived from what they carry, so a task that dies half-way has already
 committed the batches before the failure and a re-run that repeats a batch
 exactly is ignored by the ackers; ``commit_every="task"`` holds them until the
-partition is fully processed, as :class:`~acker_spark.executor.Bolt` does, and
+partition is fully processed, as :class:`~acker_spark.steps.executor.Bolt` does, and
 sends one commit tagged with the task's dedup key. It runs on classic Spark and
 on Spark Connect alike (no ``df.rdd``).
 """
@@ -33,12 +33,12 @@ import numpy as np
 import pyarrow as pa
 from acker_protocol.credentials import ChannelSecurity
 
+from ..causes import CauseWriter, task_checkpoint
+from ..job_errors import POISON_ERRORS, job_error
+from ..session import spark_context_of
 from .arrow_collector import ArrowCollector
-from .causes import CauseWriter, task_checkpoint
 from .frames import TRACKING_COLUMN, PairColumn, decode_ids, require_tracking_column, tracked_schema
-from .job_errors import POISON_ERRORS, job_error
 from .leases import LeaseKeeper
-from .session import spark_context_of
 from .step import TrackedStep
 
 __all__ = ["ArrowBolt", "ArrowFunction"]
@@ -59,7 +59,7 @@ class ArrowBolt(TrackedStep):
     ``addresses=None`` runs the same function without tracking. Create one
     ArrowBolt per pipeline step: its uid salts the step's ids. While a task
     runs, its trees' timeouts are extended (``leases``, ``message_timeout``,
-    ``lease_cap``: see :class:`~acker_spark.step.TrackedStep`). ``commit_every``:
+    ``lease_cap``: see :class:`~acker_spark.steps.step.TrackedStep`). ``commit_every``:
     ``"batch"`` (default) sends each input batch's acks and fails once its
     output has been handed on, ``"task"`` once the whole partition is done.
     ``on_error``: when ``fn`` raises for a batch, ``"isolate"`` (default) calls

@@ -1,4 +1,4 @@
-"""The ``acker_spout`` source's options, parsed from the strings Spark passes (shared by both of its readers)."""
+"""The ``acker_spout`` source's options, parsed from the strings Spark passes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from acker_protocol.credentials import ChannelSecurity
 
-from .replays import ReplayPolicy
+from ..replay_policy import ReplayPolicy
 
 __all__ = ["StreamOptions"]
 
@@ -19,10 +19,8 @@ class StreamOptions:
 
     ackers: tuple[str, ...]
     database: str
-    path: str | None = None
-    checkpoint: str | None = None
-    generated: int | None = None  # the driver-fed mode (acker_spark.stream_memory)
-    seed: int = 42
+    path: str
+    checkpoint: str
     name: str | None = None
     max_pending: int = 100_000
     max_bytes_per_batch: int = 64 << 20
@@ -41,10 +39,10 @@ class StreamOptions:
             raise ValueError('option "ackers" is required: the acker addresses in shard order, comma-separated')
         if "database" not in opts:
             raise ValueError('option "database" is required: the SQLite file for dead letters')
-        path, generated = opts.get("path"), _int(opts, "generated", None)
-        if (path is None) == (generated is None):
-            raise ValueError('give exactly one record source: load(<directory>) / option "path", or "generated"')
-        if path is not None and not opts.get("checkpoint"):
+        path = opts.get("path")
+        if path is None:
+            raise ValueError('give the record source: load(<directory>) or option "path"')
+        if not opts.get("checkpoint"):
             raise ValueError(
                 'option "checkpoint" is required: a directory the planner and every executor can write, for the'
                 " stream's emission log, outcome journal and replay plans (one per query, kept with its"
@@ -60,11 +58,9 @@ class StreamOptions:
             ackers=ackers,
             database=opts["database"],
             path=path,
-            checkpoint=opts.get("checkpoint"),
-            generated=generated,
-            seed=_int(opts, "seed", 42),
+            checkpoint=opts["checkpoint"],
             name=opts.get("name"),
-            max_pending=_int(opts, "max_pending", 100_000 if path is not None else 1_000),
+            max_pending=_int(opts, "max_pending", 100_000),
             max_bytes_per_batch=_int(opts, "max_bytes_per_batch", 64 << 20),
             split_bytes=_int(opts, "split_bytes", 16 << 20),
             partitions=max(1, _int(opts, "partitions", 2)),

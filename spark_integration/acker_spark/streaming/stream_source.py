@@ -5,11 +5,11 @@ byte range of one file of the source directory; a :class:`ReplayPartition`
 names the byte offsets of lines of one file to read again, with their attempt
 numbers. :func:`read_partition` runs in the executor task (Spark calls the
 stream reader's ``read`` there): it reads the lines, gives each its identity
-(file number in the stream's file registry, byte offset of the line), derives
-each delivery's root id from (run salt, identity, attempt) as the batch
-pipeline does (:func:`~acker_spark.identity.derive_roots`), appends the roots
-to the task attempt's emission log in the checkpoint, then sends their inits
-column-wise (``init_columns``). A retried task re-sends the same set-once
+(file number in the stream's file registry, byte offset of the line), and
+starts their trees as the source pipeline's reader does
+(:func:`~acker_spark.executor_read.tree_start.start_trees`: roots derived from (run salt,
+identity, attempt), logged to the task attempt's emission log in the
+checkpoint, then initialised column-wise). A retried task re-sends the same set-once
 inits. Lines belong to the range their first byte falls in, so a file cut at
 any byte is read exactly once, whatever the cut.
 """
@@ -28,9 +28,9 @@ import pyarrow.compute as pc
 from acker_client.columns import U64
 from pyspark.sql.datasource import InputPartition
 
-from .emission_log import EmissionWriter, read_filter
-from .frames import PairColumn, encode_ids
-from .identity import UnstableIdentity, derive_roots, first_edges
+from ..executor_read.emission_log import EmissionWriter, read_filter
+from ..executor_read.identity import UnstableIdentity
+from ..executor_read.tree_start import start_trees
 
 __all__ = [
     "ARROW_SCHEMA",
@@ -214,7 +214,7 @@ def read_partition(partition: ChunkPartition | ReplayPartition) -> Iterator[pa.R
         return
     from pyspark import TaskContext
 
-    from .step import client_for
+    from ..steps.step import client_for
 
     task = TaskContext.get()
     writer = EmissionWriter(ctx.checkpoint, ctx.round_no, partition.index, task.taskAttemptId() if task else 0)
@@ -225,13 +225,10 @@ def read_partition(partition: ChunkPartition | ReplayPartition) -> Iterator[pa.R
     try:
         for lo in range(0, len(idents), _BATCH_ROWS):
             hi = min(lo + _BATCH_ROWS, len(idents))
-            roots = derive_roots(ctx.salt, idents[lo:hi], attempts[lo:hi])
-            edges = first_edges(roots)
-            writer.write(roots, idents[lo:hi], attempts[lo:hi])  # logged before the ackers hear of the trees
-            client.init_columns(roots, edges, ctx.spout)
-            ids = encode_ids(PairColumn(np.arange(hi - lo + 1, dtype=np.int64), roots, edges))
+            trees = start_trees(ctx.salt, idents[lo:hi], attempts[lo:hi], log=writer, client=client, spout=ctx.spout)
             yield pa.RecordBatch.from_arrays(
-                [keys[lo:hi], values[lo:hi], pa.array(attempts[lo:hi].astype(np.int32)), ids], schema=ARROW_SCHEMA
+                [keys[lo:hi], values[lo:hi], pa.array(attempts[lo:hi].astype(np.int32)), trees.ids],
+                schema=ARROW_SCHEMA,
             )
         client.flush()  # a shard that cannot be reached fails the task: Spark retries it
     finally:

@@ -1,39 +1,120 @@
-"""The source pipeline's durable checkpoint directory: what a restarted driver needs to finish the run.
+"""The durable checkpoint directory of an executor-read driver: what a restarted driver needs to finish the run.
 
-Layout (every file is appended or replaced atomically, so a ``kill -9`` at any
-moment leaves a readable directory)::
+Both executor-read drivers, :class:`~acker_spark.executor_read.source_pipeline.SourcePipeline`
+and the ``acker_spout`` stream's :class:`~acker_spark.executor_read.stream_planner.StreamPlanner`,
+keep their state here, in one layout. Every file is appended or replaced
+atomically, so a ``kill -9`` at any moment leaves a readable directory::
 
-    pipeline.json              run identity: spout name, id salt, source identity, policy, progress
-    emissions/r<round>/*.arrow roots the executors started (see :mod:`acker_spark.emission_log`)
-    rounds/r<round>.npz        which records each round read
+    manifest.json              the run (:class:`Manifest`): driver kind, spout name, id salt, and the
+                               driver's own section: the source pipeline's source identity and
+                               progress (:class:`SourceSection`), or the stream's directory
+                               (:class:`StreamSection`)
+    emissions/r<round>/*.arrow roots the executors started (see :mod:`acker_spark.executor_read.emission_log`)
+    rounds/r<round>.npz        which records each round read (its filter)
     outcomes/j<n>.arrow        every outcome the driver took, in order: the ackers' and its own (LOST, job failures)
     positions.json             per shard, the outcome stream position the journal holds everything up to
     dead/j<n>.arrow            identities whose dead letters were written
     undelivered/j<n>.arrow     roots whose acks a bolt could not deliver (they end as ACKS_UNDELIVERED)
-    source/*.parquet           an in-memory source, copied once (see :mod:`acker_spark.memory_source`)
+
+The source pipeline's own files::
+
+    source/*.parquet           an in-memory source, copied once (see :mod:`acker_spark.executor_read.memory_source`)
+    output/staged, output/commits  the job's staged output and its commits (see :mod:`acker_spark.output`)
+
+The stream's own files::
+
+    stream/files.json          the file registry: every file admitted, in order, with size and mtime
+    stream/plans/r<round>.npz  the replays a micro-batch re-reads (identities and attempts)
 
 The run's state is a pure function of these: the settled records are the
 emitted roots with an outcome in the journal (the first one counts), the
 attempts come from the emission log, and a restarted driver resumes the
 outcome streams after ``positions.json`` so outcomes that arrived while it was
-down are not missed (within the ackers' retention).
+down are not missed (within the ackers' retention). A checkpoint belongs to
+one kind of driver: the other kind refuses it (:class:`WrongCheckpoint`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["Checkpoint", "JournalWriter", "read_complete_batches"]
+__all__ = [
+    "Checkpoint",
+    "JournalWriter",
+    "Manifest",
+    "SourceSection",
+    "StreamSection",
+    "WrongCheckpoint",
+    "read_complete_batches",
+]
+
+MANIFEST_VERSION = 2
+DriverKind = Literal["source", "stream"]
 
 OUTCOME_SCHEMA = pa.schema([("root", pa.uint64()), ("outcome", pa.int8())])
 DEAD_SCHEMA = pa.schema([("ident", pa.uint64())])
 UNDELIVERED_SCHEMA = pa.schema([("root", pa.uint64())])
+
+
+class WrongCheckpoint(ValueError):
+    """The checkpoint directory belongs to another kind of driver, or to no run this package can read."""
+
+
+@dataclass
+class SourceSection:
+    """The source pipeline's part of the manifest: which source it reads and how far the run got."""
+
+    identity: dict[str, Any]  # the record identity (see acker_spark.executor_read.identity.IdentitySpec)
+    source_done: bool = False  # the first round read the whole source
+    next_round: int = 0  # rounds started so far (a round's number is taken before its tasks can start a tree)
+    memory_source: dict[str, Any] | None = None  # an in-memory source's copy: its folder and record count
+    commit_causes: list[str] = field(default_factory=list)  # why executors could not deliver acks, as reported
+
+
+@dataclass
+class StreamSection:
+    """The ``acker_spout`` stream's part of the manifest: the directory it follows."""
+
+    directory: str
+
+
+@dataclass
+class Manifest:
+    """The run a checkpoint holds: which driver, its spout name and id salt, and that driver's own section."""
+
+    kind: DriverKind
+    name: str
+    salt: int
+    source: SourceSection | None = None
+    stream: StreamSection | None = None
+    version: int = MANIFEST_VERSION
+
+    def as_json(self) -> dict[str, Any]:
+        """The manifest as ``manifest.json`` holds it."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Manifest:
+        """Read ``manifest.json``'s contents (checked by :meth:`Checkpoint.manifest`)."""
+        source, stream = data.get("source"), data.get("stream")
+        return cls(
+            kind=data["kind"],
+            name=data["name"],
+            salt=int(data["salt"]),
+            source=SourceSection(**source) if source is not None else None,
+            stream=StreamSection(**stream) if stream is not None else None,
+            version=int(data["version"]),
+        )
+
+
+_DRIVERS = {"source": "a SourcePipeline", "stream": "an acker_spout stream"}
 
 
 def write_json_atomically(path: Path, data: Any) -> None:
@@ -81,16 +162,32 @@ class Checkpoint:
 
     # -- the manifest -------------------------------------------------------------------
 
-    def manifest(self) -> dict[str, Any] | None:
-        """``pipeline.json``, or None for a new checkpoint."""
+    def manifest(self, kind: DriverKind) -> Manifest | None:
+        """``manifest.json``, or None for a new checkpoint; :class:`WrongCheckpoint` if another driver's."""
         try:
-            return json.loads((self.path / "pipeline.json").read_text())
+            data = json.loads((self.path / "manifest.json").read_text())
         except FileNotFoundError:
+            if (self.path / "pipeline.json").exists() or (self.path / "stream.json").exists():
+                raise WrongCheckpoint(
+                    f"the checkpoint {self.path} is of an older format this version cannot resume:"
+                    " use a new checkpoint directory"
+                ) from None
             return None
+        if data.get("version") != MANIFEST_VERSION or data.get("kind") not in _DRIVERS:
+            raise WrongCheckpoint(
+                f"the checkpoint {self.path} has a manifest of another format (version {data.get('version')!r}):"
+                " use a new checkpoint directory"
+            )
+        if data["kind"] != kind:
+            raise WrongCheckpoint(
+                f"the checkpoint {self.path} belongs to {_DRIVERS[data['kind']]}, not {_DRIVERS[kind]}:"
+                " each run needs a checkpoint directory of its own"
+            )
+        return Manifest.from_json(data)
 
-    def save_manifest(self, data: dict[str, Any]) -> None:
-        """Replace ``pipeline.json`` atomically."""
-        write_json_atomically(self.path / "pipeline.json", data)
+    def save_manifest(self, manifest: Manifest) -> None:
+        """Replace ``manifest.json`` atomically."""
+        write_json_atomically(self.path / "manifest.json", manifest.as_json())
 
     # -- journals -----------------------------------------------------------------------
 
@@ -109,6 +206,17 @@ class Checkpoint:
     def undelivered_journal(self) -> JournalWriter:
         """A new journal of roots whose acks an executor could not deliver."""
         return JournalWriter(self._next_journal("undelivered"), UNDELIVERED_SCHEMA)
+
+    def add_undelivered(self, roots: np.ndarray) -> np.ndarray:
+        """Journal those of ``roots`` not journaled yet as undelivered; return them (sorted, each once)."""
+        new = np.setdiff1d(np.asarray(roots, dtype=np.uint64), self.read_undelivered())
+        if len(new):
+            journal = self.undelivered_journal()
+            try:
+                journal.append(new)
+            finally:
+                journal.close()
+        return new
 
     def read_undelivered(self) -> np.ndarray:
         """Roots whose acks an executor could not deliver."""

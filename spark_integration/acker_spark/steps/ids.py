@@ -9,9 +9,9 @@ anchor's children; and it tags its folded acks with a dedup key derived from the
 bolt's uid and the partition index, which the acker applies once per tree.
 
 There is one id scheme, the splitmix64 mixing of :mod:`acker_client.columns`:
-the row-function :class:`~acker_spark.executor.Bolt` derives its ids one tuple at
+the row-function :class:`~acker_spark.steps.executor.Bolt` derives its ids one tuple at
 a time with the scalar twins there (``derive_id``, ``message_digest``), the
-column-wise :class:`~acker_spark.arrow_bolt.ArrowBolt` a batch at a time with the
+column-wise :class:`~acker_spark.steps.arrow_bolt.ArrowBolt` a batch at a time with the
 array functions (``derive_ids``, ``row_digests``); both give a child the same id
 for the same (salt, anchor, ordinal).
 """

@@ -15,8 +15,8 @@ buffers with numpy, no Python object per row, and :func:`encode_ids` builds the
 column back. The per-row functions (:func:`pack_ids`, :func:`unpack_ids`, for the
 driver's spouts and for tests) go through the same :data:`PAIR` layout, checks
 and merge. Bolts run over such a DataFrame on ``mapInArrow``:
-:class:`~acker_spark.arrow_bolt.ArrowBolt` column-wise, and ``Bolt.apply_df`` row
-by row (:mod:`acker_spark.arrow_rows`); neither needs ``df.rdd``, so both run on
+:class:`~acker_spark.steps.arrow_bolt.ArrowBolt` column-wise, and ``Bolt.apply_df`` row
+by row (:mod:`acker_spark.steps.arrow_rows`); neither needs ``df.rdd``, so both run on
 Spark Connect. pyarrow is imported by the column functions only: ``import
 acker_spark`` does not need it.
 """
@@ -42,7 +42,6 @@ __all__ = [
     "decode_ids",
     "delivery_frame",
     "encode_ids",
-    "from_bytes",
     "pack_ids",
     "pairs_of",
     "require_tracking_column",
@@ -297,13 +296,6 @@ def child_pairs(parents: PairColumn, anchors: np.ndarray, edges: np.ndarray) -> 
     counts[anchored] = parents.counts[anchors[anchored]]
     index, _ = parents.gather(anchors[anchored])
     return PairColumn(_starts(counts), parents.roots[index], np.repeat(edges[anchored], counts[anchored]))
-
-
-def from_bytes(values: Sequence[bytes | None]) -> PairColumn:
-    """Decode Python ``bytes`` values (tests; Spark hands the bolts Arrow columns)."""
-    import pyarrow as pa
-
-    return decode_ids(pa.array(values, pa.binary()))
 
 
 # -- DataFrames --------------------------------------------------------------------------

@@ -4,12 +4,12 @@ The driver never holds a record. ``pipeline.run(spark.read.text(dir), job)``
 runs rounds of Spark jobs:
 
 1. The first round reads the whole source. Its tasks start each record's tree
-   where they read it (:class:`~acker_spark.source_reader.SourceReader`), log
+   where they read it (:class:`~acker_spark.executor_read.source_reader.SourceReader`), log
    the roots to the checkpoint's emission log, and the job's bolts ack them.
 2. After each job the driver reads the round's emission log into its
-   :class:`~acker_spark.record_table.RecordTable` (numpy columns, ~30 bytes per
-   record) and settles the outcomes the :class:`~acker_spark.outcome_feed.OutcomeFeed`
-   journaled, in bulk.
+   :class:`~acker_spark.executor_read.book.ReplayBook` (a numpy record table) and settles
+   the outcomes the :class:`~acker_spark.executor_read.outcome_feed.OutcomeFeed` journaled,
+   in bulk.
 3. Failed, timed-out and lost deliveries wait their backoff (``ReplayPolicy``),
    then a replay round re-reads the source and keeps exactly those identities,
    with the next attempt number (a new root each). After ``max_attempts`` a
@@ -18,17 +18,17 @@ runs rounds of Spark jobs:
 In-memory sources (``records_from(...)``, ``generated_sentences(...)``, a list
 of ``Record`` or ``(key, value)`` tuples) take the same path: the driver copies
 them once into the checkpoint as Parquet and the rounds read that copy, keyed
-by the records' keys (:mod:`acker_spark.memory_source`); a
+by the records' keys (:mod:`acker_spark.executor_read.memory_source`); a
 ``TextDirectorySource`` becomes ``spark.read.text`` over its files.
 
 A tree that timed out or was lost because a bolt could not deliver its acks
 (executors that cannot reach a shard) ends as ``ACKS_UNDELIVERED``, and a run
-that dead-letters such a record raises :class:`~acker_spark.pipeline.AcksUndelivered`
+that dead-letters such a record raises :class:`~acker_spark.run_report.AcksUndelivered`
 naming the unreachable shards; a shard the driver finds unreachable longer
-than ``shard_down_after`` stops the run with :class:`~acker_spark.shard_watch.ShardDown`.
+than ``shard_down_after`` stops the run with :class:`~acker_spark.run_report.ShardDown`.
 
 Everything the driver knows is in the checkpoint directory
-(:mod:`acker_spark.checkpoint`): a driver killed at any moment and started again
+(:mod:`acker_spark.executor_read.checkpoint`): a driver killed at any moment and started again
 with the same checkpoint (and the same source and job) finishes the run
 without losing a record or processing again one already acked.
 """
@@ -38,19 +38,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
 from acker_client import ClusterClient, ShardUnavailable, new_id
 from acker_client.pending import cluster_backstop
 from acker_protocol.wire import Outcome
 
-from .checkpoint import Checkpoint
-from .dead_letter import DeadLetterStore
+from ..dead_letter import DeadLetterStore
+from ..job_errors import JobError, job_error
+from ..output import Output, OutputCommits, OutputStager
+from ..output.stager import stager_schema
+from ..replay_policy import ReplayPolicy
+from ..run_report import AcksUndelivered, RunStopped, ShardDown, SourceStats
+from ..session import default_parallelism
+from ..shard_watch import ProgressLine, ShardWatch
+from ..sources import TextDirectorySource
+from ..steps.frames import TRACKING_COLUMN
+from ..steps.step import CommitBaseline, CommitErrors
+from .book import DeadLetterRow, ReplayBook, round_slot
+from .checkpoint import Checkpoint, Manifest, SourceSection
 from .emission_log import RoundFilter, read_round, write_filter
-from .frames import TRACKING_COLUMN
 from .identity import (
     IdentitySpec,
     UnstableIdentity,
@@ -58,18 +67,9 @@ from .identity import (
     check_unchanged,
     resolve_identity,
 )
-from .job_errors import JobError, job_error
 from .memory_source import COPY_DIR, KEY, DuplicateIdentity, is_dataframe, is_utf8, text_frame, write_records
-from .output import Output, OutputCommits, OutputStager
-from .output.stager import stager_schema
-from .pipeline import AcksUndelivered
-from .record_table import ACKED, DEAD, FAILED, PENDING, RecordTable
-from .replays import ReplayPolicy
-from .session import default_parallelism
-from .shard_watch import ProgressLine, ShardDown, ShardWatch
+from .record_table import ACKED, FAILED, PENDING
 from .source_reader import ATTEMPT_COLUMN, IDENT_COLUMN, KEY_COLUMN, SourceReader, reader_schema
-from .sources import TextDirectorySource
-from .step import CommitBaseline, CommitErrors
 
 __all__ = [
     "AcksUndelivered",
@@ -86,56 +86,10 @@ log = logging.getLogger(__name__)
 
 _UNUSED = np.zeros(0, dtype=np.uint64)
 _PEEK_ROUND = 99_999  # the filter file of dead-letter reads (they start no trees and log nothing)
-_UNDELIVERABLE = (int(Outcome.TIMED_OUT), int(Outcome.LOST))  # the ends a dropped ack turns into ACKS_UNDELIVERED
 
 
 class OutputNotReturned(TypeError):
     """A pipeline with an output ran a job that did not return its output DataFrame."""
-
-
-class RunStopped(RuntimeError):
-    """The run stopped on failed Spark jobs a replay cannot cure (raised by :meth:`SourcePipeline.run`).
-
-    ``cause`` is the last job's error (e.g. ``ClusterMisconfigured``: bolts given
-    the ackers in the wrong order), ``stats`` the run's :class:`SourceStats`.
-    The checkpoint keeps the run's progress: run again with it once fixed.
-    """
-
-    def __init__(self, message: str, cause: JobError | None, stats: SourceStats) -> None:
-        super().__init__(message)
-        self.cause, self.stats = cause, stats
-
-
-@dataclass
-class SourceStats:
-    """What a run did, from the checkpoint's state (so a resumed run counts the whole run)."""
-
-    emitted: int = 0  # records read at least once
-    acked: int = 0
-    failed: int = 0  # deliveries that ended FAILED
-    timed_out: int = 0
-    lost: int = 0  # no outcome within the backstop, or in flight when a driver died
-    replayed: int = 0  # deliveries after the first
-    dead_lettered: int = 0
-    pending: int = 0
-    awaiting_replay: int = 0
-    rounds: int = 0  # Spark jobs run by this driver
-    job_errors: int = 0
-    resumed: bool = False  # this driver continued a checkpoint
-    # Deliveries that timed out or were lost because a bolt could not deliver their acks.
-    acks_undelivered: int = 0
-    # Task commits whose acks could not be delivered, by bolt name (this driver's jobs).
-    commit_errors: dict[str, int] = field(default_factory=dict)
-    copied: int = 0  # records of an in-memory source this driver copied into the checkpoint
-    output_rows: int = 0  # rows this driver committed to the output
-    staged_rows: int = 0  # output rows this driver's jobs staged (every delivery's, copies included)
-    output_commits: int = 0  # commits this driver made
-
-    def as_dict(self) -> dict[str, Any]:
-        """The counters as a plain dict (commit errors summed over bolts)."""
-        data = asdict(self)
-        data["commit_errors"] = sum(self.commit_errors.values())
-        return data
 
 
 class SourcePipeline:
@@ -214,21 +168,18 @@ class SourcePipeline:
         self.security = security
         self.client_options = dict(client_options or {})
         self.on_progress = on_progress
-        self.table = RecordTable()
+        self.book: ReplayBook | None = None  # opened with the checkpoint (the run's salt is in it)
         self.stats = SourceStats()
-        self._deadlines: dict[int, float] = {}  # round -> when its pending trees count as lost
-        self._strays: tuple[np.ndarray, np.ndarray] = (_UNUSED, np.zeros(0, dtype=np.int8))
-        self._manifest: dict[str, Any] = {}
+        self._manifest = Manifest("source", "", 0)  # the checkpoint's, once run opens it
         self._feed: Any = None
         self._failed_jobs = 0  # in a row
         self._last_error: Exception | None = None
         self._watch = ShardWatch(cluster, clock)
         self._progress = ProgressLine(log, self._watch, log_interval, clock)
         # Acks-undelivered bookkeeping: the bolts' reports when the run started (they count
-        # from their creation), this run's reports, and the roots whose acks were dropped (sorted).
+        # from their creation) and this run's reports; the book keeps the roots whose acks were dropped.
         self._baseline = CommitBaseline()
         self._errors: dict[str, CommitErrors] = {}
-        self._undelivered = _UNUSED
 
     # -- the run --------------------------------------------------------------------------
 
@@ -244,7 +195,7 @@ class SourcePipeline:
         run the actions that complete the work (its bolts ack the rows).
         ``key`` names a unique, non-null column of a DataFrame as the record
         identity; without it, file sources are identified by file and position
-        (see :mod:`acker_spark.identity`).
+        (see :mod:`acker_spark.executor_read.identity`).
         """
         df, key, copy = self._source_frame(source, key)
         spec = resolve_identity(self.spark, df, key)
@@ -253,7 +204,7 @@ class SourcePipeline:
         log.info(
             "%s run %s: %d ackers, replicas %d (%s), checkpoint %s, output %s",
             "resuming" if self.stats.resumed else "starting",
-            self._manifest["name"],
+            self._manifest.name,
             self.cluster.shard_count,
             replicas,
             "each tree kept by two ackers" if replicas == 2 else "an acker's loss replays its trees",
@@ -264,7 +215,8 @@ class SourcePipeline:
         from .outcome_feed import OutcomeFeed
 
         self._baseline.start()
-        self._feed = OutcomeFeed(self.cluster, self._manifest["name"], self.checkpoint, self.journal_interval).start()
+        self._feed = OutcomeFeed(self.cluster, self._manifest.name, self.checkpoint, self.journal_interval).start()
+        self._book.attach(self._feed)
         self.cluster.add_error_listener(self._watch)
         try:
             self._restore(backstop)
@@ -275,15 +227,15 @@ class SourcePipeline:
         finally:
             self.cluster.remove_error_listener(self._watch)
             self._feed.close()
-        self._fill_stats()
+        self._book.fill_stats(self.stats)
         self._report()
         self._check_undelivered()
         return self.stats
 
     def _source_frame(self, source: Any, key: str | None) -> tuple[Any, str | None, dict[str, Any] | None]:
         """The DataFrame the rounds read, its key column, and for a new copy of an in-memory source its description."""
-        manifest = self.checkpoint.manifest()
-        copied = manifest is not None and manifest.get("memory_source") is not None
+        manifest = self.checkpoint.manifest("source")
+        copied = manifest is not None and manifest.source is not None and manifest.source.memory_source is not None
         if is_dataframe(source) or (isinstance(source, TextDirectorySource) and is_utf8(source.encoding)):
             if copied:
                 raise UnstableIdentity(
@@ -315,108 +267,95 @@ class SourcePipeline:
 
     def _open(self, spec: IdentitySpec, copy: dict[str, Any] | None = None) -> None:
         """Start a new checkpoint, or check that this source is the one the checkpoint's run was reading."""
-        manifest = self.checkpoint.manifest()
+        manifest = self.checkpoint.manifest("source")
         if manifest is None:
-            manifest = {
-                "version": 1,
-                "name": self.name or f"acker-source-{new_id():016x}",
-                "salt": new_id(),
-                "identity": spec.as_json(),
-                "source_done": False,
-                "next_round": 0,
-                "memory_source": copy,
-                "commit_causes": [],
-            }
+            manifest = Manifest(
+                "source",
+                self.name or f"acker-source-{new_id():016x}",
+                new_id(),
+                source=SourceSection(spec.as_json(), memory_source=copy),
+            )
             apply_pinned_conf(self.spark, spec)
             self.checkpoint.save_manifest(manifest)
         else:
-            recorded = IdentitySpec.from_json(manifest["identity"])
+            assert manifest.source is not None, "a source checkpoint has its section"
+            recorded = IdentitySpec.from_json(manifest.source.identity)
             check_unchanged(recorded, spec)
-            if self.name is not None and self.name != manifest["name"]:
-                raise ValueError(f"the checkpoint belongs to spout {manifest['name']!r}, not {self.name!r}")
+            if self.name is not None and self.name != manifest.name:
+                raise ValueError(f"the checkpoint belongs to spout {manifest.name!r}, not {self.name!r}")
             apply_pinned_conf(self.spark, recorded)
             self.stats.resumed = True
         self._manifest = manifest
-        self.spec = IdentitySpec.from_json(manifest["identity"])
+        self.spec = IdentitySpec.from_json(self._run.identity)
+        self.book = ReplayBook(self.checkpoint, manifest.salt, self.policy, self.clock)
         if self.output is not None:
-            self._commits = OutputCommits(self.checkpoint.path, manifest["name"], self.output)
+            self._commits = OutputCommits(self.checkpoint.path, manifest.name, self.output)
+
+    @property
+    def _run(self) -> SourceSection:
+        """The manifest's source section: the source's identity and how far the run got."""
+        assert self._manifest.source is not None, "opened by _open"
+        return self._manifest.source
+
+    @property
+    def _book(self) -> ReplayBook:
+        """The run's book (opened by :meth:`_open`)."""
+        assert self.book is not None, "the book opens with the checkpoint"
+        return self.book
 
     def _restore(self, backstop: float) -> None:
-        """Rebuild the table from the checkpoint; fail the trees an earlier driver left in flight."""
-        rounds = self._manifest["next_round"]
-        for round_no in range(rounds):
-            self._add_round(round_no, check=False)
-        self._undelivered = np.unique(self.checkpoint.read_undelivered())
-        roots, outcomes = self.checkpoint.read_outcomes()
-        if len(roots):
-            self._settle(roots, outcomes)
-        # Superseded deliveries first: only a dead record's last delivery is DEAD (one per record).
-        self.table.mark_replayed(self._manifest["salt"], self.table.idents, self.table.attempts)
-        dead = self.checkpoint.read_dead()
-        if len(dead):
-            self.table.state[np.isin(self.table.idents, dead) & (self.table.state == FAILED)] = DEAD
-        if len(self._undelivered):
-            self._mark_undelivered()
-        self.table.due[self.table.state == FAILED] = self.clock()  # their backoff ran while no driver was up
+        """Rebuild the book from the checkpoint; finish a half-done commit; fail the trees left in flight."""
+        rounds = range(self._run.next_round)
+        self._book.restore(rounds)
         if self._commits is not None:
             # A commit a killed driver left half-done: finished with the same rows, before any new one.
             self.stats.output_rows += self._commits.finish(self.spark)
             self._committed = self._commits.taken()
-        pending = self.table.pending()
-        if len(pending):
-            # That driver's executors are gone: whatever they did not finish never will. Failing
-            # the trees settles them now; trees that completed meanwhile keep their retained outcome.
-            log.info("resuming: failing %d trees left in flight by the previous driver", len(pending))
-            try:
-                self.cluster.fail_columns(self.table.roots[pending])
-                self.cluster.flush()
-            except ShardUnavailable as err:  # the error listener marked the shards for the ShardDown bound
-                log.warning("could not fail the trees left in flight (they will count as lost): %s", err)
-            for round_no in range(rounds):
-                self._deadlines[round_no] = self.clock() + backstop
+        self._book.fail_left_in_flight(self.cluster, rounds, backstop, "driver")
 
     def _loop(self, df: Any, job: Callable[[Any], object], backstop: float) -> None:
         while True:
             self._check_shards()
             if self._failed_jobs > self.policy.max_attempts:
                 last = job_error(self._last_error) if self._last_error is not None else None
-                self._fill_stats()
+                self._book.fill_stats(self.stats)
                 raise RunStopped(
                     f"{self._failed_jobs} Spark jobs in a row failed (last: {last}); stopping: the"
                     " checkpoint keeps the run's progress, fix the job and run again",
                     last,
                     self.stats,
                 )
-            if not self._manifest["source_done"]:
-                skip = np.unique(self.table.idents)
+            if not self._run.source_done:
+                skip = np.unique(self._book.table.idents)
                 rows = RoundFilter("skip", skip, np.zeros(len(skip), dtype=np.uint16)) if len(skip) else _ALL
                 if self._run_round(df, job, rows, backstop):
-                    self._manifest["source_done"] = True
+                    self._run.source_done = True
                     self.checkpoint.save_manifest(self._manifest)
-            self._settle(*self._feed.take())
-            self._expire()
+            book = self._book
+            book.settle_feed()
+            book.expire()
             self._check_stalled(backstop)
-            if self.commit_every == "round" and not len(self.table.pending()):
+            if self.commit_every == "round" and not len(book.table.pending()):
                 self._commit_acked()
-            self._write_dead_letters(df)
-            due = self._due_replays()
+            book.write_dead_letters(self.dead_letters, lambda dead: self._dead_payloads(df, dead))
+            due = book.due_replays()
             if len(due):
-                idents, attempts = self.table.idents[due], self.table.attempts[due] + 1
-                roots = self.table.roots[due]
+                idents, attempts = book.table.idents[due], book.table.attempts[due] + 1
+                roots = book.table.roots[due]
                 if self._run_round(df, job, RoundFilter("select", idents, attempts.astype(np.uint16)), backstop):
                     self._check_found(roots)
                 continue
             self._report()
-            if self._manifest["source_done"] and not self._busy():
+            if self._run.source_done and not book.busy():
                 return
             self._log_progress()
-            self._feed.wait(self._wait_time())
+            self._feed.wait(book.wait_time(self.progress_interval))
 
     def _run_round(self, df: Any, job: Callable[[Any], object], rows: RoundFilter, backstop: float) -> bool:
         """Run one job over the source (filtered by ``rows``); add what it started; True if the job succeeded."""
-        round_no = self._manifest["next_round"]
+        round_no = self._run.next_round
         path = write_filter(self.checkpoint.path, round_no, rows)
-        self._manifest["next_round"] = round_no + 1
+        self._run.next_round = round_no + 1
         self.checkpoint.save_manifest(self._manifest)  # before any task can start a tree of this round
         tracked = self._frame(df, round_no, str(path), peek=False)
         ok = True
@@ -436,18 +375,18 @@ class SourcePipeline:
             stop = error if error.configuration else None
             if stop is None:
                 log.warning("round %d's Spark job failed; its unfinished records will be replayed: %s", round_no, error)
-        self.stats.rounds += 1
+        self.stats.jobs += 1
         if ok:
             self._failed_jobs = 0
             self._job_ends[round_no] = self.clock()
-        self._add_round(round_no, check=True)
-        self._deadlines[round_no] = self.clock() + backstop
+        self._add_round(round_no)
+        self._book.start_deadline(round_no, backstop)
         self._collect_commit_errors()
         if not ok:
-            self._fail_round(round_no)
+            self._book.fail_round(self.cluster, round_no)
             if stop is not None:
                 # A replay cannot cure a wrong address list or credentials: stop, keeping the checkpoint.
-                self._fill_stats()
+                self._book.fill_stats(self.stats)
                 raise RunStopped(
                     f"round {round_no}'s Spark job failed on a misconfiguration: {stop}. The run stopped (nothing "
                     "replayed, the job's unfinished trees failed); the checkpoint keeps its progress: fix the "
@@ -462,8 +401,8 @@ class SourcePipeline:
         source = self.spec.with_columns(df)
         reader = SourceReader(
             self.spec,
-            self._manifest["salt"],
-            self._manifest["name"],
+            self._manifest.salt,
+            self._manifest.name,
             str(self.checkpoint.path),
             round_no,
             filter_path,
@@ -474,24 +413,19 @@ class SourcePipeline:
         )
         return source.mapInArrow(reader, reader_schema(source.schema, peek=peek))
 
-    def _add_round(self, round_no: int, *, check: bool) -> None:
+    def _add_round(self, round_no: int) -> None:
+        """Add what a round's tasks started to the book, refusing a source whose identities are not unique."""
         emissions = read_round(self.checkpoint.path, round_no)
-        if check and emissions.duplicates:
+        if emissions.duplicates:
             raise DuplicateIdentity(
                 f"{emissions.duplicates} records of the source share their identity with another record"
                 f" ({self._identity_name()} is not unique): their trees would be mixed up. Use a unique key column."
             )
-        if self.table.add(emissions, round_no):
-            self.table.mark_replayed(self._manifest["salt"], emissions.idents, emissions.attempts)
-        strays_roots, strays_outcomes = self._strays
-        if len(strays_roots):
-            self._strays = (_UNUSED, np.zeros(0, dtype=np.int8))
-            self._settle(strays_roots, strays_outcomes, keep_strays=False)
+        self._book.add_round(emissions, round_no)
 
     def _check_found(self, roots: np.ndarray) -> None:
         """After a replay round read the whole source, every replayed record must have been found again."""
-        pos = self.table.find(roots)
-        missing = int((self.table.state[pos] == FAILED).sum())
+        missing = len(self._book.table.in_state(roots, FAILED))
         if missing:
             raise UnstableIdentity(
                 f"{missing} failed records were not found again when the source was re-read: the source changed, "
@@ -515,7 +449,7 @@ class SourcePipeline:
         stager = OutputStager(
             str(self.checkpoint.path),
             round_no,
-            self._manifest["salt"],
+            self._manifest.salt,
             self.cluster.addresses,
             self.security,
             self.client_options,
@@ -527,7 +461,7 @@ class SourcePipeline:
         """Commit the output of every ACKED delivery no commit took yet."""
         if self._commits is None:
             return
-        table = self.table
+        table = self._book.table
         acked = np.flatnonzero(table.state == ACKED)
         fresh = acked[~np.isin(table.roots[acked], self._committed)]
         if not len(fresh):
@@ -545,12 +479,13 @@ class SourcePipeline:
             if now - ended < limit:
                 continue
             del self._job_ends[round_no]
-            mine = self.table.rounds == round_no
-            if not mine.any() or (self.table.state[mine] != PENDING).any():
+            table = self._book.table
+            mine = table.rounds == round_slot(round_no)
+            if not mine.any() or (table.state[mine] != PENDING).any():
                 continue
-            if len(self._undelivered) or self._errors or self._watch.down():
+            if len(self._book.undelivered) or self._errors or self._watch.down():
                 continue  # acks that could not be delivered explain it: they end as ACKS_UNDELIVERED
-            self._fill_stats()
+            self._book.fill_stats(self.stats)
             raise RunStopped(
                 f"round {round_no}'s Spark job succeeded {now - ended:.0f} s ago but none of its"
                 f" {int(mine.sum())} trees has completed: rows a bolt emitted were never acked by a later step. "
@@ -564,34 +499,6 @@ class SourcePipeline:
 
     # -- settling -------------------------------------------------------------------------
 
-    def _settle(self, roots: np.ndarray, outcomes: np.ndarray, *, keep_strays: bool = True) -> None:
-        if not len(roots):
-            return
-        settled, unknown = self.table.settle(roots, outcomes, int(Outcome.ACKED))
-        if len(settled.failed) and len(self._undelivered):
-            self._mark_undelivered(settled.failed)
-        if len(settled.failed):
-            attempts = self.table.attempts[settled.failed]
-            delays = np.array([self.policy.delay(int(a)) for a in range(int(attempts.max()) + 1)])
-            self.table.due[settled.failed] = self.clock() + delays[attempts]
-        if keep_strays and len(unknown):
-            # An outcome can come before its root is read from the emission log (a job still
-            # running); it is matched after the next round is read, then dropped.
-            mask = np.isin(roots, unknown)
-            self._strays = (
-                np.concatenate((self._strays[0], roots[mask])),
-                np.concatenate((self._strays[1], outcomes[mask])),
-            )
-
-    def _mark_undelivered(self, positions: np.ndarray | None = None) -> None:
-        """Entries that timed out or were lost and whose acks a bolt dropped: their reason is ACKS_UNDELIVERED."""
-        table = self.table
-        if positions is None:
-            positions = np.flatnonzero(table.state != PENDING)
-        hit = positions[np.isin(table.reason[positions], _UNDELIVERABLE)]
-        hit = hit[np.isin(table.roots[hit], self._undelivered)]
-        table.reason[hit] = int(Outcome.ACKS_UNDELIVERED)
-
     def _collect_commit_errors(self) -> None:
         """After a job: the bolts' dropped task commits (Spark accumulators), their roots journaled, reasons fixed."""
         fresh = self._baseline.since()  # this run's share only: a bolt may have run before
@@ -600,20 +507,12 @@ class SourcePipeline:
         first = not self._errors
         self._errors = fresh
         self.stats.commit_errors = {name: r.errors for name, r in fresh.items()}
-        roots = np.fromiter(frozenset().union(*(r.roots for r in fresh.values())), dtype=np.uint64)
-        new = roots[~np.isin(roots, self._undelivered)]
-        if len(new):
-            journal = self.checkpoint.undelivered_journal()  # a restarted driver names these trees the same
-            try:
-                journal.append(new)
-            finally:
-                journal.close()
-            self._undelivered = np.union1d(self._undelivered, new)
-        causes = sorted({c for r in fresh.values() for c in r.causes} | set(self._manifest.get("commit_causes", [])))
-        if causes != self._manifest.get("commit_causes"):
-            self._manifest["commit_causes"] = causes[:16]
+        roots = frozenset().union(*(r.roots for r in fresh.values()))
+        self._book.add_undelivered(np.fromiter(roots, dtype=np.uint64, count=len(roots)))
+        causes = sorted({c for r in fresh.values() for c in r.causes} | set(self._run.commit_causes))
+        if causes != self._run.commit_causes:
+            self._run.commit_causes = causes[:16]
             self.checkpoint.save_manifest(self._manifest)
-        self._mark_undelivered()
         if first:
             # The driver's log, at once: the executors' warnings may be on other machines.
             log.warning(
@@ -631,12 +530,11 @@ class SourcePipeline:
         if not self.stats.acks_undelivered:
             return
         errors = dict(self._errors)
-        recorded = tuple(self._manifest.get("commit_causes", []))
+        recorded = tuple(self._run.commit_causes)
         if recorded and not any(r.causes for r in errors.values()):  # a resumed run: the first driver's causes
             errors["earlier drivers"] = CommitErrors("earlier drivers", 0, frozenset(), recorded)
-        error = AcksUndelivered(cast(Any, self.stats), errors)
-        dead = self.table.state == DEAD
-        if self.on_undelivered == "raise" and (dead & (self.table.reason == int(Outcome.ACKS_UNDELIVERED))).any():
+        error = AcksUndelivered(self.stats, errors)
+        if self.on_undelivered == "raise" and self._book.dead_for_undelivered():
             raise error
         log.warning("%s", error)
 
@@ -670,69 +568,15 @@ class SourcePipeline:
         self._progress.tick(self._filled_stats)
 
     def _filled_stats(self) -> SourceStats:
-        self._fill_stats()
+        self._book.fill_stats(self.stats)
         return self.stats
-
-    def _expire(self) -> None:
-        """Pending trees of rounds past their backstop deadline are LOST (journaled, then settled)."""
-        roots = self.table.take_late(self._deadlines, self.clock())
-        if len(roots):
-            log.warning("%d trees had no outcome within the backstop timeout: replaying them as LOST", len(roots))
-            self._feed.record(roots, Outcome.LOST)
-            self._settle(roots, np.full(len(roots), int(Outcome.LOST), dtype=np.int8), keep_strays=False)
-
-    def _fail_round(self, round_no: int) -> None:
-        """A failed job: fail its unsettled trees at the ackers so they are replayed without waiting for timeouts."""
-        pending = self.table.pending(np.asarray([round_no], dtype=np.uint16))
-        if not len(pending):
-            return
-        try:
-            self.cluster.fail_columns(self.table.roots[pending])
-            self.cluster.flush()
-        except ShardUnavailable as err:
-            log.warning("could not fail the trees of a failed job (the backstop will): %s", err)
-
-    def _due_replays(self) -> np.ndarray:
-        table = self.table
-        waiting = (table.state == FAILED) & (table.attempts < self.policy.max_attempts)
-        return np.flatnonzero(waiting & (table.due <= self.clock()))
-
-    def _busy(self) -> bool:
-        return bool(((self.table.state == PENDING) | (self.table.state == FAILED)).any())
-
-    def _wait_time(self) -> float:
-        waiting = self.table.state == FAILED
-        timeout = self.progress_interval
-        if waiting.any():
-            timeout = min(timeout, max(0.0, float(self.table.due[waiting].min()) - self.clock()))
-        return timeout
 
     # -- dead letters ---------------------------------------------------------------------
 
-    def _write_dead_letters(self, df: Any) -> None:
-        """Records that failed their last attempt: re-read their payload, store them, journal that they are done."""
-        table = self.table
-        dead = np.flatnonzero((table.state == FAILED) & (table.attempts >= self.policy.max_attempts))
-        if not len(dead):
-            return
-        idents, attempts, reasons = table.idents[dead], table.attempts[dead], table.reason[dead]
-        if self.dead_letters is not None:
-            self.dead_letters.add_many(self._dead_payloads(df, idents, attempts, reasons))
-        else:
-            log.error(
-                "%d records failed %d times; no dead-letter store to keep them", len(dead), self.policy.max_attempts
-            )
-        journal = self.checkpoint.dead_journal()
-        try:
-            journal.append(idents)
-        finally:
-            journal.close()
-        table.state[dead] = DEAD
-
-    def _dead_payloads(
-        self, df: Any, idents: np.ndarray, attempts: np.ndarray, reasons: np.ndarray
-    ) -> list[tuple[str, Any, Outcome, int]]:
+    def _dead_payloads(self, df: Any, dead: np.ndarray) -> list[DeadLetterRow]:
         """Each dead record's ``(key, payload, reason, attempts)``: its last attempt read again (a peek round)."""
+        table = self._book.table
+        idents, attempts, reasons = table.idents[dead], table.attempts[dead], table.reason[dead]
         path = write_filter(self.checkpoint.path, _PEEK_ROUND, RoundFilter("select", idents, attempts))
         rows = self._frame(df, _PEEK_ROUND, str(path), peek=True).toArrow().to_pylist()
         reason_of = dict(zip(idents.view(np.int64).tolist(), reasons.tolist()))
@@ -746,23 +590,9 @@ class SourcePipeline:
 
     # -- reporting ------------------------------------------------------------------------
 
-    def _fill_stats(self) -> None:
-        table, stats = self.table, self.stats
-        stats.emitted = int((table.attempts == 1).sum())
-        stats.acked = table.count(ACKED)
-        stats.replayed = int((table.attempts > 1).sum())
-        ended = table.state != PENDING
-        stats.failed = int((ended & (table.reason == int(Outcome.FAILED))).sum())
-        stats.timed_out = int((ended & (table.reason == int(Outcome.TIMED_OUT))).sum())
-        stats.lost = int((ended & (table.reason == int(Outcome.LOST))).sum())
-        stats.acks_undelivered = int((ended & (table.reason == int(Outcome.ACKS_UNDELIVERED))).sum())
-        stats.dead_lettered = table.count(DEAD)
-        stats.pending = table.count(PENDING)
-        stats.awaiting_replay = table.count(FAILED)
-
     def _report(self) -> None:
         if self.on_progress is not None:
-            self._fill_stats()
+            self._book.fill_stats(self.stats)
             self.on_progress(self.stats)
 
     def _backstop(self) -> float:

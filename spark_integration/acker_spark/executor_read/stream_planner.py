@@ -3,27 +3,25 @@
 Spark runs a stream reader's planning calls in a Python process of its own.
 :class:`StreamPlanner` is what they drive; it never reads a record (except
 the payload of a record it dead-letters). Its state lives in the checkpoint
-directory (the ``checkpoint`` option), laid out as the batch pipeline's
-(:mod:`acker_spark.checkpoint`) plus::
-
-    stream.json                the run: spout name, id salt, source directory
-    stream/files.json          the file registry: every file admitted, in order, with size and mtime
-    stream/plans/r<round>.npz  the replays a micro-batch re-reads (identities and attempts)
+directory (the ``checkpoint`` option), laid out as :mod:`acker_spark.executor_read.checkpoint`
+says, with the stream's file registry and replay plans.
 
 An offset is ``{"round", "file", "byte"}``: the micro-batch's number and the
 source position it reads up to (file number in the registry, byte in it). A
 micro-batch reads the bytes between two positions, cut into
-:class:`~acker_spark.stream_source.ChunkPartition`\\ s, plus the replays its
-plan names (:class:`~acker_spark.stream_source.ReplayPartition`\\ s). Both are
+:class:`~acker_spark.streaming.stream_source.ChunkPartition`\\ s, plus the replays its
+plan names (:class:`~acker_spark.streaming.stream_source.ReplayPartition`\\ s). Both are
 a function of the offsets and the checkpoint, so a batch Spark runs again
 after a restart reads the same records, less the ones it had started.
 
-After each micro-batch the planner reads the batch's emission log into a
-:class:`~acker_spark.record_table.RecordTable` and settles the outcomes its
-:class:`~acker_spark.outcome_feed.OutcomeFeed` journaled. Failed, timed-out
+After each micro-batch the planner reads the batch's emission log into its
+:class:`~acker_spark.executor_read.book.ReplayBook`, which settles the outcomes its
+:class:`~acker_spark.executor_read.outcome_feed.OutcomeFeed` journaled. Failed, timed-out
 and lost deliveries wait their ``ReplayPolicy`` backoff and go into a later
 batch's plan; after ``max_attempts`` the record is read once more here and
-written to the dead-letter store.
+written to the dead-letter store. The roots whose acks a bolt could not
+deliver come from the query's ``foreachBatch`` function
+(:func:`record_commit_errors`), through the checkpoint's undelivered journal.
 """
 
 from __future__ import annotations
@@ -40,53 +38,33 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from acker_client import ClusterClient, ShardUnavailable, new_id
+from acker_client import ClusterClient, new_id
 from acker_client.pending import cluster_backstop
 from acker_protocol.wire import Outcome
 
-from .checkpoint import Checkpoint, write_json_atomically
-from .dead_letter import DeadLetterStore
-from .emission_log import RoundFilter, read_round, write_filter
-from .record_table import ACKED, DEAD, FAILED, PENDING, REPLAYED, RecordTable
-from .replays import ReplayPolicy
-from .stream_ledger import StreamLedger
-from .stream_source import (
+from ..dead_letter import DeadLetterStore
+from ..replay_policy import ReplayPolicy
+from ..streaming.stream_options import StreamOptions
+from ..streaming.stream_source import (
     ChunkPartition,
     ReplayPartition,
     RoundContext,
     SourceFile,
-    make_idents,
     read_lines_at,
     split_idents,
 )
+from .book import DeadLetterRow, ReplayBook
+from .checkpoint import Checkpoint, Manifest, StreamSection, write_json_atomically
+from .emission_log import RoundFilter, read_round, write_filter
+from .record_table import ACKED, DEAD, FAILED, PENDING, RecordTable
 
-__all__ = ["PlannerOptions", "StreamPlanner", "StreamProgress", "stream_progress"]
+__all__ = ["StreamPlanner", "StreamProgress", "stream_progress"]
 
 log = logging.getLogger(__name__)
 
-_SETTLED = (ACKED, REPLAYED, DEAD)
 _UNUSED = np.zeros(0, dtype=np.uint64)
 _REPLAY_ROWS = 50_000  # replays per partition
-_COMPACT_AT = 100_000  # table entries before settled ones are dropped
-
-
-@dataclass(frozen=True)
-class PlannerOptions:
-    """What the planner needs from the stream's options."""
-
-    directory: str
-    checkpoint: str
-    database: str
-    addresses: tuple[str, ...]
-    name: str | None = None
-    max_pending: int = 100_000
-    max_bytes_per_batch: int = 64 << 20
-    split_bytes: int = 16 << 20
-    partitions: int = 2
-    policy: ReplayPolicy = ReplayPolicy()
-    security: Any = None
-    spout_timeout: float | None = None
-    journal_interval: float = 0.25
+_WAIT_LIMIT = 0.25  # seconds an AvailableNow planner waits for outcomes between looks at its book
 
 
 def initial_offset() -> dict[str, int]:
@@ -98,33 +76,37 @@ class StreamPlanner:
     """The stream's state in the planning process, rebuilt from the checkpoint when it starts."""
 
     def __init__(
-        self, options: PlannerOptions, cluster: ClusterClient, *, clock: Callable[[], float] = time.monotonic
+        self,
+        options: StreamOptions,
+        cluster: ClusterClient,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        journal_interval: float = 0.25,
     ) -> None:
         self.options = options
         self.cluster = cluster
         self.clock = clock
-        self.directory = Path(options.directory).absolute()
+        self.directory = Path(options.path).absolute()
         if not self.directory.is_dir():
             raise NotADirectoryError(f"stream source directory {self.directory} does not exist or is not a directory")
         self.checkpoint = Checkpoint(options.checkpoint)
         self.policy = options.policy
         self.dead_letters = DeadLetterStore(options.database)
-        self.ledger = StreamLedger(options.database)  # commit errors reported by foreachBatch (ACKS_UNDELIVERED)
-        self.table = RecordTable()
         self.files: list[SourceFile] = []
         self._names: set[str] = set()
         self._frozen: int | None = None  # AvailableNow: the number of files to read
         self._read_upto = 0  # rounds whose emission log is in the table
-        self._deadlines: dict[int, float] = {}
         self._scheduled: dict[int, np.ndarray] = {}  # round -> roots whose replay it reads
         self._manifest = self._open_manifest()
-        self.spout = self._manifest["name"]
-        self.salt = int(self._manifest["salt"])
+        self.spout = self._manifest.name
+        self.salt = self._manifest.salt
+        self.book = ReplayBook(self.checkpoint, self.salt, self.policy, clock)
         self._load_files()
         self.backstop = options.spout_timeout if options.spout_timeout is not None else cluster_backstop(cluster)
         from .outcome_feed import OutcomeFeed
 
-        self.feed = OutcomeFeed(cluster, self.spout, self.checkpoint, options.journal_interval).start()
+        self.feed = OutcomeFeed(cluster, self.spout, self.checkpoint, journal_interval).start()
+        self.book.attach(self.feed)
         try:
             self._restore()
         except BaseException:
@@ -133,25 +115,26 @@ class StreamPlanner:
 
     # -- opening ------------------------------------------------------------------------------
 
-    def _open_manifest(self) -> dict[str, Any]:
-        path = self.checkpoint.path / "stream.json"
-        if path.exists():
-            manifest = json.loads(path.read_text())
-            if manifest["directory"] != str(self.directory):
+    def _open_manifest(self) -> Manifest:
+        """The checkpoint's manifest, checked against this stream's directory and name; a new one if none."""
+        manifest = self.checkpoint.manifest("stream")
+        if manifest is not None:
+            assert manifest.stream is not None, "a stream checkpoint has its section"
+            if manifest.stream.directory != str(self.directory):
                 raise ValueError(
-                    f"the checkpoint {self.checkpoint.path} belongs to a stream of {manifest['directory']}, not"
+                    f"the checkpoint {self.checkpoint.path} belongs to a stream of {manifest.stream.directory}, not"
                     f" {self.directory}: use that directory, or a new checkpoint"
                 )
-            if self.options.name is not None and self.options.name != manifest["name"]:
-                raise ValueError(f"the checkpoint belongs to spout {manifest['name']!r}, not {self.options.name!r}")
-            return dict(manifest)
-        manifest = {
-            "version": 1,
-            "name": self.options.name or f"acker-stream-{new_id():016x}",
-            "salt": new_id(),
-            "directory": str(self.directory),
-        }
-        write_json_atomically(path, manifest)
+            if self.options.name is not None and self.options.name != manifest.name:
+                raise ValueError(f"the checkpoint belongs to spout {manifest.name!r}, not {self.options.name!r}")
+            return manifest
+        manifest = Manifest(
+            "stream",
+            self.options.name or f"acker-stream-{new_id():016x}",
+            new_id(),
+            stream=StreamSection(str(self.directory)),
+        )
+        self.checkpoint.save_manifest(manifest)
         return manifest
 
     def _load_files(self) -> None:
@@ -161,33 +144,18 @@ class StreamPlanner:
                 self.files.append(SourceFile(index, name, int(size), int(mtime)))
                 self._names.add(name)
 
+    @property
+    def table(self) -> RecordTable:
+        """The book's record table (what each started delivery is now)."""
+        return self.book.table
+
     def _restore(self) -> None:
-        """Rebuild the table from the checkpoint; fail the trees an earlier planner's query left in flight."""
+        """Rebuild the book from the checkpoint; fail the trees an earlier planner's query left in flight."""
         rounds = _rounds_on_disk(self.checkpoint.path)
-        for round_no in rounds:
-            self.table.add(read_round(self.checkpoint.path, round_no), round_no & 0xFFFF)
+        self.book.restore(rounds)
         # The last batch may run again (Spark re-runs a batch the query did not finish): read it again then.
         self._read_upto = max(rounds, default=1) - 1
-        roots, outcomes = self.checkpoint.read_outcomes()
-        if len(roots):
-            self.table.settle(roots, outcomes, int(Outcome.ACKED))
-        dead = self.checkpoint.read_dead()
-        if len(dead):
-            self.table.state[np.isin(self.table.idents, dead) & (self.table.state == FAILED)] = DEAD
-        self.table.mark_replayed(self.salt, self.table.idents, self.table.attempts)
-        self.table.due[self.table.state == FAILED] = self.clock()
-        pending = self.table.pending()
-        if len(pending):
-            # The query that started them is over (its tasks with it): what it did not finish never will.
-            # Failing them replays them now; a tree that completed keeps its retained outcome.
-            log.info("resuming: failing %d trees left in flight by the previous query", len(pending))
-            try:
-                self.cluster.fail_columns(self.table.roots[pending])
-                self.cluster.flush()
-            except ShardUnavailable as err:
-                log.warning("could not fail the trees left in flight (they will count as lost): %s", err)
-            for round_no in rounds:
-                self._deadlines[round_no & 0xFFFF] = self.clock() + self.backstop
+        self.book.fail_left_in_flight(self.cluster, rounds, self.backstop, "query")
 
     # -- planning calls -----------------------------------------------------------------------
 
@@ -221,7 +189,7 @@ class StreamPlanner:
             end = self._plan(start, max_files, max_bytes)
             if end != start or not wait or not self.busy():
                 return end
-            self.feed.wait(self._wait_time())
+            self.feed.wait(self.book.wait_time(_WAIT_LIMIT))
 
     def partitions(
         self, start: dict[str, int], end: dict[str, int], addresses: Sequence[str], client_options: dict[str, Any]
@@ -265,8 +233,7 @@ class StreamPlanner:
 
     def busy(self) -> bool:
         """True while a record is in flight, waiting for its replay, or its replay is planned but not run."""
-        state = self.table.state
-        return bool(((state == PENDING) | (state == FAILED)).any()) or bool(self._scheduled)
+        return self.book.busy() or bool(self._scheduled)
 
     def close(self) -> None:
         """Stop the outcome streams (journaling what arrived)."""
@@ -276,7 +243,7 @@ class StreamPlanner:
 
     def _plan(self, start: dict[str, int], max_files: int | None, max_bytes: int | None) -> dict[str, int]:
         round_no = int(start["round"]) + 1
-        due = self._due_replays()
+        due = self.book.due_replays()
         position = (int(start["file"]), int(start["byte"]))
         end_position = position
         if self.table.count(PENDING) < self.options.max_pending:
@@ -360,94 +327,38 @@ class StreamPlanner:
         """Everything up to micro-batch ``done_round`` has run: read its emissions, settle, expire, dead-letter."""
         for round_no in [r for r in self._scheduled if r > done_round]:
             # Planned, but Spark did not run it (the offset was not used): due again.
-            self.table.due[self._positions(self._scheduled.pop(round_no), FAILED)] = self.clock()
+            self.table.due[self.table.in_state(self._scheduled.pop(round_no), FAILED)] = self.clock()
         for round_no in range(self._read_upto + 1, done_round + 1):
-            emissions = read_round(self.checkpoint.path, round_no)
-            self.table.add(emissions, round_no & 0xFFFF)
-            self.table.mark_replayed(self.salt, emissions.idents, emissions.attempts)
-            self._deadlines[round_no & 0xFFFF] = self.clock() + self.backstop
-            missing = self._positions(self._scheduled.pop(round_no, _UNUSED), FAILED)
+            self.book.add_round(read_round(self.checkpoint.path, round_no), round_no)
+            self.book.start_deadline(round_no, self.backstop)
+            missing = self.table.in_state(self._scheduled.pop(round_no, _UNUSED), FAILED)
             if len(missing):
                 log.warning("%d replays of micro-batch %d were not read: planned again", len(missing), round_no)
                 self.table.due[missing] = self.clock()
         self._read_upto = max(self._read_upto, done_round)
-        self._settle(*self.feed.take())
-        self._expire()
-        self._write_dead_letters()
-        self._compact()
+        self.book.reload_undelivered()
+        # Every batch's emission log is read before the outcomes are taken, so an unknown root is
+        # a tree of a settled (compacted) entry, or one an init re-created after its tree completed.
+        self.book.settle_feed(keep_strays=False)
+        self.book.expire()
+        self.book.write_dead_letters(self.dead_letters, self._dead_payloads)
+        self.book.compact()
 
-    def _positions(self, roots: np.ndarray, state: int) -> np.ndarray:
-        pos = self.table.find(roots)
-        pos = pos[pos >= 0]
-        return pos[self.table.state[pos] == state]
-
-    def _settle(self, roots: np.ndarray, outcomes: np.ndarray) -> None:
-        """Apply outcomes by root; each failed delivery gets its replay time.
-
-        Every batch's emission log is read before the outcomes are taken, so an
-        unknown root is a tree of a settled (compacted) entry, or one an init
-        re-created after its tree completed: dropped.
-        """
-        if not len(roots):
-            return
-        settled, _unknown = self.table.settle(roots, outcomes, int(Outcome.ACKED))
-        if len(settled.failed):
-            attempts = self.table.attempts[settled.failed]
-            delays = np.array([self.policy.delay(int(a)) for a in range(int(attempts.max()) + 1)])
-            self.table.due[settled.failed] = self.clock() + delays[attempts]
-
-    def _expire(self) -> None:
-        """Pending trees of rounds past their backstop deadline are LOST (journaled, then settled)."""
-        roots = self.table.take_late(self._deadlines, self.clock())
-        if len(roots):
-            log.warning("%d trees had no outcome within the backstop timeout: replaying them as LOST", len(roots))
-            self.feed.record(roots, Outcome.LOST)
-            self._settle(roots, np.full(len(roots), int(Outcome.LOST), dtype=np.int8))
-
-    def _due_replays(self) -> np.ndarray:
+    def _dead_payloads(self, dead: np.ndarray) -> list[DeadLetterRow]:
+        """Each dead record's ``(file@byte, line, reason, attempts)``: its line read again."""
         table = self.table
-        waiting = (table.state == FAILED) & (table.attempts < self.policy.max_attempts)
-        return np.flatnonzero(waiting & (table.due <= self.clock()))
-
-    def _wait_time(self) -> float:
-        waiting = (self.table.state == FAILED) & np.isfinite(self.table.due)
-        timeout = 0.25
-        if waiting.any():
-            timeout = min(timeout, max(0.0, float(self.table.due[waiting].min()) - self.clock()))
-        return timeout
-
-    def _write_dead_letters(self) -> None:
-        """Records that failed their last attempt: read their payload again, store them, journal that they are done."""
-        table = self.table
-        dead = np.flatnonzero((table.state == FAILED) & (table.attempts >= self.policy.max_attempts))
-        if not len(dead):
-            return
-        letters = []
+        letters: list[DeadLetterRow] = []
         files, offsets = split_idents(table.idents[dead])
         for i, pos in enumerate(dead.tolist()):
             file = self.files[int(files[i])]
-            reason = Outcome(int(table.reason[pos]))
-            if reason in (Outcome.TIMED_OUT, Outcome.LOST) and self.ledger.undelivered([int(table.roots[pos])]):
-                reason = Outcome.ACKS_UNDELIVERED
             try:
                 (value,) = read_lines_at(self.directory / file.name, offsets[i : i + 1])
             except OSError as err:
                 value = None
                 log.warning("dead letter %s@%d: its record could not be read again: %s", file.name, offsets[i], err)
+            reason = Outcome(int(table.reason[pos]))
             letters.append((f"{file.name}@{int(offsets[i])}", value, reason, int(table.attempts[pos])))
-        self.dead_letters.add_many(letters)
-        journal = self.checkpoint.dead_journal()
-        try:
-            journal.append(table.idents[dead])
-        finally:
-            journal.close()
-        table.state[dead] = DEAD
-
-    def _compact(self) -> None:
-        """Drop settled entries once the table is large (a stream runs for ever; the table must not grow with it)."""
-        if len(self.table) < _COMPACT_AT or self.table.count(PENDING) + self.table.count(FAILED) > len(self.table) // 2:
-            return
-        self.table.keep(~np.isin(self.table.state, _SETTLED))
+        return letters
 
 
 def _rounds_on_disk(checkpoint: Path) -> list[int]:
@@ -479,23 +390,18 @@ def stream_progress(checkpoint: str | Path) -> StreamProgress:
     outcome journal, so this costs a read of the whole checkpoint.
     """
     cp = Checkpoint(checkpoint)
+    manifest = cp.manifest("stream")
+    if manifest is None:
+        raise FileNotFoundError(f"{cp.path} holds no stream's checkpoint (no manifest.json)")
     names = [name for name, _, _ in json.loads((cp.path / "stream" / "files.json").read_text())]
-    table = RecordTable()
-    for round_no in _rounds_on_disk(cp.path):
-        table.add(read_round(cp.path, round_no), round_no & 0xFFFF)
-    roots, outcomes = cp.read_outcomes()
-    table.settle(roots, outcomes, int(Outcome.ACKED))
+    book = ReplayBook(cp, manifest.salt, ReplayPolicy(), time.monotonic)  # read only: policy and clock unused
+    book.restore(_rounds_on_disk(cp.path))
+    table = book.table
     files, offsets = split_idents(table.idents)
     keys = np.array([f"{names[f]}@{o}" for f, o in zip(files.tolist(), offsets.tolist())], dtype=object)
-    dead_idents = cp.read_dead()
     acked = set(keys[table.state == ACKED].tolist())
-    dead = set(keys[np.isin(table.idents, dead_idents)].tolist()) - acked
+    dead = set(keys[table.state == DEAD].tolist()) - acked
     deliveries: dict[str, int] = {}
     for key in keys.tolist():
         deliveries[key] = deliveries.get(key, 0) + 1
     return StreamProgress(acked, dead, set(deliveries) - acked - dead, deliveries)
-
-
-def idents_of(file_index: int, offsets: np.ndarray) -> np.ndarray:
-    """The identities of lines of a registered file (tests, tools)."""
-    return make_idents(file_index, offsets)

@@ -34,9 +34,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .job_errors import JobError
-from .replays import ReplayPolicy
-from .sources import Delivery
+from ..job_errors import JobError
+from ..replay_policy import ReplayPolicy
+from ..sources import Delivery
 
 __all__ = ["Isolation", "Verdict", "Failure"]
 
@@ -157,9 +157,9 @@ class Isolation:
             group = self._groups.pop(i, None)
             if group is not None:
                 self._resolve(group, i, None)
-        return [self._settle_failed(d) for d in failed]
+        return [self._verdict_on_failure(d) for d in failed]
 
-    def _settle_failed(self, failure: Failure) -> bool | None:
+    def _verdict_on_failure(self, failure: Failure) -> bool | None:
         d = failure[0]
         i = (d.key, d.attempt)
         self._inflight.discard(i)

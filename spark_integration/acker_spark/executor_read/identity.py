@@ -135,7 +135,7 @@ def pinned_conf(spark: Any) -> dict[str, str]:
     which change when executors come and go; the pipeline sets it, so a replay
     splits the files as the first read did.
     """
-    from .session import default_parallelism
+    from ..session import default_parallelism
 
     values = {name: _conf(spark, name) for name in PINNED_CONF}
     if values["spark.sql.files.minPartitionNum"] is None:

@@ -32,8 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..sources import TextDirectorySource
 from .identity import UnstableIdentity, hash_key_column
-from .sources import TextDirectorySource
 
 __all__ = [
     "COPY_DIR",

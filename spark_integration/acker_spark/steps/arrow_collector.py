@@ -1,7 +1,7 @@
 """ArrowCollector: a bolt's emits, acks and fails for whole Arrow batches, column-wise, held until the task commits.
 
 The columnar counterpart of :class:`~acker_client.bolt.BoltCollector` for
-:class:`~acker_spark.arrow_bolt.ArrowBolt`. For the input batch being processed
+:class:`~acker_spark.steps.arrow_bolt.ArrowBolt`. For the input batch being processed
 it keeps, per input row, the XOR of its children's edge ids (Storm's
 ``out_ack_val``), how many children it has had (the next ordinal) and whether it
 was acked or failed. ``emit(batch, anchors)`` anchors output row ``k`` to input
@@ -91,7 +91,7 @@ class ArrowCollector:
 
     def ack(self, rows: Rows) -> None:
         """Ack input ``rows`` now (their children are registered with the ack); the rest are acked on return."""
-        mask = self._settle(rows)
+        mask = self._mark_settled_rows(rows)
         if self.tracking:
             self._hold_acks(mask)
 
@@ -101,7 +101,7 @@ class ArrowCollector:
         ``reason`` says why: one text for every row, or one per failed row (in
         row order); the pipeline keeps it as the dead letter's ``cause``.
         """
-        mask = self._settle(rows)
+        mask = self._mark_settled_rows(rows)
         if self.tracking:
             selected = np.flatnonzero(mask)
             index, starts = self._current.gather(selected)
@@ -212,7 +212,8 @@ class ArrowCollector:
         mask[array] = True
         return mask
 
-    def _settle(self, rows: Rows) -> np.ndarray:
+    def _mark_settled_rows(self, rows: Rows) -> np.ndarray:
+        """The mask of ``rows``, now marked acked or failed; a row settled before is refused."""
         mask = self._mask(rows)
         twice = mask & self._settled
         if twice.any():

@@ -1,4 +1,4 @@
-"""The replay schedule shared by the batch pipeline and the streaming spout.
+"""The driver-fed pipeline's replay schedule: failed deliveries waiting for their backoff.
 
 Failed deliveries wait here until their backoff is due. First deliveries the
 spout could not take (``max_pending`` trees in flight) wait as the lookahead,
@@ -14,31 +14,11 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from .sources import Delivery
+from ..replay_policy import ReplayPolicy
+from ..sources import Delivery
 
-__all__ = ["ReplayPolicy", "ReplaySchedule"]
-
-
-@dataclass(frozen=True)
-class ReplayPolicy:
-    """How often and how soon a failed record is delivered again."""
-
-    max_attempts: int = 5  # deliveries in all, the first one included
-    backoff_base: float = 0.5  # seconds before the first replay
-    backoff_factor: float = 2.0
-    backoff_cap: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.backoff_base < 0 or self.backoff_cap < 0 or self.backoff_factor < 1:
-            raise ValueError("backoff_base and backoff_cap must be >= 0 and backoff_factor >= 1")
-
-    def delay(self, attempts_made: int) -> float:
-        """Seconds to wait before delivery number ``attempts_made + 1``."""
-        return min(self.backoff_cap, self.backoff_base * self.backoff_factor ** max(0, attempts_made - 1))
+__all__ = ["ReplaySchedule"]
 
 
 class ReplaySchedule:

@@ -1,4 +1,4 @@
-"""The row-function :class:`~acker_spark.executor.Bolt` over a DataFrame, on ``mapInArrow``.
+"""The row-function :class:`~acker_spark.steps.executor.Bolt` over a DataFrame, on ``mapInArrow``.
 
 ``Bolt.apply_df(df, schema)`` lands here: each partition's Arrow batches are
 decoded to TrackedTuples (values as Spark ``Row`` objects, ids from the
@@ -16,8 +16,8 @@ from typing import Any
 import pyarrow as pa
 from acker_client import TrackedTuple
 
+from ..session import spark_context_of
 from .frames import TRACKING_COLUMN, _RowCodec, decode_ids, encode_ids, pairs_of, tracked_schema
-from .session import spark_context_of
 
 __all__ = ["map_rows"]
 
@@ -26,7 +26,7 @@ _CHUNK = 4096
 
 
 def map_rows(bolt: Any, df: Any, schema: Any) -> Any:
-    """Run ``bolt`` (a row-function :class:`~acker_spark.executor.Bolt`) over ``df`` with ``mapInArrow``.
+    """Run ``bolt`` (a row-function :class:`~acker_spark.steps.executor.Bolt`) over ``df`` with ``mapInArrow``.
 
     Returns the emitted tuples as a DataFrame. (``bolt`` is not annotated as a
     Bolt: the executor module imports this one, and no import cycle is allowed.)

@@ -76,7 +76,7 @@ class Bolt(TrackedStep):
     (:meth:`commit_report`); the pipeline turns that into ``ACKS_UNDELIVERED``. Create one Bolt per pipeline step: its uid salts the ids, so
     two steps sharing a Bolt would look like re-runs of each other. While a
     task runs, its trees' timeouts are extended (``leases``, ``message_timeout``,
-    ``lease_cap``: see :class:`~acker_spark.step.TrackedStep`).
+    ``lease_cap``: see :class:`~acker_spark.steps.step.TrackedStep`).
     """
 
     def __init__(

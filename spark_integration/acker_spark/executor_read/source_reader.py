@@ -3,10 +3,10 @@
 :class:`SourceReader` runs in ``mapInArrow`` directly over the user's reader
 (``spark.read...``), so it runs in the same task that reads the file split.
 Per Arrow batch it hashes each record's identity, keeps the rows the round
-reads (all of them, or the replays with their attempt numbers), derives each
-row's root id and first edge from (run, identity, attempt), appends them to
-the task attempt's emission file, then sends their inits with
-``init_columns``. A re-run or speculative attempt derives the same roots and
+reads (all of them, or the replays with their attempt numbers), and starts
+their trees (:func:`~acker_spark.executor_read.tree_start.start_trees`: roots derived from
+(run, identity, attempt), logged to the task attempt's emission file, then
+initialised with ``init_columns``). A re-run or speculative attempt derives the same roots and
 re-sends the same set-once inits, which the ackers ignore for trees still
 pending. The rows go on with ``_record_key`` (the identity as text),
 ``_attempt`` and ``_acker_ids``, ready for the job's bolts.
@@ -22,19 +22,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..steps.frames import TRACKING_COLUMN
 from .emission_log import EmissionWriter, read_filter
-from .frames import TRACKING_COLUMN, PairColumn, encode_ids
 from .identity import (
     BLOCK_COLUMN,
     PATH_COLUMN,
     ROW_COLUMN,
     IdentitySpec,
-    derive_roots,
-    first_edges,
     hash_file_rows,
     hash_key_column,
     hash_strings,
 )
+from .tree_start import start_trees
 
 __all__ = ["ATTEMPT_COLUMN", "IDENT_COLUMN", "KEY_COLUMN", "SourceReader", "reader_schema"]
 
@@ -103,7 +102,7 @@ class SourceReader:
         tracking = self.addresses is not None and not self.peek
         client = None
         if tracking:
-            from .step import client_for
+            from ..steps.step import client_for
 
             assert self.addresses is not None
             client = client_for(self.addresses, self.security, **self.client_options)
@@ -118,13 +117,11 @@ class SourceReader:
                 if not keep.all():
                     batch, idents = batch.filter(pa.array(keep)), idents[keep]
                     positions = positions[keep] if positions is not None else None
-                roots = derive_roots(self.salt, idents, attempts)
-                edges = first_edges(roots)
-                if writer is not None:
-                    writer.write(roots, idents, attempts)  # logged before the ackers hear of the trees
-                if client is not None:
-                    client.init_columns(roots, edges, self.spout)
-                yield self._output(batch, positions, attempts, idents if self.peek else None, roots, edges)
+                if self.peek:  # read only: the identity hash names the record, no tree is started
+                    yield self._output(batch, positions, attempts, IDENT_COLUMN, pa.array(idents.view(np.int64)))
+                    continue
+                trees = start_trees(self.salt, idents, attempts, log=writer, client=client, spout=self.spout)
+                yield self._output(batch, positions, attempts, TRACKING_COLUMN, trees.ids)
             if client is not None:
                 client.flush()  # a shard that cannot be reached fails the task: Spark retries it
         finally:
@@ -145,27 +142,13 @@ class SourceReader:
         return hash_file_rows(paths, positions, blocks), positions
 
     def _output(
-        self,
-        batch: pa.RecordBatch,
-        positions: np.ndarray | None,
-        attempts: np.ndarray,
-        idents: np.ndarray | None,
-        roots: np.ndarray,
-        edges: np.ndarray,
+        self, batch: pa.RecordBatch, positions: np.ndarray | None, attempts: np.ndarray, last: str, column: pa.Array
     ) -> pa.RecordBatch:
+        """The batch's columns (less the hidden ones), then ``_record_key``, ``_attempt`` and ``last``."""
         names = [n for n in batch.schema.names if n not in _HIDDEN]
-        rows = batch.num_rows
         columns = [batch.column(n) for n in names]
-        columns += [self._keys(batch, positions), pa.array(attempts.astype(np.int32))]
-        if idents is not None:
-            return pa.RecordBatch.from_arrays(
-                [*columns, pa.array(idents.view(np.int64))], names=[*names, KEY_COLUMN, ATTEMPT_COLUMN, IDENT_COLUMN]
-            )
-        if self.addresses is not None:
-            ids = encode_ids(PairColumn(np.arange(rows + 1, dtype=np.int64), roots, edges))
-        else:  # untracked: the same rows and columns, no tree
-            ids = encode_ids(PairColumn(np.zeros(rows + 1, dtype=np.int64), roots[:0], edges[:0]))
-        return pa.RecordBatch.from_arrays([*columns, ids], names=[*names, KEY_COLUMN, ATTEMPT_COLUMN, TRACKING_COLUMN])
+        columns += [self._keys(batch, positions), pa.array(attempts.astype(np.int32)), column]
+        return pa.RecordBatch.from_arrays(columns, names=[*names, KEY_COLUMN, ATTEMPT_COLUMN, last])
 
     def _keys(self, batch: pa.RecordBatch, positions: np.ndarray | None) -> pa.Array:
         """The identity as text, for sinks and dead letters."""

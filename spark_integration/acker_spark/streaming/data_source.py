@@ -4,17 +4,16 @@ Built on PySpark 4's Python Data Source API (needs pyarrow: ``pip install
 pyspark-acker[streaming]``; this module itself imports without it). Records
 never pass through Spark's planning process: a micro-batch's partitions name
 byte ranges of the directory's files and the identities of records to replay
-(:mod:`acker_spark.stream_source`); the executor task that reads them starts
+(:mod:`acker_spark.streaming.stream_source`); the executor task that reads them starts
 their trees, column-wise, with roots derived from (run, identity, attempt),
 and logs the roots to the emission log in the ``checkpoint`` directory. The
-planning side (:class:`~acker_spark.stream_planner.StreamPlanner`) only
+planning side (:class:`~acker_spark.executor_read.stream_planner.StreamPlanner`) only
 subscribes to the outcomes, settles them by root in bulk and plans replays,
 so records in flight survive a restart of the query from its checkpoints.
 
 Each micro-batch holds rows ``key``, ``value``, ``attempt``, ``_acker_ids``,
 the columns ``GuaranteedPipeline.run(..., as_dataframe=True)`` hands a job, so
-``foreachBatch`` can run ``ArrowBolt`` or ``Bolt.apply_df`` on them. The old
-driver-fed mode (option ``generated``) lives in :mod:`acker_spark.stream_memory`.
+``foreachBatch`` can run ``ArrowBolt`` or ``Bolt.apply_df`` on them.
 """
 
 from __future__ import annotations
@@ -64,29 +63,12 @@ class AckerSpoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._planner is None:
             from acker_client import ClusterClient
 
-            from .stream_planner import PlannerOptions, StreamPlanner
+            from ..executor_read.stream_planner import StreamPlanner
 
             opts = self.options
-            assert opts.path is not None and opts.checkpoint is not None
             cluster = ClusterClient(list(opts.ackers), security=opts.security)
             try:
-                self._planner = StreamPlanner(
-                    PlannerOptions(
-                        directory=opts.path,
-                        checkpoint=opts.checkpoint,
-                        database=opts.database,
-                        addresses=opts.ackers,
-                        name=opts.name,
-                        max_pending=opts.max_pending,
-                        max_bytes_per_batch=opts.max_bytes_per_batch,
-                        split_bytes=opts.split_bytes,
-                        partitions=opts.partitions,
-                        policy=opts.policy,
-                        security=opts.security,
-                        spout_timeout=opts.spout_timeout,
-                    ),
-                    cluster,
-                )
+                self._planner = StreamPlanner(opts, cluster)
             except BaseException:
                 cluster.close()
                 raise
@@ -94,7 +76,7 @@ class AckerSpoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def initialOffset(self) -> dict:
         """Micro-batch 0 at the start of the first file."""
-        from .stream_planner import initial_offset
+        from ..executor_read.stream_planner import initial_offset
 
         return initial_offset()
 
@@ -146,12 +128,7 @@ class AckerSpoutDataSource(DataSource):
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         """A reader for the options given (validated here, so a bad option fails the query at start)."""
-        options = StreamOptions.parse(self.options)
-        if options.generated is not None:
-            from .stream_memory import MemorySpoutStreamReader
-
-            return MemorySpoutStreamReader(options)
-        return AckerSpoutStreamReader(options)
+        return AckerSpoutStreamReader(StreamOptions.parse(self.options))
 
 
 def register_acker_spout(spark: Any) -> None:

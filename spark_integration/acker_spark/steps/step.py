@@ -1,7 +1,7 @@
 """What every tracked pipeline step shares: identity, the executors' client, the held commit and its reports.
 
-:class:`~acker_spark.executor.Bolt` (row functions) and
-:class:`~acker_spark.arrow_bolt.ArrowBolt` (Arrow batches) differ in how a task
+:class:`~acker_spark.steps.executor.Bolt` (row functions) and
+:class:`~acker_spark.steps.arrow_bolt.ArrowBolt` (Arrow batches) differ in how a task
 processes its partition; they commit and report the same way. A task's held
 acks and fails are committed once its partition is done, tagged with the
 task's dedup key. A commit that cannot reach a shard is not raised (Spark would
@@ -146,7 +146,7 @@ class TrackedStep:
     sees the same); ``client_options`` are further ClusterClient arguments for
     the executors' client (e.g. ``wait_for_shard``).
 
-    Leases (:mod:`acker_spark.leases`): while a task works, the trees it holds
+    Leases (:mod:`acker_spark.steps.leases`): while a task works, the trees it holds
     get ``reset_timeout`` every third of ``message_timeout`` (None: the
     ackers' own, asked once per executor process with Describe), for at most
     ``lease_cap`` seconds per tree (None: the ackers' ``--max-tree-lifetime``

@@ -1,0 +1,292 @@
+"""The replay book of the executor-read drivers: what was started, what ended, what is due, what is final.
+
+:class:`~acker_spark.executor_read.source_pipeline.SourcePipeline` and
+:class:`~acker_spark.executor_read.stream_planner.StreamPlanner` differ in what a round
+reads and how (a Spark job over a DataFrame, a micro-batch of file ranges);
+what they do with the trees a round started is the same, and it is this
+book. It keeps:
+
+- the record table (:class:`~acker_spark.executor_read.record_table.RecordTable`): every
+  root the executors started, read from the round's emission log;
+- the outcomes the :class:`~acker_spark.executor_read.outcome_feed.OutcomeFeed` journaled,
+  settled by root in bulk; an outcome that comes before its root was read
+  can wait for the next round (a stray);
+- the rounds' backstop deadlines, after which their pending trees are LOST;
+- the roots whose acks a bolt could not deliver (their timeouts end as
+  ``ACKS_UNDELIVERED``), journaled in the checkpoint;
+- each failed delivery's replay time (the :class:`~acker_spark.replay_policy.ReplayPolicy`
+  backoff), and the deliveries that used their last attempt: their dead
+  letters are written, journaled, and they are final.
+
+All of it is rebuilt from the checkpoint (:meth:`ReplayBook.restore`), so a
+restarted driver continues where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from acker_client import ClusterClient, ShardUnavailable
+from acker_protocol.wire import Outcome
+
+from ..dead_letter import DeadLetterStore
+from ..replay_policy import ReplayPolicy
+from ..run_report import RunStats
+from .checkpoint import Checkpoint
+from .emission_log import Emissions, read_round
+from .record_table import ACKED, DEAD, FAILED, PENDING, REPLAYED, RecordTable
+
+__all__ = ["DeadLetterRow", "ReplayBook", "round_slot"]
+
+log = logging.getLogger(__name__)
+
+_UNUSED = np.zeros(0, dtype=np.uint64)
+_NO_OUTCOMES = np.zeros(0, dtype=np.int8)
+_SETTLED = (ACKED, REPLAYED, DEAD)
+_UNDELIVERABLE = (int(Outcome.TIMED_OUT), int(Outcome.LOST))  # the ends a dropped ack turns into ACKS_UNDELIVERED
+_COMPACT_AT = 100_000  # table entries before settled ones may be dropped
+
+DeadLetterRow = tuple[str, Any, Outcome, int]
+"""One dead letter as a store takes it: ``(key, payload, reason, attempts)``."""
+
+
+def round_slot(round_no: int) -> int:
+    """The round number as the table keeps it (16 bits: a long stream's numbers wrap, its old rounds are settled)."""
+    return round_no & 0xFFFF
+
+
+class ReplayBook:
+    """One run's started deliveries and their ends, kept from the checkpoint and the outcome feed.
+
+    ``salt`` is the run's id salt (a replay's root is derived from it);
+    ``clock`` the driver's clock for replay times and deadlines. The outcome
+    feed is attached once it runs (:meth:`attach`): the book takes its
+    outcomes and journals through it the LOST ends it decides itself.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, salt: int, policy: ReplayPolicy, clock: Callable[[], float]) -> None:
+        self.checkpoint = checkpoint
+        self.salt = salt
+        self.policy = policy
+        self.clock = clock
+        self.table = RecordTable()
+        self.deadlines: dict[int, float] = {}  # round slot -> when its pending trees count as lost
+        self.undelivered = _UNUSED  # roots whose acks a bolt dropped (sorted)
+        self._strays: tuple[np.ndarray, np.ndarray] = (_UNUSED, _NO_OUTCOMES)
+        self._feed: Any = None
+
+    def attach(self, feed: Any) -> None:
+        """The outcome feed this book takes outcomes from and journals its own LOST ends to."""
+        self._feed = feed
+
+    # -- what was started -------------------------------------------------------------------
+
+    def restore(self, rounds: Iterable[int]) -> None:
+        """Rebuild the book from the checkpoint: the rounds' emission logs, then every journaled end.
+
+        A failed delivery's backoff ran while no driver was up: it is due now.
+        """
+        for round_no in rounds:
+            self.table.add(read_round(self.checkpoint.path, round_no), round_slot(round_no))
+        self.undelivered = np.unique(self.checkpoint.read_undelivered())
+        roots, outcomes = self.checkpoint.read_outcomes()
+        self.settle_outcomes(roots, outcomes, keep_strays=False)
+        # Superseded deliveries first: only a dead record's last delivery is DEAD (one per record).
+        self.table.mark_replayed(self.salt, self.table.idents, self.table.attempts)
+        dead = self.checkpoint.read_dead()
+        if len(dead):
+            self.table.state[np.isin(self.table.idents, dead) & (self.table.state == FAILED)] = DEAD
+        if len(self.undelivered):
+            self.mark_undelivered()
+        self.table.due[self.table.state == FAILED] = self.clock()
+
+    def fail_left_in_flight(self, cluster: ClusterClient, rounds: Iterable[int], backstop: float, by: str) -> None:
+        """After :meth:`restore`: fail at the ackers the trees the previous ``by`` (driver, query) left pending.
+
+        Its tasks are gone: whatever they did not finish never will. Failing the
+        trees settles them now; a tree that completed meanwhile keeps its
+        retained outcome. The backstop still bounds the wait for those outcomes.
+        """
+        pending = self.table.pending()
+        if not len(pending):
+            return
+        log.info("resuming: failing %d trees left in flight by the previous %s", len(pending), by)
+        try:
+            cluster.fail_columns(self.table.roots[pending])
+            cluster.flush()
+        except ShardUnavailable as err:  # the error listener marked the shards for the ShardDown bound
+            log.warning("could not fail the trees left in flight (they will count as lost): %s", err)
+        for round_no in rounds:
+            self.start_deadline(round_no, backstop)
+
+    def add_round(self, emissions: Emissions, round_no: int) -> int:
+        """Add the roots a round started (a re-run round repeats some); return how many were new.
+
+        A new attempt supersedes the one before it, and outcomes that came
+        before their roots were read are matched now (then dropped).
+        """
+        added = self.table.add(emissions, round_slot(round_no))
+        if added:
+            self.table.mark_replayed(self.salt, emissions.idents, emissions.attempts)
+        strays_roots, strays_outcomes = self._strays
+        if len(strays_roots):
+            self._strays = (_UNUSED, _NO_OUTCOMES)
+            self.settle_outcomes(strays_roots, strays_outcomes, keep_strays=False)
+        return added
+
+    def start_deadline(self, round_no: int, backstop: float) -> None:
+        """The round's pending trees count as lost ``backstop`` seconds from now."""
+        self.deadlines[round_slot(round_no)] = self.clock() + backstop
+
+    # -- what ended ---------------------------------------------------------------------------
+
+    def settle_feed(self, *, keep_strays: bool = True) -> None:
+        """Settle every outcome the feed journaled since the last call."""
+        self.settle_outcomes(*self._feed.take(), keep_strays=keep_strays)
+
+    def settle_outcomes(self, roots: np.ndarray, outcomes: np.ndarray, *, keep_strays: bool = True) -> None:
+        """Apply outcomes by root; each failed delivery gets its replay time.
+
+        With ``keep_strays``, an outcome whose root is not in the table yet (its
+        round's job is still running) waits for the next :meth:`add_round`.
+        """
+        if not len(roots):
+            return
+        settled, unknown = self.table.settle(roots, outcomes, int(Outcome.ACKED))
+        if len(settled.failed):
+            if len(self.undelivered):
+                self.mark_undelivered(settled.failed)
+            attempts = self.table.attempts[settled.failed]
+            delays = np.array([self.policy.delay(int(a)) for a in range(int(attempts.max()) + 1)])
+            self.table.due[settled.failed] = self.clock() + delays[attempts]
+        if keep_strays and len(unknown):
+            mask = np.isin(roots, unknown)
+            self._strays = (
+                np.concatenate((self._strays[0], roots[mask])),
+                np.concatenate((self._strays[1], outcomes[mask])),
+            )
+
+    def expire(self) -> None:
+        """Pending trees of rounds past their backstop deadline are LOST (journaled, then settled)."""
+        roots = self.table.take_late(self.deadlines, self.clock())
+        if len(roots):
+            log.warning("%d trees had no outcome within the backstop timeout: replaying them as LOST", len(roots))
+            self._feed.record(roots, Outcome.LOST)
+            self.settle_outcomes(roots, np.full(len(roots), int(Outcome.LOST), dtype=np.int8), keep_strays=False)
+
+    def fail_round(self, cluster: ClusterClient, round_no: int) -> None:
+        """A failed job: fail its unsettled trees at the ackers so they are replayed without waiting for timeouts."""
+        pending = self.table.pending(np.asarray([round_slot(round_no)], dtype=np.uint16))
+        if not len(pending):
+            return
+        try:
+            cluster.fail_columns(self.table.roots[pending])
+            cluster.flush()
+        except ShardUnavailable as err:
+            log.warning("could not fail the trees of a failed job (the backstop will): %s", err)
+
+    # -- acks a bolt could not deliver -------------------------------------------------------
+
+    def add_undelivered(self, roots: np.ndarray) -> None:
+        """Roots whose acks a bolt dropped: journaled (a restarted driver names them the same), then marked."""
+        new = self.checkpoint.add_undelivered(roots[~np.isin(roots, self.undelivered)])
+        if len(new):
+            self.undelivered = np.union1d(self.undelivered, new)
+        self.mark_undelivered()
+
+    def reload_undelivered(self) -> None:
+        """Read the undelivered journals again (another process, the query's driver, appends to them)."""
+        roots = self.checkpoint.read_undelivered()
+        if len(roots) != len(self.undelivered) or not np.isin(roots, self.undelivered).all():
+            self.undelivered = np.unique(roots)
+            self.mark_undelivered()
+
+    def mark_undelivered(self, positions: np.ndarray | None = None) -> None:
+        """Entries that timed out or were lost and whose acks a bolt dropped: their reason is ACKS_UNDELIVERED."""
+        table = self.table
+        if positions is None:
+            positions = np.flatnonzero(table.state != PENDING)
+        hit = positions[np.isin(table.reason[positions], _UNDELIVERABLE)]
+        hit = hit[np.isin(table.roots[hit], self.undelivered)]
+        table.reason[hit] = int(Outcome.ACKS_UNDELIVERED)
+
+    # -- what is due ----------------------------------------------------------------------------
+
+    def due_replays(self) -> np.ndarray:
+        """Positions of failed deliveries with attempts left whose backoff is over."""
+        table = self.table
+        waiting = (table.state == FAILED) & (table.attempts < self.policy.max_attempts)
+        return np.flatnonzero(waiting & (table.due <= self.clock()))
+
+    def busy(self) -> bool:
+        """True while a delivery is in flight or its record waits for a replay or its dead letter."""
+        state = self.table.state
+        return bool(((state == PENDING) | (state == FAILED)).any())
+
+    def wait_time(self, limit: float) -> float:
+        """How long the driver may wait for outcomes before a replay is due (at most ``limit`` seconds)."""
+        waiting = (self.table.state == FAILED) & np.isfinite(self.table.due)  # a planned replay is not due
+        timeout = limit
+        if waiting.any():
+            timeout = min(timeout, max(0.0, float(self.table.due[waiting].min()) - self.clock()))
+        return timeout
+
+    # -- what is final ------------------------------------------------------------------------
+
+    def write_dead_letters(
+        self,
+        store: DeadLetterStore | None,
+        payloads: Callable[[np.ndarray], Sequence[DeadLetterRow]],
+    ) -> None:
+        """Records that failed their last attempt: store their dead letters, journal that they are done.
+
+        ``payloads(positions)`` reads each one's record again and gives its
+        dead letter (the reason is the entry's, ACKS_UNDELIVERED included).
+        """
+        table = self.table
+        dead = np.flatnonzero((table.state == FAILED) & (table.attempts >= self.policy.max_attempts))
+        if not len(dead):
+            return
+        if store is not None:
+            store.add_many(payloads(dead))
+        else:
+            log.error(
+                "%d records failed %d times; no dead-letter store to keep them", len(dead), self.policy.max_attempts
+            )
+        journal = self.checkpoint.dead_journal()
+        try:
+            journal.append(table.idents[dead])
+        finally:
+            journal.close()
+        table.state[dead] = DEAD
+
+    def compact(self) -> None:
+        """Drop settled entries once the table is large (a stream runs for ever; the table must not grow with it)."""
+        table = self.table
+        if len(table) < _COMPACT_AT or table.count(PENDING) + table.count(FAILED) > len(table) // 2:
+            return
+        table.keep(~np.isin(table.state, _SETTLED))
+
+    def fill_stats(self, stats: RunStats) -> None:
+        """Write the table's counts into ``stats`` (the whole run's, from the checkpoint's state)."""
+        table = self.table
+        stats.emitted = int((table.attempts == 1).sum())
+        stats.replayed = int((table.attempts > 1).sum())
+        stats.attempts = len(table)
+        stats.acked = table.count(ACKED)
+        ended = table.state != PENDING
+        stats.failed = int((ended & (table.reason == int(Outcome.FAILED))).sum())
+        stats.timed_out = int((ended & (table.reason == int(Outcome.TIMED_OUT))).sum())
+        stats.lost = int((ended & (table.reason == int(Outcome.LOST))).sum())
+        stats.acks_undelivered = int((ended & (table.reason == int(Outcome.ACKS_UNDELIVERED))).sum())
+        stats.dead_lettered = table.count(DEAD)
+        stats.pending = table.count(PENDING)
+        stats.awaiting_replay = table.count(FAILED)
+
+    def dead_for_undelivered(self) -> bool:
+        """True if a record was dead-lettered because its acks could not be delivered."""
+        table = self.table
+        return bool(((table.state == DEAD) & (table.reason == int(Outcome.ACKS_UNDELIVERED))).any())
