@@ -74,7 +74,7 @@ class CauseWriter:
 
 def read_causes(checkpoint: str | Path) -> dict[int, str]:
     """Every ``root -> cause`` the executors wrote (the first cause of a root wins); torn tails are skipped."""
-    from .executor_read.checkpoint import read_complete_batches
+    from .arrow_files import read_complete_batches
 
     causes: dict[int, str] = {}
     folder = Path(checkpoint) / CAUSES_DIR

@@ -45,6 +45,8 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
+from ..arrow_files import read_complete_batches
+
 __all__ = [
     "Checkpoint",
     "JournalWriter",
@@ -251,19 +253,3 @@ def _read_journals(folder: Path, schema: pa.Schema) -> pa.Table:
     for path in sorted(folder.glob("j*.arrow")) if folder.is_dir() else []:
         batches.extend(read_complete_batches(path))
     return pa.Table.from_batches(batches, schema)
-
-
-def read_complete_batches(path: Path) -> list[pa.RecordBatch]:
-    """The whole batches of an Arrow IPC stream; a torn last batch (its writer died mid-write) is left out."""
-    batches = []
-    try:
-        with pa.OSFile(str(path), "rb") as source:
-            reader = pa.ipc.open_stream(source)
-            while True:
-                try:
-                    batches.append(reader.read_next_batch())
-                except StopIteration:
-                    break
-    except (pa.ArrowInvalid, OSError, EOFError):
-        pass  # a torn tail: the batches before it are complete
-    return batches

@@ -36,8 +36,8 @@ import numpy as np
 import pyarrow.parquet as pq
 from acker_protocol.wire import Outcome
 
-from ..checkpoint import Checkpoint
-from ..frames import TRACKING_COLUMN, decode_ids
+from ..executor_read.checkpoint import Checkpoint
+from ..steps.frames import TRACKING_COLUMN, decode_ids
 from .commits import OutputCommits
 from .destinations import Output
 from .stager import STAGED_DIR, OutputStager, stager_schema
