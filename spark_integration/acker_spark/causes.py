@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from .job_errors import error_type
 
-__all__ = ["CHECKPOINT_PROPERTY", "CauseWriter", "cause_kinds", "read_causes", "task_checkpoint"]
+__all__ = ["CHECKPOINT_PROPERTY", "CauseReader", "CauseWriter", "cause_kinds", "read_causes", "task_checkpoint"]
 
 CHECKPOINT_PROPERTY = "acker.checkpoint"
 """The Spark job property naming the checkpoint directory a task writes causes into."""
@@ -72,17 +72,34 @@ class CauseWriter:
             self._writer = self._file = None
 
 
+class CauseReader:
+    """The causes of a checkpoint, read again only from the files that grew since the last :meth:`refresh`."""
+
+    def __init__(self, checkpoint: str | Path) -> None:
+        self.folder = Path(checkpoint) / CAUSES_DIR
+        self.causes: dict[int, str] = {}
+        self._sizes: dict[Path, int] = {}
+
+    def refresh(self) -> dict[int, str]:
+        """Every ``root -> cause`` written so far (the first cause of a root wins)."""
+        from .arrow_files import read_complete_batches
+
+        if not self.folder.is_dir():
+            return self.causes
+        for path in sorted(self.folder.glob("*.arrow")):
+            size = path.stat().st_size
+            if self._sizes.get(path) == size:
+                continue
+            self._sizes[path] = size
+            for batch in read_complete_batches(path):
+                for root, cause in zip(batch.column(0).to_numpy().tolist(), batch.column(1).to_pylist()):
+                    self.causes.setdefault(root, cause)
+        return self.causes
+
+
 def read_causes(checkpoint: str | Path) -> dict[int, str]:
     """Every ``root -> cause`` the executors wrote (the first cause of a root wins); torn tails are skipped."""
-    from .arrow_files import read_complete_batches
-
-    causes: dict[int, str] = {}
-    folder = Path(checkpoint) / CAUSES_DIR
-    for path in sorted(folder.glob("*.arrow")) if folder.is_dir() else []:
-        for batch in read_complete_batches(path):
-            for root, cause in zip(batch.column(0).to_numpy().tolist(), batch.column(1).to_pylist()):
-                causes.setdefault(root, cause)
-    return causes
+    return CauseReader(checkpoint).refresh()
 
 
 def cause_kinds(causes: dict[int, str], roots: np.ndarray) -> dict[str, int]:

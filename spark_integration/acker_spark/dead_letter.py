@@ -78,11 +78,12 @@ class DeadLetterStore:
                 conn.executemany(f"INSERT OR REPLACE INTO dead_letters {_COLUMNS} VALUES (?, ?, ?, ?, ?, ?)", rows)
         return len(rows)
 
-    def add_many(self, letters: Iterable[tuple[str, Any, Outcome, int]]) -> int:
-        """Store ``(key, record, reason, attempts)`` rows as :meth:`add` does, in one transaction; how many."""
+    def add_many(self, letters: Iterable[tuple[Any, ...]]) -> int:
+        """Store ``(key, record, reason, attempts)`` rows, each with an optional fifth item, its cause, as
+        :meth:`add` does, in one transaction; how many."""
         at = time.time()
         return self.add_letters(
-            DeadLetter(key, record, reason, attempts, at) for key, record, reason, attempts in letters
+            DeadLetter(row[0], row[1], row[2], row[3], at, row[4] if len(row) > 4 else None) for row in letters
         )
 
     def all(self) -> list[DeadLetter]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .job_errors import POISON_ERRORS, error_type
+
 __all__ = ["ReplayPolicy"]
 
 
@@ -15,12 +17,21 @@ class ReplayPolicy:
     backoff_base: float = 0.5  # seconds before the first replay
     backoff_factor: float = 2.0
     backoff_cap: float = 30.0
+    # Exception types (by class name) that say the record itself is bad: a delivery that failed
+    # with one of them as its cause is dead-lettered at once, not replayed. Every other cause
+    # (timeouts, connection errors, a reason without an exception) is retried with the backoff.
+    dead_letter_at_once: frozenset[str] = POISON_ERRORS
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.backoff_base < 0 or self.backoff_cap < 0 or self.backoff_factor < 1:
             raise ValueError("backoff_base and backoff_cap must be >= 0 and backoff_factor >= 1")
+
+    def retries(self, cause: str | None) -> bool:
+        """False if ``cause`` (``"Type: message ..."``) names an exception that dead-letters at once."""
+        kind = error_type(cause)
+        return kind is None or kind not in self.dead_letter_at_once
 
     def delay(self, attempts_made: int) -> float:
         """Seconds to wait before delivery number ``attempts_made + 1``."""

@@ -32,6 +32,7 @@ import numpy as np
 from acker_client import ClusterClient, ShardUnavailable
 from acker_protocol.wire import Outcome
 
+from ..causes import CauseReader
 from ..dead_letter import DeadLetterStore
 from ..replay_policy import ReplayPolicy
 from ..run_report import RunStats
@@ -49,8 +50,8 @@ _SETTLED = (ACKED, REPLAYED, DEAD)
 _UNDELIVERABLE = (int(Outcome.TIMED_OUT), int(Outcome.LOST))  # the ends a dropped ack turns into ACKS_UNDELIVERED
 _COMPACT_AT = 100_000  # table entries before settled ones may be dropped
 
-DeadLetterRow = tuple[str, Any, Outcome, int]
-"""One dead letter as a store takes it: ``(key, payload, reason, attempts)``."""
+DeadLetterRow = tuple[Any, ...]
+"""One dead letter as a store takes it: ``(key, payload, reason, attempts)``, and optionally its cause."""
 
 
 def round_slot(round_no: int) -> int:
@@ -77,6 +78,8 @@ class ReplayBook:
         self.undelivered = _UNUSED  # roots whose acks a bolt dropped (sorted)
         self._strays: tuple[np.ndarray, np.ndarray] = (_UNUSED, _NO_OUTCOMES)
         self._feed: Any = None
+        self.causes = CauseReader(checkpoint.path)  # why deliveries failed, as the executors wrote it
+        self.poisoned = _UNUSED  # roots whose cause dead-letters at once (sorted)
 
     def attach(self, feed: Any) -> None:
         """The outcome feed this book takes outcomes from and journals its own LOST ends to."""
@@ -159,6 +162,7 @@ class ReplayBook:
         if len(settled.failed):
             if len(self.undelivered):
                 self.mark_undelivered(settled.failed)
+            self._find_poisoned(settled.failed)
             attempts = self.table.attempts[settled.failed]
             delays = np.array([self.policy.delay(int(a)) for a in range(int(attempts.max()) + 1)])
             self.table.due[settled.failed] = self.clock() + delays[attempts]
@@ -168,6 +172,20 @@ class ReplayBook:
                 np.concatenate((self._strays[0], roots[mask])),
                 np.concatenate((self._strays[1], outcomes[mask])),
             )
+
+    def _find_poisoned(self, failed: np.ndarray) -> None:
+        """Failed deliveries whose cause the policy dead-letters at once (a malformed record is not retried)."""
+        causes = self.causes.refresh()
+        if not causes:
+            return
+        roots = self.table.roots[failed]
+        poison = [r for r in roots.tolist() if not self.policy.retries(causes.get(r))]
+        if poison:
+            self.poisoned = np.union1d(self.poisoned, np.asarray(poison, dtype=np.uint64))
+
+    def cause_of(self, root: int) -> str | None:
+        """Why the delivery ``root`` failed, if an executor said."""
+        return self.causes.refresh().get(root)
 
     def expire(self) -> None:
         """Pending trees of rounds past their backstop deadline are LOST (journaled, then settled)."""
@@ -218,8 +236,14 @@ class ReplayBook:
     def due_replays(self) -> np.ndarray:
         """Positions of failed deliveries with attempts left whose backoff is over."""
         table = self.table
-        waiting = (table.state == FAILED) & (table.attempts < self.policy.max_attempts)
+        waiting = (table.state == FAILED) & (table.attempts < self.policy.max_attempts) & ~self._poison_mask()
         return np.flatnonzero(waiting & (table.due <= self.clock()))
+
+    def _poison_mask(self) -> np.ndarray:
+        """Per entry: True if its delivery failed with a cause that dead-letters at once."""
+        if not len(self.poisoned):
+            return np.zeros(len(self.table), dtype=bool)
+        return np.isin(self.table.roots, self.poisoned)
 
     def busy(self) -> bool:
         """True while a delivery is in flight or its record waits for a replay or its dead letter."""
@@ -247,7 +271,8 @@ class ReplayBook:
         dead letter (the reason is the entry's, ACKS_UNDELIVERED included).
         """
         table = self.table
-        dead = np.flatnonzero((table.state == FAILED) & (table.attempts >= self.policy.max_attempts))
+        last = (table.attempts >= self.policy.max_attempts) | self._poison_mask()
+        dead = np.flatnonzero((table.state == FAILED) & last)
         if not len(dead):
             return
         if store is not None:

@@ -46,13 +46,14 @@ from acker_client import ClusterClient, ShardUnavailable, new_id
 from acker_client.pending import cluster_backstop
 from acker_protocol.wire import Outcome
 
+from ..causes import CHECKPOINT_PROPERTY
 from ..dead_letter import DeadLetterStore
 from ..job_errors import JobError, job_error
 from ..output import Output, OutputCommits, OutputStager
 from ..output.stager import stager_schema
 from ..replay_policy import ReplayPolicy
 from ..run_report import AcksUndelivered, RunStopped, ShardDown, SourceStats
-from ..session import default_parallelism
+from ..session import default_parallelism, spark_context_of
 from ..shard_watch import ProgressLine, ShardWatch
 from ..sources import TextDirectorySource
 from ..steps.frames import TRACKING_COLUMN
@@ -218,6 +219,9 @@ class SourcePipeline:
         self._feed = OutcomeFeed(self.cluster, self._manifest.name, self.checkpoint, self.journal_interval).start()
         self._book.attach(self._feed)
         self.cluster.add_error_listener(self._watch)
+        sc = spark_context_of(self.spark)
+        if sc is not None:  # the bolts write why records failed into the checkpoint (classic Spark)
+            sc.setLocalProperty(CHECKPOINT_PROPERTY, str(self.checkpoint.path))
         try:
             self._restore(backstop)
             self._loop(df, job, backstop)
@@ -225,6 +229,8 @@ class SourcePipeline:
             if self._commits is not None:
                 self._commits.drop_staged()  # every ACKED delivery's rows are committed: the rest is never needed
         finally:
+            if sc is not None:
+                sc.setLocalProperty(CHECKPOINT_PROPERTY, None)
             self.cluster.remove_error_listener(self._watch)
             self._feed.close()
         self._book.fill_stats(self.stats)
@@ -580,10 +586,11 @@ class SourcePipeline:
         path = write_filter(self.checkpoint.path, _PEEK_ROUND, RoundFilter("select", idents, attempts))
         rows = self._frame(df, _PEEK_ROUND, str(path), peek=True).toArrow().to_pylist()
         reason_of = dict(zip(idents.view(np.int64).tolist(), reasons.tolist()))
-        letters = []
+        cause_of = dict(zip(idents.view(np.int64).tolist(), map(self._book.cause_of, table.roots[dead].tolist())))
+        letters: list[DeadLetterRow] = []
         for row in rows:
             key, attempt, ident = row.pop(KEY_COLUMN), row.pop(ATTEMPT_COLUMN), row.pop(IDENT_COLUMN)
-            letters.append((key, row, Outcome(reason_of[ident]), attempt))
+            letters.append((key, row, Outcome(reason_of[ident]), attempt, cause_of[ident]))
         if len(letters) != len(idents):
             log.warning("%d dead records were not found again in the source (changed?)", len(idents) - len(letters))
         return letters
