@@ -301,3 +301,30 @@ def test_a_kind_hidden_in_a_wide_varint_is_checked_as_the_ledger_reads_it(secure
     finally:
         channel.close()
     assert _pending(secured) == 0 and _refusals(secured, "spout") == 1
+
+
+def _stream_acks(stub, *requests: acker_pb2.ApplyRequest) -> list[acker_pb2.ApplyAck]:
+    return list(stub.ApplyStream(iter(requests), timeout=10))
+
+
+def test_apply_stream_checks_each_request_as_an_apply_and_keeps_serving(secured, stub_for):
+    """On ApplyStream a request outside the caller's rights is refused in its ack (counted); the next is applied."""
+    stub = stub_for("orders-spout")
+    ack = acker_pb2.ApplyRequest(kinds=[ACK], root_ids=[10], values=[1])
+    acks = _stream_acks(stub, _inits("orders-us", "payments"), ack, _inits("orders"))
+    assert [(a.sequence, a.code) for a in acks] == [
+        (1, grpc.StatusCode.PERMISSION_DENIED.value[0]),
+        (2, grpc.StatusCode.PERMISSION_DENIED.value[0]),
+        (3, 0),
+    ]
+    assert "payments" in acks[0].message and "not an executor" in acks[1].message
+    assert (_refusals(secured, "spout"), _refusals(secured, "executor")) == (1, 1)
+    assert _pending(secured) == 1
+
+
+def test_apply_stream_without_credentials_is_unauthenticated(secured, stub_for):
+    """A stream with no or a wrong token ends UNAUTHENTICATED before any request is applied."""
+    for stub in (stub_for(), stub_for(token="guess")):
+        assert _code(lambda s=stub: _stream_acks(s, _inits("orders"))) == grpc.StatusCode.UNAUTHENTICATED
+    assert (_refusals(secured, "no_credentials"), _refusals(secured, "unknown_token")) == (1, 1)
+    assert _pending(secured) == 0
