@@ -152,6 +152,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-ops", type=int, default=8192, help="apply mode: operations per Apply call")
     p.add_argument(
+        "--transport",
+        choices=("stream", "unary"),
+        default="stream",
+        help="apply mode: stream = one ApplyStream per shard and process (default); unary = one Apply call per batch",
+    )
+    p.add_argument(
+        "--in-flight",
+        type=int,
+        default=4,
+        help="apply mode, --transport stream: batches outstanding per process (default 4)",
+    )
+    p.add_argument(
         "--pending-trees",
         type=int,
         default=1_000_000,
@@ -273,7 +285,7 @@ def _main(args: argparse.Namespace) -> int:
             cpu_before = _server_cpu(cluster)
             result = run_apply_bench(ApplyBenchConfig(
                 addresses=addresses, batch_ops=args.batch_ops, duration=args.duration, processes=args.processes,
-                security=security, replicas=replicas,
+                security=security, replicas=replicas, transport=args.transport, in_flight=args.in_flight,
             ))  # fmt: skip
             _add_server_cpu(result, cpu_before, _server_cpu(cluster))
         else:
