@@ -25,12 +25,9 @@ from .tree_info import TIMEOUT_MODES, TreeInfo, TreeStatus, check_timeout_rules
 if TYPE_CHECKING:
     from .ledger import Ledger
 
-__all__ = ["NativeLedger", "MAX_BUCKETS"]
+__all__ = ["NativeLedger"]
 
 Clock = Callable[[], float]
-
-# Generations are kept modulo 64 in a 24-byte entry (see native/src/table.rs).
-MAX_BUCKETS = 32
 
 
 def _columns(raw) -> OutcomeColumns:

@@ -59,7 +59,7 @@ class _Entry:
         self.failed = False
         self.started = started
         # Dedup keys applied to this tree: None, one key as a plain int (the
-        # common case: one client batch key, 36 B instead of a 216 B set), or a set.
+        # common case, one client batch key: an int is far smaller than a set), or a set.
         self.dedup: int | set[int] | None = None
         self.resets = 0  # RESET_TIMEOUTs applied (Inspect shows it)
         # Set when the entry becomes due: whether it had reached the lifetime cap at that rotation.

@@ -1,9 +1,10 @@
 """One shard's buffer of pending operations, with ack folding, encoded as packed parallel arrays.
 
 Operations arrive one call at a time (``init``, ``ack``, ...) or as numpy
-columns (``add_columns``, from the client's ``*_columns`` methods); a buffer
-holding columns is folded and encoded with numpy, never one Python object per
-operation. Pure: no I/O, no clock, no lock (the cluster client holds the lock).
+columns (``add_columns``, from the client's ``*_columns`` methods); either way
+the buffer is encoded once, with numpy (:meth:`OpBuffer.encode`), and columns
+never become one Python object per operation. Pure: no I/O, no clock, no lock
+(the cluster client holds the lock).
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class OpBuffer:
 
         ``values`` is required for INIT and ACK; ``dedup_key`` applies to ACKs,
         ``spout`` to INITs. ``size`` counts every operation added: folding
-        happens in :meth:`to_request`, so the batch sent may be smaller.
+        happens in :meth:`encode`, so the batch sent may be smaller.
         """
         if roots.size == 0:
             return
@@ -132,7 +133,7 @@ class OpBuffer:
         self.added += int(roots.size)
 
     def retry_safe(self, batch_key: int = 0) -> bool:
-        """True if the request :meth:`to_request` makes with ``batch_key`` may be applied twice.
+        """True if the request :meth:`encode` makes with ``batch_key`` may be applied twice.
 
         That is, every ACK in it carries a dedup key. Decided from the buffer,
         not by reading the encoded request back one operation at a time.
@@ -157,76 +158,18 @@ class OpBuffer:
         return tuple(self._init_roots) + tuple(np.concatenate(columns).tolist())
 
     def encode(self, batch_key: int = 0) -> tuple[bytes, int]:
-        """The serialized ApplyRequest and its number of operations: what the client sends, encoded once.
+        """The serialized ApplyRequest and its number of operations: the buffer's one encoding, which the client sends.
 
-        Buffered columns are written straight to bytes by numpy; buffered single
-        operations go through the generated message, serialized once.
+        Operations are folded (see the class) and listed by kind, then written
+        straight to bytes with numpy (:func:`acker_protocol.packed.encode_apply_request`),
+        whether they were added one call at a time or as columns. A non-zero
+        ``batch_key`` becomes the dedup key of every unkeyed ACK, so that the
+        acker applies them once even if the whole request is sent again after
+        a lost response (see :mod:`acker_client.delivery`).
         """
-        if self._chunks:
-            data, count = self._encode_columns(batch_key)
-            return data, count
-        request = self.to_request(batch_key)
-        return request.SerializeToString(), len(request.kinds)
-
-    def to_request(self, batch_key: int = 0) -> acker_pb2.ApplyRequest:
-        """Encode as one ApplyRequest of packed parallel arrays (no per-operation sub-messages).
-
-        A non-zero ``batch_key`` becomes the dedup key of every unkeyed ACK, so
-        that the acker applies them once even if the whole request is sent
-        again after a lost response (see :mod:`acker_client.delivery`). The
-        client sends :meth:`encode`'s bytes; this message is for inspection.
-        """
-        if self._chunks:
-            return acker_pb2.ApplyRequest.FromString(self._encode_columns(batch_key)[0])
-        acks = [(r, v) for r, v in self._acks.items() if v]
-        keyed = [(r, k, v) for (r, k), v in self._keyed_acks.items() if v]
-        n_init, n_fail, n_reset = len(self._init_roots), len(self._fails), len(self._resets)
-        kinds = [INIT] * n_init + [FAIL] * n_fail + [ACK] * (len(acks) + len(keyed)) + [RESET_TIMEOUT] * n_reset
-        roots = self._init_roots + list(self._fails)
-        values = self._init_values + [0] * n_fail
-        if acks:
-            ack_roots, ack_values = zip(*acks)
-            roots += ack_roots
-            values += ack_values
-        roots += [r for r, _, _ in keyed]
-        values += [v for _, _, v in keyed]
-        roots += self._resets
-        values += [0] * n_reset
-        spouts = list(self._spouts)
-        # Plain ints are the enum's wire values.
-        request = acker_pb2.ApplyRequest(
-            kinds=cast("list[acker_pb2.OpKind.ValueType]", kinds), root_ids=roots, values=values, spouts=spouts
-        )
-        if keyed or (acks and batch_key):
-            request.dedup_keys.extend([0] * (n_init + n_fail))
-            request.dedup_keys.extend([batch_key] * len(acks))
-            request.dedup_keys.extend([k for _, k, _ in keyed])
-            request.dedup_keys.extend([0] * n_reset)
-        if len(spouts) > 1:
-            request.spout_index.extend(self._init_spouts)
-            request.spout_index.extend([0] * (len(kinds) - n_init))
-        return request
-
-    # -- the columnar encoding ------------------------------------------------
-
-    def _column(self, kind: int, scalar: list[int] | None = None) -> np.ndarray:
-        parts = [np.asarray(scalar, dtype=np.uint64)] if scalar else []
-        parts.extend(c[1] for c in self._chunks if c[0] == kind)
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
-
-    def _encode_columns(self, batch_key: int) -> tuple[bytes, int]:
-        """The request bytes and operations, folded and ordered as :meth:`to_request` promises, built with numpy."""
-        init_chunks = [c for c in self._chunks if c[0] == INIT]
-        init_roots = self._column(INIT, self._init_roots)
-        init_values = np.concatenate(
-            [np.asarray(self._init_values, dtype=np.uint64)] + [cast("np.ndarray", c[2]) for c in init_chunks]
-        )
-        init_spouts = np.concatenate(
-            [np.asarray(self._init_spouts, dtype=np.uint32)]
-            + [np.full(c[1].size, c[3], dtype=np.uint32) for c in init_chunks]
-        )
-        fails = distinct(self._column(FAIL, list(self._fails)))
-        resets = distinct(self._column(RESET_TIMEOUT, list(self._resets)))
+        init_roots, init_values, init_spouts = self._inits()
+        fails = self._distinct(FAIL, self._fails)
+        resets = self._distinct(RESET_TIMEOUT, self._resets)
         ack_roots, ack_values, ack_keys = self._folded_acks(batch_key)
         n_init, n_fail, n_ack, n_reset = init_roots.size, fails.size, ack_roots.size, resets.size
         kinds = np.repeat(np.array([INIT, FAIL, ACK, RESET_TIMEOUT], dtype=np.uint8), [n_init, n_fail, n_ack, n_reset])
@@ -234,39 +177,74 @@ class OpBuffer:
         roots = np.concatenate((init_roots, fails, ack_roots, resets))
         values = np.concatenate((init_values, zeros(n_fail, np.uint64), ack_values, zeros(n_reset, np.uint64)))
         dedup_keys = None
-        if ack_keys.any():
+        if ack_keys.any():  # no key at all: the field is left out (a smaller request)
             dedup_keys = np.concatenate((zeros(n_init + n_fail, np.uint64), ack_keys, zeros(n_reset, np.uint64)))
         spout_index = None
-        if len(self._spouts) > 1:
+        if len(self._spouts) > 1:  # one spout: every INIT names spouts[0], no index needed
             spout_index = np.concatenate((init_spouts, zeros(n_fail + n_ack + n_reset, np.uint32)))
         data = encode_apply_request(kinds, roots, values, dedup_keys, list(self._spouts), spout_index)
         return data, int(kinds.size)
 
+    def to_request(self, batch_key: int = 0) -> acker_pb2.ApplyRequest:
+        """:meth:`encode`'s request as a message: packed parallel arrays, for inspection (the client sends the bytes)."""
+        return acker_pb2.ApplyRequest.FromString(self.encode(batch_key)[0])
+
+    # -- the columns of the request ----------------------------------------------
+
+    def _inits(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Roots, values and spout indexes of every buffered INIT: those added one by one first."""
+        init_chunks = [c for c in self._chunks if c[0] == INIT]
+        roots = _joined(np.asarray(self._init_roots, dtype=np.uint64), [c[1] for c in init_chunks])
+        values = _joined(
+            np.asarray(self._init_values, dtype=np.uint64), [cast("np.ndarray", c[2]) for c in init_chunks]
+        )
+        spouts = _joined(
+            np.asarray(self._init_spouts, dtype=np.uint32), [np.full(c[1].size, c[3], np.uint32) for c in init_chunks]
+        )
+        return roots, values, spouts
+
+    def _distinct(self, kind: int, added: dict[int, None]) -> np.ndarray:
+        """The roots of ``kind`` (FAIL or RESET_TIMEOUT), each once: the ones added one by one, then the columns'."""
+        scalar = np.fromiter(added, np.uint64, len(added))
+        columns = [c[1] for c in self._chunks if c[0] == kind]
+        if not columns:
+            return scalar  # the dict already holds each root once, in the order added
+        return distinct(_joined(scalar, columns))
+
     def _folded_acks(self, batch_key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every buffered ACK folded per (root, dedup key), zero folds dropped; unkeyed ones get ``batch_key``."""
-        roots = [np.fromiter(self._acks.keys(), np.uint64, len(self._acks))]
-        values = [np.fromiter(self._acks.values(), np.uint64, len(self._acks))]
-        keys = [np.zeros(len(self._acks), np.uint64)]
-        if self._keyed_acks:
-            roots.append(np.fromiter((r for r, _ in self._keyed_acks), np.uint64, len(self._keyed_acks)))
-            keys.append(np.fromiter((k for _, k in self._keyed_acks), np.uint64, len(self._keyed_acks)))
-            values.append(np.fromiter(self._keyed_acks.values(), np.uint64, len(self._keyed_acks)))
-        for kind, chunk_roots, chunk_values, key in self._chunks:
-            if kind == ACK:
-                roots.append(chunk_roots)
-                values.append(cast("np.ndarray", chunk_values))
-                keys.append(np.full(chunk_roots.size, key, np.uint64))
-        all_roots, all_values, all_keys = np.concatenate(roots), np.concatenate(values), np.concatenate(keys)
-        if all_roots.size == 0:
-            return all_roots, all_values, all_keys
-        # The ledger applies one ACK per (tree, key): acks sharing both must be one operation.
-        order = np.lexsort((all_keys, all_roots))
-        all_roots, all_values, all_keys = all_roots[order], all_values[order], all_keys[order]
-        new_group = np.concatenate(([True], (all_roots[1:] != all_roots[:-1]) | (all_keys[1:] != all_keys[:-1])))
-        starts = np.flatnonzero(new_group)
-        folded = np.bitwise_xor.reduceat(all_values, starts)
-        keep = folded != 0
-        out_keys = all_keys[starts][keep]
+        acks, keyed = self._acks, self._keyed_acks
+        columns = [c for c in self._chunks if c[0] == ACK]
+        roots = _joined(
+            np.fromiter(acks.keys(), np.uint64, len(acks)),
+            [np.fromiter((r for r, _ in keyed), np.uint64, len(keyed))] if keyed else [],
+            [c[1] for c in columns],
+        )
+        values = _joined(
+            np.fromiter(acks.values(), np.uint64, len(acks)),
+            [np.fromiter(keyed.values(), np.uint64, len(keyed))] if keyed else [],
+            [cast("np.ndarray", c[2]) for c in columns],
+        )
+        keys = _joined(
+            np.zeros(len(acks), np.uint64),
+            [np.fromiter((k for _, k in keyed), np.uint64, len(keyed))] if keyed else [],
+            [np.full(c[1].size, c[3], np.uint64) for c in columns],
+        )
+        if columns and roots.size:
+            # The dicts fold the acks added one by one; columns may repeat a (root, key)
+            # of theirs or of each other, and the ledger applies one ACK per (tree, key).
+            order = np.lexsort((keys, roots))
+            roots, values, keys = roots[order], values[order], keys[order]
+            starts = np.flatnonzero(np.concatenate(([True], (roots[1:] != roots[:-1]) | (keys[1:] != keys[:-1]))))
+            roots, values, keys = roots[starts], np.bitwise_xor.reduceat(values, starts), keys[starts]
+        keep = values != 0
+        keys = keys[keep]
         if batch_key:
-            out_keys[out_keys == 0] = batch_key
-        return all_roots[starts][keep], folded[keep], out_keys
+            keys[keys == 0] = batch_key
+        return roots[keep], values[keep], keys
+
+
+def _joined(first: np.ndarray, *more: list[np.ndarray]) -> np.ndarray:
+    """``first`` followed by the arrays of ``more``, concatenated only when there is something to add."""
+    rest = [a for group in more for a in group]
+    return np.concatenate([first, *rest]) if rest else first

@@ -105,7 +105,7 @@ class BoltCollector:
         the last commit's reasons are in :attr:`fail_reasons`, which a Spark
         ``Bolt`` reports to its driver for the record's dead letter.
         """
-        self._settle(t)
+        self._mark_settled(t)
         for root in t.message_id.roots:
             if self.hold:
                 self._held_fails[root] = reason
@@ -117,7 +117,7 @@ class BoltCollector:
         for root in t.message_id.roots:
             self.cluster.reset_timeout(root)
 
-    def _settle(self, t: TrackedTuple) -> None:
+    def _mark_settled(self, t: TrackedTuple) -> None:
         # Acking a tuple twice would XOR its id back in and hang (or falsely
         # complete) the tree: refuse it loudly.
         if t.settled:

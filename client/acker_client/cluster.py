@@ -341,9 +341,8 @@ class ClusterClient:
         # Once per tree: checks, the pid test and the shard inlined like ack's.
         if not (0 < root <= MAX_ID and 0 <= value <= MAX_ID):
             check_id(root, value)
-        if spout not in self._known_spouts:
-            check_spout_name(spout)
-            self._known_spouts.add(spout)
+        if spout not in self._known_spouts:  # _check_spout's test, inlined: once per tree
+            self._check_spout(spout)
         st = self._proc
         if st is None or st.pid != process._pid:
             st = self._new_state()
@@ -373,9 +372,7 @@ class ClusterClient:
         """
         if not (0 < root <= MAX_ID and 0 <= value <= MAX_ID):
             check_id(root, value)
-        if spout not in self._known_spouts:
-            check_spout_name(spout)
-            self._known_spouts.add(spout)
+        self._check_spout(spout)
         # Every shard that keeps the tree (its replicas) gets the init, all or none.
         needs = [(shard, 1) for shard in replica_shards(root, self._n, self._replicas)]
         buffered = self._buffer_within(needs, lambda _, buf: buf.init(root, value, spout), timeout)
@@ -385,7 +382,7 @@ class ClusterClient:
 
     def ack(self, root: int, value: int, dedup_key: int = 0) -> None:
         """Buffer ACK(root, value); acks with the same root and dedup key in one batch fold into one."""
-        # The hot path: checks and the common case inlined (about 0.5 µs per call).
+        # The hot path (once per tuple acked): the checks and the common case are inlined, as every call here is paid per tuple.
         if not (0 < root <= MAX_ID and 0 <= value <= MAX_ID and 0 <= dedup_key <= MAX_ID):
             check_id(root, value)
             raise ValueError(f"dedup key {dedup_key!r} is not a 64-bit unsigned integer")
@@ -446,10 +443,7 @@ class ClusterClient:
             for shard in shards:
                 buf = st.buffers[shard]
                 add(buf)
-                if buf.started is None:
-                    buf.started = time.monotonic()
-                    self._sender.ensure_flusher(st)
-                    st.wake.notify()
+                self._start_buffer(st, buf)
             if any(st.buffers[shard].size >= self.batch_size for shard in shards):
                 full = self._sender.take(st, lambda b: b.size >= self.batch_size)
         if full is not None:
@@ -457,13 +451,28 @@ class ClusterClient:
 
     def _after_add(self, st: ProcessState, shard: int, buf: OpBuffer):
         # Called with st.lock held. Returns (batches, ticket) to send now if the buffer is full.
-        if buf.started is None:
-            buf.started = time.monotonic()
-            self._sender.ensure_flusher(st)
-            st.wake.notify()
+        self._start_buffer(st, buf)
         if buf.size >= self.batch_size:
             return self._sender.take(st, lambda b: b is buf)
         return None
+
+    def _start_buffer(self, st: ProcessState, buf: OpBuffer) -> None:
+        """With ``st.lock`` held, after an add: date the buffer's first operation and wake the flusher to send it when it ages.
+
+        A buffer already started keeps its date: its age counts from its oldest operation.
+        """
+        if buf.started is not None:
+            return
+        buf.started = time.monotonic()
+        self._sender.ensure_flusher(st)
+        st.wake.notify()
+
+    def _check_spout(self, spout: str) -> None:
+        """Refuse a bad spout name (ValueError); a name is checked the first time it is used, not on every init."""
+        if spout in self._known_spouts:
+            return
+        check_spout_name(spout)
+        self._known_spouts.add(spout)
 
     # -- operations in columns ---------------------------------------------------
 
@@ -477,9 +486,7 @@ class ClusterClient:
         """
         roots_array, values_array = as_roots(roots), as_ids(values)
         _same_length(roots_array, values_array)
-        if spout not in self._known_spouts:
-            check_spout_name(spout)
-            self._known_spouts.add(spout)
+        self._check_spout(spout)
         self._add_columns(INIT, roots_array, values_array, spout=spout)
 
     def init_columns_within(self, roots: object, values: object, spout: str, timeout: float) -> bool:
@@ -494,9 +501,7 @@ class ClusterClient:
         """
         roots_array, values_array = as_roots(roots), as_ids(values)
         _same_length(roots_array, values_array)
-        if spout not in self._known_spouts:
-            check_spout_name(spout)
-            self._known_spouts.add(spout)
+        self._check_spout(spout)
         # With replicas a shard may both own and follow some of the roots: one share per shard.
         slices: dict[int, np.ndarray] = {}
         for shard, positions in replica_slices(roots_array, self._n, self._replicas):
@@ -533,10 +538,7 @@ class ClusterClient:
             for shard, _ in needs:
                 buf = st.buffers[shard]
                 add(shard, buf)
-                if buf.started is None:
-                    buf.started = time.monotonic()
-                    self._sender.ensure_flusher(st)
-                    st.wake.notify()
+                self._start_buffer(st, buf)
                 if buf.size >= self.batch_size:
                     self._sender.send_in_background(st, shard)
         return True
@@ -574,10 +576,7 @@ class ClusterClient:
                     buf.add_columns(
                         kind, roots[here], None if values is None else values[here], dedup_key=dedup_key, spout=spout
                     )
-                    if buf.started is None:
-                        buf.started = time.monotonic()
-                        self._sender.ensure_flusher(st)
-                        st.wake.notify()
+                    self._start_buffer(st, buf)
                     if rest.size:
                         left.append((shard, rest))
                 full = self._sender.take(st, lambda b: b.size >= self.batch_size)

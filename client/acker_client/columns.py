@@ -114,8 +114,8 @@ def distinct(ids: np.ndarray) -> np.ndarray:
     """The distinct values of ``ids``, sorted: ``np.unique(ids)``, by sorting.
 
     numpy 2.4's ``np.unique`` hashes, and over many distinct 64-bit values
-    (random ids) it is slow: 3.5-4.5 s for 1,000,000 random root ids on our
-    2-core machines, where this sort took 0.16 s (``/tmp`` timing, numpy 2.4.6).
+    (random ids) it is far slower than one sort (the figures and their command:
+    docs/benchmarks.md).
 
     >>> distinct(np.array([5, 3, 5], dtype=np.uint64))
     array([3, 5], dtype=uint64)

@@ -247,7 +247,7 @@ def deliver(
         delivery = _Delivery(shard, buf, request, count, buf.retry_safe(batch_key))
         _attempt(st, delivery, policy, give_up_at)
         deliveries.append(delivery)
-    results = (_settle(st, d, policy, give_up_at, failure_of, on_sent) for d in deliveries)
+    results = (_await_or_retry(st, d, policy, give_up_at, failure_of, on_sent) for d in deliveries)
     return [f for f in results if f is not None]
 
 
@@ -262,7 +262,7 @@ def _attempt(st: Any, delivery: _Delivery, policy: DeliveryPolicy, give_up_at: f
     )
 
 
-def _settle(
+def _await_or_retry(
     st: Any,
     delivery: _Delivery,
     policy: DeliveryPolicy,

@@ -34,8 +34,8 @@ def _as_is(data: bytes) -> bytes:
     return data
 
 
-# os.getpid() is a real system call (about 250 ns on our machines), too dear
-# for every ack. Python runs this hook in the child of every os.fork(), which
+# os.getpid() is a real system call, too dear for every ack (its cost:
+# docs/benchmarks.md). Python runs this hook in the child of every os.fork(), which
 # is how PySpark's daemon and multiprocessing's "fork" context create workers.
 _pid = os.getpid()
 # Guards the creation of a process's state. Replaced in a forked child: another

@@ -181,23 +181,6 @@ class Settlement:
             # Settled roots are skipped: a reset after the end changes nothing.
             self.counts["timeout_resets"] += self.pending.restart_many(shard, roots, self.clock())
 
-    def resolve(self, root: int, outcome: Outcome) -> bool:
-        """Settle one ``root`` with ``outcome``; False (counted late) if it was not pending."""
-        acked: list[Any] = []
-        failed: list[tuple[Any, Outcome]] = []
-        with self.cond:
-            entry = self.pending.pop(root)
-            if entry is None:
-                self.counts["late"] += 1
-                return False
-            if outcome is Outcome.ACKED:
-                acked.append(entry[1])
-            else:
-                failed.append((entry[1], outcome))
-            self._settled(acked, failed)
-        self._hand_over(acked, failed)
-        return True
-
     def lose(self, roots: Iterable[int]) -> int:
         """Fail every pending root of ``roots`` as LOST; the others count as late. How many were pending.
 

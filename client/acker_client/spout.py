@@ -381,10 +381,6 @@ class Spout:
         # (with replicas 2, those that reached neither replica: Settlement.lose).
         self._settlement.lose(getattr(error, "init_roots", ()))
 
-    def _resolve(self, root: int, outcome: Outcome) -> bool:
-        """Settle one ``root``: the first outcome wins, later ones are counted as late."""
-        return self._settlement.resolve(root, outcome)
-
     def _call_back(self, acked: list[Any], failed: list[tuple[Any, Outcome]]) -> None:
         """Run the user's callbacks for one batch; their errors are logged, never stop the other records'."""
         if self.on_outcomes is not None:

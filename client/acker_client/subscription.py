@@ -20,8 +20,6 @@ __all__ = ["OutcomeSubscription"]
 
 log = logging.getLogger(__name__)
 
-# (root, wire outcome, latency in microseconds)
-Deliver = Callable[[int, int, int], None]
 # (root ids as uint64, wire outcomes as int32, latencies in microseconds as uint64): one call per batch.
 DeliverBatch = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
@@ -35,12 +33,10 @@ class OutcomeSubscription:
     is skipped anyway (and counted), so a server that re-sends cannot cause a
     second callback.
 
-    Outcomes go to ``deliver(root, outcome, latency_micros)`` one at a time,
-    or, given ``deliver_batch`` instead, to ``deliver_batch(roots, outcomes,
-    latency_micros)`` once per batch the acker streams, as numpy arrays: the
-    stream's bytes are decoded straight into columns
-    (:func:`~acker_protocol.packed.decode_outcome_batch`), without a Python
-    object per entry.
+    Outcomes go to ``deliver_batch(roots, outcomes, latency_micros)`` once per
+    batch the acker streams, as numpy arrays: the stream's bytes are decoded
+    straight into columns (:func:`~acker_protocol.packed.decode_outcome_batch`),
+    without a Python object per entry.
     """
 
     def __init__(
@@ -48,20 +44,16 @@ class OutcomeSubscription:
         cluster: ClusterClient,
         shard: int,
         spout: str,
-        deliver: Deliver | None = None,
         *,
-        deliver_batch: DeliverBatch | None = None,
+        deliver_batch: DeliverBatch,
         on_dropped: Callable[[int], None] | None = None,
         on_state: Callable[[int, bool], None] | None = None,
         initial_backoff: float = 0.05,
         max_backoff: float = 1.0,
     ) -> None:
-        if (deliver is None) == (deliver_batch is None):
-            raise ValueError("give exactly one of deliver (per outcome) and deliver_batch (per batch)")
         self.cluster = cluster
         self.shard = shard
         self.spout = spout
-        self._deliver = deliver
         self._deliver_batch = deliver_batch
         self._on_dropped = on_dropped
         self._on_state = on_state
@@ -176,18 +168,9 @@ class OutcomeSubscription:
         # The three arrays are parallel; a malformed batch is cut to the shortest (as zip would).
         end = min(count, len(batch.outcomes), len(batch.latency_micros))
         if skip < end:
-            roots, outcomes, micros = (
-                batch.root_ids[skip:end],
-                batch.outcomes[skip:end].astype(np.int32),
-                batch.latency_micros[skip:end],
+            self._deliver_batch(
+                batch.root_ids[skip:end], batch.outcomes[skip:end].astype(np.int32), batch.latency_micros[skip:end]
             )
-            if self._deliver_batch is not None:
-                self._deliver_batch(roots, outcomes, micros)
-            else:
-                deliver = self._deliver
-                assert deliver is not None
-                for root, outcome, latency in zip(roots.tolist(), outcomes.tolist(), micros.tolist()):
-                    deliver(root, outcome, latency)
         self.last_sequence = max(self.last_sequence, first + count - 1)
         if batch.dropped and self._on_dropped is not None:
             self._on_dropped(batch.dropped)

@@ -91,8 +91,8 @@ class MessageId:
         return self._hash
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Flat (root, id, root, id, ...): about 11 bytes per 64-bit number after a
-        # memoised reference to the restoring function, and no tuple per pair.
+        # Flat (root, id, root, id, ...): the numbers after a memoised reference to the
+        # restoring function, and no tuple per pair (its size: docs/benchmarks.md).
         return (_message_id, _flat(self._ids))
 
     def __repr__(self) -> str:

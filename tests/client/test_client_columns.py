@@ -1,4 +1,4 @@
-"""Columnar operations: OpBuffer's numpy encoding against its per-call one, and ClusterClient's *_columns methods."""
+"""Columnar operations: OpBuffer's columnar adds against its per-call ones, and ClusterClient's *_columns methods."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+import numpy as np
 import pytest
 from acker_client import ClusterClient, Spout
 from acker_client.batching import ACK as ACK_KIND
@@ -95,7 +96,9 @@ def _root_on(spout, shard, message_id):
         (root,) = spout.emit("r", message_id).message_id.roots
         if root % spout.cluster.shard_count == shard:
             return root
-        spout._resolve(root, Outcome.ACKED)  # not the shard we want: settle it and draw again
+        # Not the shard we want: settle it as its acker's stream would, and draw again.
+        acked = np.array([int(Outcome.ACKED)], np.int32)
+        spout._on_outcomes(root % spout.cluster.shard_count, np.array([root], np.uint64), acked, np.zeros(1, np.uint64))
 
 
 def test_backstop_stands_still_while_the_shard_stream_is_down(clock):
@@ -161,8 +164,6 @@ def test_reconnect_backoff_is_configurable_and_checked():
 
 def test_buffer_knows_its_retry_safety_without_reading_the_request():
     """OpBuffer.retry_safe agrees with retry_safe(request) for scalar and column buffers, with and without a key."""
-    import numpy as np
-
     columns = OpBuffer()
     columns.add_columns(ACK_KIND, np.array([5], np.uint64), np.array([3], np.uint64))
     keyed_columns = OpBuffer()

@@ -567,7 +567,8 @@ impl Ledger {
 /// Most keyed trees see one key (the client keys each flushed batch, and a tree's
 /// acks usually travel in one batch), so the first key of a tree is a flat
 /// root -> key pair (16 bytes a slot); only trees with a second key get a set.
-/// A set per tree from the first key cost about 150 bytes per pending tree.
+/// A set per tree from the first key cost several times that per pending tree
+/// (the figures and their command: docs/benchmarks.md).
 #[derive(Default)]
 struct DedupKeys {
     first: HashMap<u64, u64>,

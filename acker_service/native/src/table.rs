@@ -1,9 +1,11 @@
 //! One flat open-addressing hash table of fixed-size (24-byte) entries keyed by root id.
 //!
-//! Why not `hashbrown`: its capacity is a power of two at load 7/8, so at exactly
-//! one million pending trees it holds 2^21 slots (about 50 bytes per tree). Here the
-//! capacity is any number (slots are picked by a multiply-shift, "fastrange"), grows by
-//! 1.5x at load 0.8 and so stays between 30 and 45 bytes per entry at every size.
+//! Why not `hashbrown`: its capacity is a power of two at load 7/8, so a table just
+//! past a power of two (one million pending trees: 2^21 slots) holds nearly twice the
+//! slots it needs. Here the capacity is any number (slots are picked by a
+//! multiply-shift, "fastrange") and grows by 1.5x at load 0.8, so the slack per entry
+//! stays bounded at every size (bytes per entry: docs/native-ledger.md; measured bytes
+//! per pending tree: docs/benchmarks.md).
 //! Linear probing with backward-shift deletion keeps no tombstones.
 //!
 //! Root id 0 marks an empty slot: the wire protocol refuses zero root ids.

@@ -1,4 +1,5 @@
-//! The `ApplyRequest` / `ApplyResponse` messages of `proto/acker_protocol/v1/acker.proto`.
+//! The `ApplyRequest` message of `proto/acker_protocol/v1/acker.proto` (the core only decodes requests: the
+//! Python servicer writes the `ApplyResponse`).
 //!
 //! Written with prost's derive macros instead of generated from the .proto (the build
 //! needs no `protoc`); a Python test decodes messages encoded by the generated Python
@@ -29,20 +30,6 @@ pub struct ApplyRequest {
     /// `repeated uint32 spout_index = 6`.
     #[prost(uint32, repeated, tag = "6")]
     pub spout_index: Vec<u32>,
-}
-
-/// `acker_service.v1.ApplyResponse`.
-#[derive(Clone, PartialEq, Message)]
-pub struct ApplyResponse {
-    /// `uint64 applied = 1`.
-    #[prost(uint64, tag = "1")]
-    pub applied: u64,
-    /// `uint64 deduplicated = 2`.
-    #[prost(uint64, tag = "2")]
-    pub deduplicated: u64,
-    /// `uint64 ignored = 3`.
-    #[prost(uint64, tag = "3")]
-    pub ignored: u64,
 }
 
 impl ApplyRequest {
@@ -137,16 +124,5 @@ mod tests {
                 let _ = validate(&ops, limits);
             }
         }
-    }
-
-    #[test]
-    fn response_wire_format() {
-        let bytes = ApplyResponse {
-            applied: 3,
-            deduplicated: 0,
-            ignored: 1,
-        }
-        .encode_to_vec();
-        assert_eq!(bytes, vec![0x08, 3, 0x18, 1]);
     }
 }
