@@ -328,3 +328,22 @@ def test_apply_stream_without_credentials_is_unauthenticated(secured, stub_for):
         assert _code(lambda s=stub: _stream_acks(s, _inits("orders"))) == grpc.StatusCode.UNAUTHENTICATED
     assert (_refusals(secured, "no_credentials"), _refusals(secured, "unknown_token")) == (1, 1)
     assert _pending(secured) == 0
+
+
+def test_cluster_client_streams_with_its_token_and_a_refused_batch_spares_the_next(secured, pki):
+    """A ClusterClient's batches go over one ApplyStream carrying its token; a refused spout is RequestRefused."""
+    from acker_client import ClusterClient, new_id
+    from acker_client.errors import RequestRefused
+
+    security = ChannelSecurity(tls_ca=pki.ca, token=TOKENS["orders-spout"])
+    with ClusterClient([secured.address], security=security, verify=False) as client:
+        client.init(new_id(), 1, "payments")
+        with pytest.raises(RequestRefused) as caught:
+            client.flush()
+        assert caught.value.failures[0].code == grpc.StatusCode.PERMISSION_DENIED
+        assert "payments" in caught.value.failures[0].detail
+        client.init(new_id(), 1, "orders")
+        client.flush()
+    assert _pending(secured) == 1
+    labels = {"grpc_type": "BIDI_STREAM", "grpc_service": "acker_service.v1.Acker", "grpc_method": "ApplyStream"}
+    assert secured.metrics.sample("grpc_server_started_total", labels) == 1
