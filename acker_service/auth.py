@@ -44,6 +44,7 @@ from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import OpKind
 from prometheus_client import CollectorRegistry, Counter
 
+from .apply_stream import RefusedRequest
 from .handlers import HandlerInterceptor, HandlerKind, around, rewrap
 
 __all__ = ["Authenticator", "AuthInterceptor", "Policy", "Rights", "load_tokens", "hash_token", "REASONS"]
@@ -229,7 +230,10 @@ class AuthInterceptor(HandlerInterceptor):
         name = method[len(ACKER_METHODS) :]
 
         def wrap(behavior: Callable, kind: HandlerKind) -> Callable:
-            # The Acker service has unary requests only: Subscribe streams, Apply and Describe answer once.
+            # ApplyStream streams requests (each checked as an Apply); Subscribe streams
+            # responses; Apply, Describe, Inspect and ForceFail answer once.
+            if kind.request_streaming:
+                return self._guard_apply_stream(behavior)
             return self._guard_stream(behavior) if kind.response_streaming else self._guard_unary(behavior, name)
 
         return rewrap(handler, wrap)
@@ -253,6 +257,10 @@ class AuthInterceptor(HandlerInterceptor):
                     f"{clip(principal)} may not call ForceFail (needs admin = true in the policy); nothing failed",
                 )
             return
+        self._check_apply(principal, rights, request)
+
+    def _check_apply(self, principal: str, rights: Rights, request) -> None:
+        """Refuse an Apply request (or one of ApplyStream) that uses operations or spouts outside ``rights``."""
         # Apply takes the raw bytes (the ledger decodes them); the check reads only the
         # kinds, spout names and spout index of them, stepping over the id arrays.
         header = _apply_header(request)
@@ -281,6 +289,33 @@ class AuthInterceptor(HandlerInterceptor):
                 await self._refuse(context, refused)
 
         return around(behavior, check)
+
+    def _guard_apply_stream(self, behavior: Callable) -> Callable:
+        """ApplyStream: the caller is identified once; each request is checked as an Apply and refused on its own."""
+        auth = self.auth
+
+        async def stream(requests, context):
+            try:
+                principal = auth.principal(context)
+                auth.rights(principal)
+            except Refused as refused:
+                await self._refuse(context, refused)
+
+            async def checked():
+                async for request in requests:
+                    try:
+                        # Looked up per request, so a reloaded policy applies to open streams too.
+                        self._check_apply(principal, auth.rights(principal), request)
+                    except Refused as refused:
+                        auth.refusals.labels(refused.reason).inc()
+                        yield RefusedRequest(refused.code, refused.message)
+                        continue
+                    yield request
+
+            async for response in behavior(checked(), context):
+                yield response
+
+        return stream
 
     def _guard_stream(self, behavior: Callable) -> Callable:
         async def start(request, context) -> str:

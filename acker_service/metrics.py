@@ -188,7 +188,9 @@ class AckerMetrics:
             LATENCY_BUCKETS,
         )
         self.batch_operations = ExactHistogram(
-            "acker_apply_batch_operations", "Operations per Apply call.", BATCH_SIZE_BUCKETS
+            "acker_apply_batch_operations",
+            "Operations per Apply request (a unary call or an ApplyStream message).",
+            BATCH_SIZE_BUCKETS,
         )
         self.registry.register(_AckerCollector(self))
         ProcessCollector(registry=self.registry)

@@ -12,6 +12,7 @@ outcome either.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 from typing import cast
 
 import grpc
@@ -20,6 +21,7 @@ from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 from acker_protocol.wire import Outcome
 
 from ._version import __version__
+from .apply_stream import RefusedRequest, serve_apply_stream
 from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
 from .shard import BadSpoutName, Shard, ShardClosing, SubscribeRefused, Superseded, TooManySubscriptions
 from .tree_info import TreeInfo
@@ -41,7 +43,7 @@ _STATUS_OF = {
 
 
 class AckerServicer(acker_pb2_grpc.AckerServicer):
-    """Apply, Subscribe, Describe, Inspect and ForceFail for one shard."""
+    """Apply, ApplyStream, Subscribe, Describe, Inspect and ForceFail for one shard."""
 
     def __init__(self, shard: Shard) -> None:
         self._shard = shard
@@ -58,6 +60,15 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
                 applied=result.applied, deduplicated=result.deduplicated, ignored=result.ignored
             )
         await context.abort(status, message)
+
+    # The generated base class types the requests as ApplyRequest; here they are their bytes (add_acker_servicer).
+    async def ApplyStream(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[bytes | RefusedRequest], context: grpc.aio.ServicerContext
+    ):
+        """Apply each request of the stream as Apply would and answer it with an ApplyAck, in order."""
+        # An async generator itself (not one returned): interceptors tell streaming behaviours by that.
+        async for ack in serve_apply_stream(self._shard, _STATUS_OF, request_iterator, context):
+            yield ack
 
     # The generated base class types the responses as OutcomeBatch; here they are its bytes (add_acker_servicer).
     async def Subscribe(self, request: acker_pb2.SubscribeRequest, context: grpc.aio.ServicerContext):  # type: ignore[override]
@@ -145,6 +156,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             timeout_mode=c.timeout_mode,
             max_tree_lifetime_seconds=c.max_tree_lifetime,
             replicas=c.replicas,
+            apply_stream=True,
         )
 
 
@@ -162,14 +174,14 @@ def _tree_state(info: TreeInfo) -> acker_pb2.TreeState:
 
 
 def _raw(data: bytes) -> bytes:
-    """Apply's request deserializer and Subscribe's response serializer: none, the bytes are the message."""
+    """Apply's and ApplyStream's request deserializer, Subscribe's response serializer: none, the bytes are the message."""
     return data
 
 
 def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None:
     """Register the servicer like the generated ``add_AckerServicer_to_server``, but with bytes where it pays.
 
-    Apply gets raw request bytes; Subscribe yields serialized OutcomeBatch bytes.
+    Apply and ApplyStream get raw request bytes; Subscribe yields serialized OutcomeBatch bytes.
 
     The native engine decodes ``ApplyRequest`` in Rust; the reference engine decodes
     with protobuf. Either way a request that does not decode is INVALID_ARGUMENT
@@ -180,6 +192,11 @@ def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None
             servicer.Apply,
             request_deserializer=_raw,
             response_serializer=acker_pb2.ApplyResponse.SerializeToString,
+        ),
+        "ApplyStream": grpc.stream_stream_rpc_method_handler(
+            servicer.ApplyStream,
+            request_deserializer=_raw,
+            response_serializer=acker_pb2.ApplyAck.SerializeToString,
         ),
         "Subscribe": grpc.unary_stream_rpc_method_handler(
             servicer.Subscribe,

@@ -102,6 +102,8 @@ class Shard:
             engine=config.engine,
         )
         self._closing = False
+        # Called once at close: each open ApplyStream's way to end itself (see apply_stream).
+        self.closing_callbacks: set[Callable[[], None]] = set()
 
     @property
     def pending_trees(self) -> int:
@@ -233,6 +235,13 @@ class Shard:
         return self.ledger.age_histogram(AGE_BUCKETS)
 
     def close(self) -> None:
-        """End every subscription once it has yielded what is retained (shutdown)."""
+        """End every subscription once it has yielded what is retained, and every ApplyStream (shutdown)."""
         self._closing = True
         self.hub.wake_all()
+        for callback in list(self.closing_callbacks):
+            callback()
+
+    @property
+    def closing(self) -> bool:
+        """True once :meth:`close` was called (shutdown)."""
+        return self._closing

@@ -51,10 +51,15 @@ def check_address(address: str) -> None:
 class ClusterClient:
     """A client of an ordered list of acker shards (position = shard index).
 
-    Operations are buffered per shard and sent as one ``Apply`` per batch when
-    the batch reaches ``batch_size`` operations (by the caller that filled it),
-    when its oldest operation is ``flush_interval`` seconds old (by a background
-    thread), or on :meth:`flush`. Thread-safe; fork-safe (a forked child gets
+    Operations are buffered per shard and sent as one batch: by a background
+    thread at once when the shard has no batch in flight (adaptive linger:
+    while one is, the next grows, for at most ``flush_interval`` seconds), by
+    the caller that fills it to ``batch_size`` operations, or on :meth:`flush`.
+    Batches go over one long-lived ``ApplyStream`` per shard (see
+    :mod:`acker_client.apply_stream`), or one ``Apply`` call each to an acker
+    that does not offer the stream (its Describe says so) or when
+    ``apply_stream`` is False. ``send_when_idle=False`` makes every buffer wait
+    its full ``flush_interval`` instead (the fixed linger of earlier versions). Thread-safe; fork-safe (a forked child gets
     its own channels, buffers and threads and never sends the parent's
     buffered operations).
 
@@ -103,6 +108,8 @@ class ClusterClient:
         security: ChannelSecurity | None = None,
         column_batch_size: int = 16_384,
         replicas: int | None = None,
+        apply_stream: bool = True,
+        send_when_idle: bool = True,
     ) -> None:
         if isinstance(addresses, str):
             addresses = [a for a in addresses.split(",") if a]
@@ -134,12 +141,15 @@ class ClusterClient:
             report=self._report,
             wait_for_shard=wait_for_shard,
             batch_keys=batch_keys,
+            send_when_idle=send_when_idle,
         )
         self._listeners: list[Callable[[AckerError], None]] = []
         self._proc: ProcessState | None = None
         self._abandoned: list[ProcessState] = []
         self._closed = False
         self._known_spouts: set[str] = set()
+        # Per shard: send over ApplyStream (until its Describe or an UNIMPLEMENTED answer says otherwise).
+        self._streams = [apply_stream] * self._n
         # None: whatever the ackers say (1 without verification); checked against Describe in _verify.
         self._expected_replicas = replicas
         if replicas is not None:
@@ -245,7 +255,7 @@ class ClusterClient:
                 # The parent's channels belong to the parent: keep a reference
                 # so that garbage collection never runs their finalizers here.
                 self._abandoned.append(st)
-            st = ProcessState(self._addresses, self._channel_options, self.security)
+            st = ProcessState(self._addresses, self._channel_options, self.security, self._streams)
             self._proc = st
             if self._learn_replicas:
                 self._learn_replicas = False
@@ -304,6 +314,11 @@ class ClusterClient:
         if failures:
             raise connect_error(failures, self._n)
         self._check_replicas(infos)
+        for shard, info in enumerate(infos):
+            if not info.apply_stream and self._streams[shard]:
+                # An acker older than ApplyStream: its batches go one Apply call each.
+                self._streams[shard] = False
+                self._state().apply_calls[shard].use_unary(f"acker {shard} ({self._addresses[shard]}) predates it")
         for shard, (address, info) in enumerate(zip(self._addresses, infos)):
             if info.shard_count != self._n or info.shard_index != shard:
                 raise ClusterMisconfigured(
@@ -457,9 +472,11 @@ class ClusterClient:
         return None
 
     def _start_buffer(self, st: ProcessState, buf: OpBuffer) -> None:
-        """With ``st.lock`` held, after an add: date the buffer's first operation and wake the flusher to send it when it ages.
+        """With ``st.lock`` held, after an add: date the buffer's first operation and wake the flusher to send it.
 
-        A buffer already started keeps its date: its age counts from its oldest operation.
+        The flusher sends it at once if its shard is idle, else when the batch in
+        flight is answered or the buffer is ``flush_interval`` old. A buffer
+        already started keeps its date: its age counts from its oldest operation.
         """
         if buf.started is not None:
             return

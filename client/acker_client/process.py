@@ -20,6 +20,7 @@ from acker_protocol.credentials import ChannelSecurity, open_channel
 from acker_protocol.packed import decode_outcome_batch
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
+from .apply_stream import ApplyChannel
 from .batching import OpBuffer
 from .delivery import ConnectionMonitor
 
@@ -104,6 +105,7 @@ class ProcessState:
         addresses: Sequence[str],
         options: list[tuple[str, int]] | None = None,
         security: ChannelSecurity | None = None,
+        streams: Sequence[bool] | None = None,
     ) -> None:
         self.pid = _pid
         options = options if options is not None else grpc_options.client_options()
@@ -111,9 +113,18 @@ class ProcessState:
         self.stubs = [acker_pb2_grpc.AckerStub(c) for c in self.channels]
         # The columnar calls: Apply sends request bytes as they are (encoded once by the
         # buffer), Subscribe reads OutcomeBatch bytes straight into numpy columns.
+        # Each shard's batches go over one ApplyStream, or Apply where the acker lacks it
+        # (``streams[i]`` False: its Describe said so, or the client was told not to stream).
+        streams = streams if streams is not None else [True] * len(addresses)
         self.apply_calls = [
-            c.unary_unary(_APPLY, request_serializer=_as_is, response_deserializer=acker_pb2.ApplyResponse.FromString)
-            for c in self.channels
+            ApplyChannel(
+                c,
+                c.unary_unary(
+                    _APPLY, request_serializer=_as_is, response_deserializer=acker_pb2.ApplyResponse.FromString
+                ),
+                stream=stream,
+            )
+            for c, stream in zip(self.channels, streams)
         ]
         self.subscribe_calls = [
             c.unary_stream(
@@ -131,7 +142,7 @@ class ProcessState:
         # The flusher hands each shard's aged batch to one of these threads, so
         # that a shard waiting for its connection holds up no other shard.
         self.senders: ThreadPoolExecutor | None = None
-        self.busy: set[int] = set()  # shards with a background send in progress
+        self.busy: dict[int, int] = {}  # shard -> background sends in progress (absent: none)
         # Notified when a shard stops being busy: callers waiting, with a timeout, for room in its buffer.
         # Not ``wake``: its notify() is meant for the flusher and must never wake such a caller instead.
         self.room = threading.Condition(self.lock)

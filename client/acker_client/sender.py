@@ -1,4 +1,4 @@
-"""The sending half of the cluster client: take buffers out, send one Apply per shard, run the age-based flusher.
+"""The sending half of the cluster client: take buffers out, send one batch per shard, run the adaptive flusher.
 
 How a batch waits for its shard and what is retried is :mod:`.delivery`; a
 batch given up on is reported to the client's ``report`` callback, which tells
@@ -16,11 +16,16 @@ import grpc
 from acker_protocol.v1 import acker_pb2
 
 from .batching import OpBuffer
-from .delivery import DROP_REPLICA, DeliveryPolicy, deliver
+from .delivery import DROP_REPLICA, ConnectionMonitor, DeliveryPolicy, deliver
 from .errors import AckerError, ShardFailure, _BatchError, batch_error, shard_failure
 from .process import ProcessState, Sending
 
-__all__ = ["Sender", "Report", "undelivered"]
+__all__ = ["Sender", "Report", "undelivered", "MAX_IN_FLIGHT"]
+
+# Background batches one shard may have on their way at once: the one sent when the shard
+# was idle and one more the flush interval sent behind it. More would only queue in the
+# same connection; fewer would make a buffer wait a whole round trip past its interval.
+MAX_IN_FLIGHT = 2
 
 # report(error, background): tell the listeners (and on_error for background flushes).
 Report = Callable[[AckerError, bool], None]
@@ -44,12 +49,14 @@ class Sender:
         report: Report,
         wait_for_shard: float = 20.0,
         batch_keys: bool = True,
+        send_when_idle: bool = True,
     ) -> None:
         self.addresses = tuple(addresses)
         self.deadline = deadline
         self.flush_interval = flush_interval
         self.wait_for_shard = wait_for_shard
         self.batch_keys = batch_keys
+        self.send_when_idle = send_when_idle  # False: a buffer waits its full flush_interval (the old fixed linger)
         self.replicas = 1  # set by the client from the ackers' Describe
         self._report = report
 
@@ -128,37 +135,59 @@ class Sender:
             st.flusher.start()
 
     def _flush_loop(self, st: ProcessState) -> None:
+        """Send each shard's buffer as soon as nothing of it is in flight; while a batch is, let the next grow.
+
+        Adaptive linger: an operation waits only while its shard is busy with
+        the previous batch, so at low load every operation leaves at once and
+        at high load batches grow with the round trip. ``flush_interval`` is
+        the most a buffer waits behind a batch in flight: then it goes out too,
+        pipelined on the same connection (at most :data:`MAX_IN_FLIGHT` per
+        shard, and only to a shard whose last batch arrived: one waiting for
+        its connection gets no second, and its buffer fills to ``batch_size``
+        for the caller to feel the back-pressure).
+        """
         while True:
             with st.lock:
                 if st.closed:
                     return
-                interval = self.flush_interval
-                now = time.monotonic()
-                started = False
-                for shard, buf in enumerate(st.buffers):
-                    # A shard whose last aged batch is still waiting for its
-                    # connection is skipped: its buffer fills up to batch_size,
-                    # and the caller that fills it waits (back-pressure).
-                    if shard in st.busy or buf.started is None or now - buf.started < interval:
-                        continue
+                wait = self._send_due(st, time.monotonic())
+                if wait != 0.0:
+                    st.wake.wait(wait)
+
+    def _send_due(self, st: ProcessState, now: float) -> float | None:
+        """Send the buffers that are due (call with ``st.lock`` held); 0 if any was, else how long until one is."""
+        interval = self.flush_interval
+        wait: float | None = None
+        for shard, buf in enumerate(st.buffers):
+            if buf.started is None:
+                continue
+            in_flight = st.busy.get(shard, 0)
+            due = buf.started + interval - now
+            if not in_flight and (self.send_when_idle or due <= 0):
+                self.send_in_background(st, shard)
+                wait = 0.0
+            elif not in_flight or (
+                in_flight < MAX_IN_FLIGHT and st.connections.state(shard) == ConnectionMonitor.READY
+            ):
+                if due <= 0:
                     self.send_in_background(st, shard)
-                    started = True
-                if not started:
-                    starts = [b.started for i, b in enumerate(st.buffers) if b.started is not None and i not in st.busy]
-                    st.wake.wait(min(starts) + interval - now if starts else None)
+                    wait = 0.0
+                elif wait is None or due < wait:
+                    wait = due
+        return wait
 
     def send_in_background(self, st: ProcessState, shard: int) -> None:
         """Take ``shard``'s buffer and send it on a sender thread; the shard is busy until that send ends.
 
-        Call with ``st.lock`` held and the shard not busy. The caller does not
-        wait: the flusher, and a caller with a timeout of its own
-        (:meth:`ClusterClient.init_within`), use this.
+        Call with ``st.lock`` held. The caller does not wait: the flusher, and
+        a caller with a timeout of its own (:meth:`ClusterClient.init_within`),
+        use this.
         """
         buf = st.buffers[shard]
         batches, sending = self.take(st, lambda b: b is buf)
-        st.busy.add(shard)
+        st.busy[shard] = st.busy.get(shard, 0) + 1
         if st.senders is None:
-            st.senders = ThreadPoolExecutor(len(st.buffers), thread_name_prefix="acker-client-sender")
+            st.senders = ThreadPoolExecutor(MAX_IN_FLIGHT * len(st.buffers), thread_name_prefix="acker-client-sender")
         st.senders.submit(self._background_send, st, shard, batches, sending)
 
     def _background_send(self, st: ProcessState, shard: int, batches: dict[int, OpBuffer], sending: Sending) -> None:
@@ -166,7 +195,9 @@ class Sender:
             error = self.send(st, batches, sending)
         finally:
             with st.lock:
-                st.busy.discard(shard)
+                left = st.busy.pop(shard) - 1
+                if left:
+                    st.busy[shard] = left
                 st.wake.notify_all()
                 st.room.notify_all()
         if error is None:

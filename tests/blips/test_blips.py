@@ -109,7 +109,7 @@ def test_response_lost_after_the_acker_applied_the_batch(batch_keys):
     with local_cluster(1, message_timeout=30.0) as cluster, BlipProxy(cluster.addresses[0]) as proxy:
         with (
             ClusterClient(cluster.addresses) as direct,
-            ClusterClient([proxy.address], batch_keys=batch_keys, flush_interval=60.0) as client,
+            ClusterClient([proxy.address], batch_keys=batch_keys, flush_interval=60.0, send_when_idle=False) as client,
         ):
             root, e1, e2 = new_id(), new_id(), new_id()
             direct.init(root, e1 ^ e2, "ambiguous")
@@ -135,7 +135,9 @@ def test_response_lost_after_the_acker_applied_the_batch(batch_keys):
 def test_a_shard_down_longer_than_wait_for_shard_blocks_then_raises():
     """While a shard is unreachable, the caller that fills its buffer waits wait_for_shard, then gets a clear error."""
     with local_cluster(1, message_timeout=30.0) as cluster, BlipProxy(cluster.addresses[0]) as proxy:
-        with ClusterClient([proxy.address], batch_size=10, wait_for_shard=1.0, flush_interval=60.0) as client:
+        with ClusterClient(
+            [proxy.address], batch_size=10, wait_for_shard=1.0, flush_interval=60.0, send_when_idle=False
+        ) as client:
             proxy.cut(60.0)
             for _ in range(9):
                 client.ack(new_id(), 1)  # buffered: returns at once

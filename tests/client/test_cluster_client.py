@@ -52,7 +52,7 @@ def test_routes_roots_by_modulo(make_ackers, make_client):
 def test_many_acks_for_one_root_are_one_operation(make_ackers, make_client):
     """1,000 acks for one root in one batch are sent as one operation; the server applies exactly one."""
     (server,) = make_ackers(1, message_timeout=60.0)
-    client = make_client([server.address], batch_size=4096, flush_interval=60.0)
+    client = make_client([server.address], batch_size=4096, flush_interval=60.0, send_when_idle=False)
     root = new_id()
     for _ in range(1000):
         client.ack(root, new_id())
@@ -65,7 +65,7 @@ def test_many_acks_for_one_root_are_one_operation(make_ackers, make_client):
 def test_batches_are_sent_at_batch_size(make_ackers, make_client):
     """With a long flush interval, a batch goes out as soon as it holds batch_size operations."""
     (server,) = make_ackers(1, message_timeout=60.0)
-    client = make_client([server.address], batch_size=10, flush_interval=60.0)
+    client = make_client([server.address], batch_size=10, flush_interval=60.0, send_when_idle=False)
     for _ in range(25):
         client.init(new_id(), 1, "sized")
     assert client.stats.batches_sent == 2 and client.stats.operations_sent == 20
@@ -74,9 +74,9 @@ def test_batches_are_sent_at_batch_size(make_ackers, make_client):
 
 
 def test_background_flush_sends_by_age(make_ackers, make_client):
-    """A lone operation is sent by the background flusher once it is flush_interval old."""
+    """With send_when_idle=False a lone operation is sent by the background flusher once it is flush_interval old."""
     (server,) = make_ackers(1, message_timeout=60.0)
-    client = make_client([server.address], flush_interval=0.01)
+    client = make_client([server.address], flush_interval=0.01, send_when_idle=False)
     client.init(new_id(), 1, "aged")
     wait_until(lambda: client.stats.operations_sent == 1)
     assert server.ledger is not None and client.describe(0).pending_trees == 1
@@ -85,7 +85,7 @@ def test_background_flush_sends_by_age(make_ackers, make_client):
 def test_down_shard_is_given_up_after_wait_for_shard(make_ackers, make_client):
     """Ops for a stopped shard wait wait_for_shard, then raise ShardUnavailable naming it; the healthy shard applies."""
     servers = make_ackers(2, message_timeout=60.0)
-    client = make_client([s.address for s in servers], flush_interval=60.0, wait_for_shard=0.5)
+    client = make_client([s.address for s in servers], flush_interval=60.0, send_when_idle=False, wait_for_shard=0.5)
     servers[1].stop(0)
     roots = [new_id() for _ in range(40)]
     for root in roots:
@@ -121,7 +121,9 @@ def test_refused_request_is_request_refused(make_ackers, make_client):
     """A batch the acker refuses (a root of another shard) surfaces as RequestRefused with the acker's message."""
     servers = make_ackers(2)
     # Unverified client with the order swapped: the acker refuses roots it does not own.
-    client = make_client([servers[1].address, servers[0].address], verify=False, flush_interval=60.0)
+    client = make_client(
+        [servers[1].address, servers[0].address], verify=False, flush_interval=60.0, send_when_idle=False
+    )
     client.init(2, 1, "wrong")  # 2 % 2 == 0 -> sent to position 0, which is shard 1
     with pytest.raises(RequestRefused, match="belongs to shard 0"):
         client.flush()
@@ -146,7 +148,7 @@ def test_bad_ids_refused_locally(make_ackers, make_client):
 def test_closed_client_refuses_calls(make_ackers):
     """After close(), buffered ops were flushed and further calls raise AckerError."""
     (server,) = make_ackers(1, message_timeout=60.0)
-    client = ClusterClient([server.address], flush_interval=60.0)
+    client = ClusterClient([server.address], flush_interval=60.0, send_when_idle=False)
     client.init(new_id(), 1, "closing")
     client.close()
     with ClusterClient([server.address]) as other:

@@ -45,7 +45,9 @@ def process_ackers():
 def test_forked_children_use_fresh_channels(process_ackers, make_client):
     """16 forked children each complete their trees within the deadline, their ids never collide, and none
     sends the parent's buffered ack."""
-    client = make_client(process_ackers.addresses, flush_interval=3600.0, batch_size=10_000, deadline=10.0)
+    client = make_client(
+        process_ackers.addresses, flush_interval=3600.0, send_when_idle=False, batch_size=10_000, deadline=10.0
+    )
     # The parent's tree: init applied, its completing ack left in the parent's buffer across the fork.
     root, edge = new_id(), new_id()
     client.init(root, edge, "fork-parent")

@@ -301,3 +301,49 @@ def test_a_kind_hidden_in_a_wide_varint_is_checked_as_the_ledger_reads_it(secure
     finally:
         channel.close()
     assert _pending(secured) == 0 and _refusals(secured, "spout") == 1
+
+
+def _stream_acks(stub, *requests: acker_pb2.ApplyRequest) -> list[acker_pb2.ApplyAck]:
+    return list(stub.ApplyStream(iter(requests), timeout=10))
+
+
+def test_apply_stream_checks_each_request_as_an_apply_and_keeps_serving(secured, stub_for):
+    """On ApplyStream a request outside the caller's rights is refused in its ack (counted); the next is applied."""
+    stub = stub_for("orders-spout")
+    ack = acker_pb2.ApplyRequest(kinds=[ACK], root_ids=[10], values=[1])
+    acks = _stream_acks(stub, _inits("orders-us", "payments"), ack, _inits("orders"))
+    assert [(a.sequence, a.code) for a in acks] == [
+        (1, grpc.StatusCode.PERMISSION_DENIED.value[0]),
+        (2, grpc.StatusCode.PERMISSION_DENIED.value[0]),
+        (3, 0),
+    ]
+    assert "payments" in acks[0].message and "not an executor" in acks[1].message
+    assert (_refusals(secured, "spout"), _refusals(secured, "executor")) == (1, 1)
+    assert _pending(secured) == 1
+
+
+def test_apply_stream_without_credentials_is_unauthenticated(secured, stub_for):
+    """A stream with no or a wrong token ends UNAUTHENTICATED before any request is applied."""
+    for stub in (stub_for(), stub_for(token="guess")):
+        assert _code(lambda s=stub: _stream_acks(s, _inits("orders"))) == grpc.StatusCode.UNAUTHENTICATED
+    assert (_refusals(secured, "no_credentials"), _refusals(secured, "unknown_token")) == (1, 1)
+    assert _pending(secured) == 0
+
+
+def test_cluster_client_streams_with_its_token_and_a_refused_batch_spares_the_next(secured, pki):
+    """A ClusterClient's batches go over one ApplyStream carrying its token; a refused spout is RequestRefused."""
+    from acker_client import ClusterClient, new_id
+    from acker_client.errors import RequestRefused
+
+    security = ChannelSecurity(tls_ca=pki.ca, token=TOKENS["orders-spout"])
+    with ClusterClient([secured.address], security=security, verify=False) as client:
+        client.init(new_id(), 1, "payments")
+        with pytest.raises(RequestRefused) as caught:
+            client.flush()
+        assert caught.value.failures[0].code == grpc.StatusCode.PERMISSION_DENIED
+        assert "payments" in caught.value.failures[0].detail
+        client.init(new_id(), 1, "orders")
+        client.flush()
+    assert _pending(secured) == 1
+    labels = {"grpc_type": "BIDI_STREAM", "grpc_service": "acker_service.v1.Acker", "grpc_method": "ApplyStream"}
+    assert secured.metrics.sample("grpc_server_started_total", labels) == 1

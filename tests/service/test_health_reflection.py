@@ -53,7 +53,14 @@ def test_reflection_lists_and_describes_the_acker_service(make_server):
         services = set(database.get_services())
         assert {SERVICE_NAME, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= services
         acker = DescriptorPool(database).FindServiceByName(SERVICE_NAME)
-        assert {m.name for m in acker.methods} == {"Apply", "Subscribe", "Describe", "Inspect", "ForceFail"}
+        assert {m.name for m in acker.methods} == {
+            "Apply",
+            "ApplyStream",
+            "Subscribe",
+            "Describe",
+            "Inspect",
+            "ForceFail",
+        }
 
 
 V1_METHOD = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
@@ -107,4 +114,4 @@ def test_v1_reflection_lists_and_describes_the_acker_service(make_server):
         for f in described.file_descriptor_response.file_descriptor_proto
     ]
     acker = [s for f in files for s in f.service if f"{f.package}.{s.name}" == SERVICE_NAME]
-    assert [m.name for m in acker[0].method][:3] == ["Apply", "Subscribe", "Describe"]
+    assert [m.name for m in acker[0].method][:4] == ["Apply", "ApplyStream", "Subscribe", "Describe"]

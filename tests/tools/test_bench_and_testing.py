@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from acker_bench.cli import main
 from acker_client import ClusterClient, new_id
 from acker_client.testing import local_cluster
@@ -41,12 +42,14 @@ def test_local_cluster_shards_in_order():
     assert all(s._thread is None for s in ackers.servers)
 
 
-def test_bench_apply_mode_streams_every_outcome(capsys):
-    """--mode apply sends raw batches over 2 shards; every tree sent ends ACKED and is streamed back."""
+@pytest.mark.parametrize("transport", ["stream", "unary"])
+def test_bench_apply_mode_streams_every_outcome(capsys, transport):
+    """--mode apply sends raw batches over 2 shards (either transport); every tree sent ends ACKED, streamed back."""
     with local_cluster(2, message_timeout=30.0) as ackers:
         args = ["--mode", "apply", "--ackers", ",".join(ackers.addresses), "--batch-ops", "512", "--duration", "1"]
-        assert main([*args, "--json"]) == 0
+        assert main([*args, "--transport", transport, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
+    assert result["transport"] == transport
     assert result["apply_ops_per_s"] > 0 and result["calls"] > 0
     assert result["trees_sent"] == 256 * result["calls"]
     assert result["outcomes_streamed"] == result["trees_sent"]

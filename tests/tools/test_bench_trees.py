@@ -188,9 +188,39 @@ def test_find_capacity_runs_flat_out_then_at_the_fraction(capsys):
     assert result["capacity_run"]["rate_requested"] is None and result["trees_unfinished"] == 0
 
 
+def test_load_points_report_latency_at_each_share_of_capacity(capsys):
+    """--load-points 0.1,0.5 runs flat out, then paced at 10% and 50% of it: one point per load, in order."""
+    args = [
+        "--json",
+        "--api",
+        "columns",
+        "--fan-out",
+        "3",
+        "--depth",
+        "1",
+        "--duration",
+        "1",
+        "--load-points",
+        "0.1,0.5",
+    ]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    capacity = result["capacity_trees_per_s"]
+    assert capacity == result["trees_per_s"] > 0
+    assert [p["load"] for p in result["points"]] == [0.1, 0.5]
+    for point in result["points"]:
+        assert set(point) == {"load", "trees_per_s", "p50_ms", "p99_ms"}
+        # Paced: never above its share of the capacity (the schedule caps what starts).
+        assert 0 < point["trees_per_s"] <= capacity * point["load"] * 1.01 + 1
+        assert 0 < point["p50_ms"] <= point["p99_ms"]
+
+
 @pytest.mark.parametrize(
     "args",
     [
+        ["--load-points", "0.1,2"],
+        ["--load-points", "half"],
+        ["--load-points", "0.5", "--rate", "10"],
         ["--rate", "0"],
         ["--rate", "10", "--find-capacity"],
         ["--mode", "apply", "--api", "columns"],

@@ -11,6 +11,12 @@ latency is recorded for the p50/p99. With ``replicas`` 2 (ackers started with
 ``--replicas 2``) each batch also goes to the next shard, which follows its
 roots, both calls in flight at once as the client sends them: a tree costs two
 Applies' worth of acker work, and the latency is that of the slower copy.
+
+With ``transport="stream"`` (the default) the batches go over one ApplyStream
+per shard and process instead, ``in_flight`` of them outstanding per process
+(each copy counts), as a ClusterClient with the stream pipelines them; the
+latency is each batch's, from its write to its ack. ``transport="unary"``
+is the Apply call per batch described above, for comparison.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ class ApplyBenchConfig:
     processes: int = 2
     security: ChannelSecurity | None = None  # TLS / token for the channels (None: plaintext)
     replicas: int = 1  # the ackers' --replicas: 2 sends every batch to its shard and the next
+    transport: str = "stream"  # "stream": ApplyStream per shard; "unary": one Apply call per batch
+    in_flight: int = 4  # stream transport: batches outstanding per process (each replica's copy counts)
 
 
 def shard_roots(rng: np.random.Generator, count: int, shard: int, shard_count: int) -> np.ndarray:
@@ -103,6 +111,10 @@ def _apply_worker(config: ApplyBenchConfig, start_at: float, results) -> None:
         latencies = np.zeros(1 << 16, dtype=np.float64)
         while time.time() < start_at:
             time.sleep(0.001)
+        if config.transport == "stream":
+            ops, calls, elapsed, measured = _stream_load(config, channels, pool, trees, len(latencies))
+            _finish(streams, drainers, streamed, results, ops, calls, elapsed, measured)
+            return
         ops = calls = 0
         began = time.perf_counter()
         while (sent := time.perf_counter()) - began < config.duration:
@@ -119,23 +131,97 @@ def _apply_worker(config: ApplyBenchConfig, start_at: float, results) -> None:
             ops += 2 * trees
             calls += 1
         elapsed = time.perf_counter() - began
-        time.sleep(0.5)  # let the last outcomes arrive before counting them
-        for s in streams:
-            s.cancel()
-        for t in drainers:
-            t.join(5)
-        results.put(
-            {
-                "ops": ops,
-                "calls": calls,
-                "elapsed": elapsed,
-                "streamed": streamed[0],
-                "latencies": latencies[: min(calls, len(latencies))],
-            }
-        )
+        _finish(streams, drainers, streamed, results, ops, calls, elapsed, latencies[: min(calls, len(latencies))])
     finally:
         for ch in channels:
             ch.close()
+
+
+def _finish(streams, drainers, streamed, results, ops, calls, elapsed, latencies) -> None:
+    """Let the last outcomes arrive, stop the outcome streams and report this process's figures."""
+    time.sleep(0.5)
+    for s in streams:
+        s.cancel()
+    for t in drainers:
+        t.join(5)
+    results.put(
+        {
+            "ops": ops,
+            "calls": calls,
+            "elapsed": elapsed,
+            "streamed": streamed[0],
+            "latencies": latencies,
+        }
+    )
+
+
+class _BenchStream:
+    """One ApplyStream: requests written from a queue, acks read on a thread that frees a slot per ack."""
+
+    def __init__(self, channel, slots: threading.Semaphore, latencies: np.ndarray) -> None:
+        import collections
+        import queue
+
+        from acker_protocol.v1 import acker_pb2
+
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._sent: collections.deque[float] = collections.deque()
+        self._slots, self._latencies = slots, latencies
+        self.acked = self.refused = 0
+        call = channel.stream_stream(
+            "/acker_service.v1.Acker/ApplyStream", response_deserializer=acker_pb2.ApplyAck.FromString
+        )
+        self._call = call(iter(self._queue.get, None))
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def send(self, request: bytes) -> None:
+        self._sent.append(time.perf_counter())
+        self._queue.put(request)
+
+    def _read(self) -> None:
+        for ack in self._call:
+            latency = time.perf_counter() - self._sent.popleft()
+            if self.acked < len(self._latencies):
+                self._latencies[self.acked] = latency
+            self.acked += 1
+            self.refused += bool(ack.code)
+            self._slots.release()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._reader.join(30)
+
+
+def _stream_load(config: ApplyBenchConfig, channels, pool, trees: int, keep: int):
+    """Send over one ApplyStream per shard, ``in_flight`` batches outstanding.
+
+    Returns operations, batches, seconds and up to ``keep`` latencies (seconds).
+    """
+    n = len(channels)
+    slots = threading.Semaphore(config.in_flight)
+    # Latencies per shard's stream, merged at the end (each reader writes its own array).
+    per_stream = [np.zeros(keep // n + 1) for _ in channels]
+    streams = [_BenchStream(ch, slots, lat) for ch, lat in zip(channels, per_stream)]
+    ops = calls = 0
+    began = time.perf_counter()
+    while time.perf_counter() - began < config.duration:
+        shard = calls % n
+        request = pool[shard][(calls // n) % _POOL]
+        for k in range(config.replicas):
+            slots.acquire()
+            streams[(shard + k) % n].send(request)
+        ops += 2 * trees
+        calls += 1
+    for _ in range(config.in_flight):  # every batch acknowledged: the load is done
+        slots.acquire()
+    elapsed = time.perf_counter() - began
+    for stream in streams:
+        stream.close()
+    if any(stream.refused for stream in streams):
+        raise RuntimeError(f"the acker refused {sum(s.refused for s in streams)} benchmark batches")
+    measured = np.concatenate([lat[: min(s.acked, len(lat))] for s, lat in zip(streams, per_stream)])
+    return ops, calls, elapsed, measured
 
 
 def run_apply_bench(config: ApplyBenchConfig) -> dict:
@@ -158,6 +244,8 @@ def run_apply_bench(config: ApplyBenchConfig) -> dict:
         "replicas": config.replicas,
         "processes": config.processes,
         "batch_ops": config.batch_ops,
+        "transport": config.transport,
+        "in_flight": config.in_flight if config.transport == "stream" else 1,
         "duration_s": round(elapsed, 3),
         # Operations the ackers applied (every replica's copy), and distinct trees.
         "apply_ops_per_s": round(ops * config.replicas / elapsed, 1),

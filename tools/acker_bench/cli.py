@@ -16,7 +16,7 @@ from acker_service.process_cluster import ClusterError
 from .apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
 from .ledger import run_ledger_bench
 from .mass_timeout import run_mass_timeout
-from .trees import APIS, BenchConfig, find_capacity, run_bench
+from .trees import APIS, BenchConfig, find_capacity, load_points, run_bench
 
 __all__ = ["main", "BenchConfig", "run_bench"]
 
@@ -121,6 +121,11 @@ def _parser() -> argparse.ArgumentParser:
         "reached; report the paced run with capacity_trees_per_s",
     )
     p.add_argument(
+        "--load-points",
+        help="trees mode: comma-separated fractions of capacity, e.g. 0.1,0.5,0.8: run flat out, then paced at "
+        "each; report 'points' (load, trees_per_s, p50_ms, p99_ms)",
+    )
+    p.add_argument(
         "--capacity-fraction", type=float, default=0.5, help="--find-capacity: the paced run's share (default 0.5)"
     )
     p.add_argument(
@@ -151,6 +156,18 @@ def _parser() -> argparse.ArgumentParser:
         help="ledger mode: trees sent through; mass-timeout mode: trees expiring at once (default 1M)",
     )
     p.add_argument("--batch-ops", type=int, default=8192, help="apply mode: operations per Apply call")
+    p.add_argument(
+        "--transport",
+        choices=("stream", "unary"),
+        default="stream",
+        help="apply mode: stream = one ApplyStream per shard and process (default); unary = one Apply call per batch",
+    )
+    p.add_argument(
+        "--in-flight",
+        type=int,
+        default=4,
+        help="apply mode, --transport stream: batches outstanding per process (default 4)",
+    )
     p.add_argument(
         "--pending-trees",
         type=int,
@@ -215,11 +232,13 @@ def _main(args: argparse.Namespace) -> int:
     if args.fan_out < 1 or args.depth < 0 or args.processes < 1 or args.duration <= 0:
         print("acker-bench: --fan-out and --processes must be >= 1, --depth >= 0, --duration > 0", file=sys.stderr)
         return 2
-    if args.rate is not None and args.find_capacity:
-        print("acker-bench: --find-capacity chooses the rate itself; leave out --rate", file=sys.stderr)
+    paced_by = [name for name, on in (("--rate", args.rate is not None), ("--find-capacity", args.find_capacity),
+                                       ("--load-points", args.load_points)) if on]  # fmt: skip
+    if len(paced_by) > 1:
+        print(f"acker-bench: {' and '.join(paced_by)} each choose the rate; give one of them", file=sys.stderr)
         return 2
-    if (args.rate is not None or args.find_capacity or args.api != "tuples") and args.mode != "trees":
-        print("acker-bench: --api, --rate and --find-capacity belong to --mode trees", file=sys.stderr)
+    if (paced_by or args.api != "tuples") and args.mode != "trees":
+        print("acker-bench: --api, --rate, --find-capacity and --load-points belong to --mode trees", file=sys.stderr)
         return 2
     if args.rate is not None and not args.rate > 0:
         print("acker-bench: --rate must be a positive number of trees per second", file=sys.stderr)
@@ -273,7 +292,7 @@ def _main(args: argparse.Namespace) -> int:
             cpu_before = _server_cpu(cluster)
             result = run_apply_bench(ApplyBenchConfig(
                 addresses=addresses, batch_ops=args.batch_ops, duration=args.duration, processes=args.processes,
-                security=security, replicas=replicas,
+                security=security, replicas=replicas, transport=args.transport, in_flight=args.in_flight,
             ))  # fmt: skip
             _add_server_cpu(result, cpu_before, _server_cpu(cluster))
         else:
@@ -295,11 +314,23 @@ def _trees_problem(args: argparse.Namespace) -> str | None:
     """Why the trees-mode options cannot run, before any acker is started; None if they can."""
     if not 0 < args.capacity_fraction <= 1:
         return f"--capacity-fraction must be in (0, 1], got {args.capacity_fraction}"
+    if args.load_points is not None:
+        try:
+            loads = _loads(args.load_points)
+        except ValueError:
+            loads = []
+        if not loads or not all(0 < load <= 1 for load in loads):
+            return f"--load-points takes fractions of capacity in (0, 1] separated by commas, got {args.load_points!r}"
     try:
         _trees_config(args, ("unused:0",), None)
     except ValueError as err:
         return str(err)
     return None
+
+
+def _loads(text: str) -> list[float]:
+    """--load-points as floats (ValueError if one is not a number)."""
+    return [float(part) for part in text.split(",") if part.strip()]
 
 
 def _trees_config(
@@ -317,6 +348,8 @@ def _trees_mode(args: argparse.Namespace, addresses: tuple[str, ...], security: 
     config = _trees_config(args, addresses, security)
     if args.find_capacity:
         return find_capacity(config, args.capacity_fraction)
+    if args.load_points:
+        return load_points(config, _loads(args.load_points))
     return run_bench(config)
 
 
@@ -524,6 +557,13 @@ def _print_table(result: dict) -> None:
     ]
     if "capacity_trees_per_s" in result:
         rows.insert(0, ("capacity (flat-out trees/s)", f"{result['capacity_trees_per_s']:,.0f}"))
+    for point in result.get("points", ()):
+        rows.append(
+            (
+                f"at {point['load']:.0%} of capacity",
+                f"{point['trees_per_s']:,.0f} trees/s, p50 {point['p50_ms']} / p99 {point['p99_ms']} ms",
+            )
+        )
     _print_rows(title, rows)
 
 

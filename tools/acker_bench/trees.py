@@ -26,14 +26,14 @@ from __future__ import annotations
 import math
 import multiprocessing
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from acker_protocol.credentials import ChannelSecurity
 
-__all__ = ["APIS", "BenchConfig", "Pacer", "run_bench", "find_capacity", "summarize"]
+__all__ = ["APIS", "BenchConfig", "Pacer", "run_bench", "find_capacity", "load_points", "summarize"]
 
 APIS = ("tuples", "columns")
 
@@ -312,6 +312,33 @@ def find_capacity(config: BenchConfig, fraction: float = 0.5) -> dict:
         raise RuntimeError("the flat-out run completed no tree: no capacity to pace against")
     paced = run_bench(replace(config, rate=capacity * fraction))
     return {**paced, "capacity_trees_per_s": capacity, "capacity_fraction": fraction, "capacity_run": flat_out}
+
+
+def load_points(config: BenchConfig, loads: Sequence[float]) -> dict:
+    """Measure the capacity flat out, then run paced at each fraction of it in ``loads``: latency by load.
+
+    The result is the flat-out run's figures plus ``capacity_trees_per_s`` and
+    ``points``: one ``{load, trees_per_s, p50_ms, p99_ms}`` per load, in the
+    order given, so a latency that grows as the load falls shows at a glance.
+    """
+    if not loads or not all(0 < load <= 1 for load in loads):
+        raise ValueError(f"load points must be fractions in (0, 1], got {list(loads)}")
+    flat_out = run_bench(replace(config, rate=None))
+    capacity = flat_out["trees_per_s"]
+    if not capacity:
+        raise RuntimeError("the flat-out run completed no tree: no capacity to pace against")
+    points = []
+    for load in loads:
+        paced = run_bench(replace(config, rate=capacity * load))
+        points.append(
+            {
+                "load": load,
+                "trees_per_s": paced["trees_per_s"],
+                "p50_ms": paced["outcome_p50_ms"],
+                "p99_ms": paced["outcome_p99_ms"],
+            }
+        )
+    return {**flat_out, "capacity_trees_per_s": capacity, "points": points}
 
 
 def _sample_pending(config: BenchConfig, start_at: float, procs) -> list[int]:

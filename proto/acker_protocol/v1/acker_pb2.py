@@ -24,41 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61\x63ker_protocol/v1/acker.proto\x12\x10\x61\x63ker_service.v1\"\x92\x01\n\x0c\x41pplyRequest\x12\'\n\x05kinds\x18\x01 \x03(\x0e\x32\x18.acker_service.v1.OpKind\x12\x10\n\x08root_ids\x18\x02 \x03(\x06\x12\x0e\n\x06values\x18\x03 \x03(\x06\x12\x12\n\ndedup_keys\x18\x04 \x03(\x06\x12\x0e\n\x06spouts\x18\x05 \x03(\t\x12\x13\n\x0bspout_index\x18\x06 \x03(\r\"G\n\rApplyResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x04\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x04\x12\x0f\n\x07ignored\x18\x03 \x01(\x04\"N\n\x10SubscribeRequest\x12\r\n\x05spout\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x06\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x04\"\xa3\x01\n\x0cOutcomeBatch\x12\x13\n\x0bincarnation\x18\x01 \x01(\x06\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x04\x12\x10\n\x08root_ids\x18\x03 \x03(\x06\x12+\n\x08outcomes\x18\x04 \x03(\x0e\x32\x19.acker_service.v1.Outcome\x12\x16\n\x0elatency_micros\x18\x05 \x03(\x04\x12\x0f\n\x07\x64ropped\x18\x06 \x01(\x04\"\x11\n\x0f\x44\x65scribeRequest\"\xba\x02\n\x10\x44\x65scribeResponse\x12\x13\n\x0bshard_index\x18\x01 \x01(\r\x12\x13\n\x0bshard_count\x18\x02 \x01(\r\x12\x1f\n\x17message_timeout_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07\x62uckets\x18\x04 \x01(\r\x12\x15\n\rpending_trees\x18\x05 \x01(\x04\x12\x0f\n\x07version\x18\x06 \x01(\t\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x13\n\x0bincarnation\x18\x08 \x01(\x06\x12\x17\n\x0fretain_outcomes\x18\t \x01(\r\x12\x16\n\x0eretain_seconds\x18\n \x01(\x01\x12\x14\n\x0ctimeout_mode\x18\x0b \x01(\t\x12!\n\x19max_tree_lifetime_seconds\x18\x0c \x01(\x01\x12\x10\n\x08replicas\x18\r \x01(\r\"2\n\x0eInspectRequest\x12\x10\n\x08root_ids\x18\x01 \x03(\x06\x12\x0e\n\x06oldest\x18\x02 \x01(\r\"\xa2\x01\n\tTreeState\x12\x0f\n\x07root_id\x18\x01 \x01(\x06\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.acker_service.v1.TreeStatus\x12\x13\n\x0b\x61ge_seconds\x18\x03 \x01(\x01\x12\r\n\x05spout\x18\x04 \x01(\t\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x08\x12\x0e\n\x06resets\x18\x06 \x01(\r\x12\x12\n\ndedup_keys\x18\x07 \x01(\r\"\x8a\x02\n\x0fInspectResponse\x12*\n\x05trees\x18\x01 \x03(\x0b\x32\x1b.acker_service.v1.TreeState\x12+\n\x06oldest\x18\x02 \x03(\x0b\x32\x1b.acker_service.v1.TreeState\x12\x13\n\x0bshard_index\x18\x03 \x01(\r\x12\x13\n\x0bincarnation\x18\x04 \x01(\x06\x12\x15\n\rpending_trees\x18\x05 \x01(\x04\x12\x19\n\x11trees_initialized\x18\x06 \x01(\x04\x12\x13\n\x0btrees_acked\x18\x07 \x01(\x04\x12\x14\n\x0ctrees_failed\x18\x08 \x01(\x04\x12\x17\n\x0ftrees_timed_out\x18\t \x01(\x04\"3\n\x10\x46orceFailRequest\x12\x10\n\x08root_ids\x18\x01 \x03(\x06\x12\r\n\x05spout\x18\x02 \x01(\t\"O\n\x11\x46orceFailResponse\x12\x0e\n\x06\x66\x61iled\x18\x01 \x01(\x04\x12\x11\n\ttimed_out\x18\x02 \x01(\x04\x12\x17\n\x0f\x66\x61iled_root_ids\x18\x03 \x03(\x06*q\n\x06OpKind\x12\x17\n\x13OP_KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cOP_KIND_INIT\x10\x01\x12\x0f\n\x0bOP_KIND_ACK\x10\x02\x12\x10\n\x0cOP_KIND_FAIL\x10\x03\x12\x19\n\x15OP_KIND_RESET_TIMEOUT\x10\x04*\xca\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x11\n\rOUTCOME_ACKED\x10\x01\x12\x12\n\x0eOUTCOME_FAILED\x10\x02\x12\x15\n\x11OUTCOME_TIMED_OUT\x10\x03\x12\x19\n\x15OUTCOME_TIMEOUT_RESET\x10\x04\x12\x10\n\x0cOUTCOME_LOST\x10\x05\x12\x1c\n\x18OUTCOME_ACKS_UNDELIVERED\x10\x06\x12\x1d\n\x19OUTCOME_LIFETIME_EXCEEDED\x10\x07*\x93\x01\n\nTreeStatus\x12\x1b\n\x17TREE_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12TREE_STATUS_ABSENT\x10\x01\x12\x17\n\x13TREE_STATUS_PENDING\x10\x02\x12\x1d\n\x19TREE_STATUS_AWAITING_INIT\x10\x03\x12\x18\n\x14TREE_STATUS_EXPIRING\x10\x04\x32\x9d\x03\n\x05\x41\x63ker\x12H\n\x05\x41pply\x12\x1e.acker_service.v1.ApplyRequest\x1a\x1f.acker_service.v1.ApplyResponse\x12Q\n\tSubscribe\x12\".acker_service.v1.SubscribeRequest\x1a\x1e.acker_service.v1.OutcomeBatch0\x01\x12Q\n\x08\x44\x65scribe\x12!.acker_service.v1.DescribeRequest\x1a\".acker_service.v1.DescribeResponse\x12N\n\x07Inspect\x12 .acker_service.v1.InspectRequest\x1a!.acker_service.v1.InspectResponse\x12T\n\tForceFail\x12\".acker_service.v1.ForceFailRequest\x1a#.acker_service.v1.ForceFailResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61\x63ker_protocol/v1/acker.proto\x12\x10\x61\x63ker_service.v1\"\x92\x01\n\x0c\x41pplyRequest\x12\'\n\x05kinds\x18\x01 \x03(\x0e\x32\x18.acker_service.v1.OpKind\x12\x10\n\x08root_ids\x18\x02 \x03(\x06\x12\x0e\n\x06values\x18\x03 \x03(\x06\x12\x12\n\ndedup_keys\x18\x04 \x03(\x06\x12\x0e\n\x06spouts\x18\x05 \x03(\t\x12\x13\n\x0bspout_index\x18\x06 \x03(\r\"G\n\rApplyResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x04\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x04\x12\x0f\n\x07ignored\x18\x03 \x01(\x04\"s\n\x08\x41pplyAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x04\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x03 \x01(\x04\x12\x0f\n\x07ignored\x18\x04 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x05 \x01(\r\x12\x0f\n\x07message\x18\x06 \x01(\t\"N\n\x10SubscribeRequest\x12\r\n\x05spout\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x06\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x04\"\xa3\x01\n\x0cOutcomeBatch\x12\x13\n\x0bincarnation\x18\x01 \x01(\x06\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x04\x12\x10\n\x08root_ids\x18\x03 \x03(\x06\x12+\n\x08outcomes\x18\x04 \x03(\x0e\x32\x19.acker_service.v1.Outcome\x12\x16\n\x0elatency_micros\x18\x05 \x03(\x04\x12\x0f\n\x07\x64ropped\x18\x06 \x01(\x04\"\x11\n\x0f\x44\x65scribeRequest\"\xd0\x02\n\x10\x44\x65scribeResponse\x12\x13\n\x0bshard_index\x18\x01 \x01(\r\x12\x13\n\x0bshard_count\x18\x02 \x01(\r\x12\x1f\n\x17message_timeout_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07\x62uckets\x18\x04 \x01(\r\x12\x15\n\rpending_trees\x18\x05 \x01(\x04\x12\x0f\n\x07version\x18\x06 \x01(\t\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x13\n\x0bincarnation\x18\x08 \x01(\x06\x12\x17\n\x0fretain_outcomes\x18\t \x01(\r\x12\x16\n\x0eretain_seconds\x18\n \x01(\x01\x12\x14\n\x0ctimeout_mode\x18\x0b \x01(\t\x12!\n\x19max_tree_lifetime_seconds\x18\x0c \x01(\x01\x12\x10\n\x08replicas\x18\r \x01(\r\x12\x14\n\x0c\x61pply_stream\x18\x0e \x01(\x08\"2\n\x0eInspectRequest\x12\x10\n\x08root_ids\x18\x01 \x03(\x06\x12\x0e\n\x06oldest\x18\x02 \x01(\r\"\xa2\x01\n\tTreeState\x12\x0f\n\x07root_id\x18\x01 \x01(\x06\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.acker_service.v1.TreeStatus\x12\x13\n\x0b\x61ge_seconds\x18\x03 \x01(\x01\x12\r\n\x05spout\x18\x04 \x01(\t\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x08\x12\x0e\n\x06resets\x18\x06 \x01(\r\x12\x12\n\ndedup_keys\x18\x07 \x01(\r\"\x8a\x02\n\x0fInspectResponse\x12*\n\x05trees\x18\x01 \x03(\x0b\x32\x1b.acker_service.v1.TreeState\x12+\n\x06oldest\x18\x02 \x03(\x0b\x32\x1b.acker_service.v1.TreeState\x12\x13\n\x0bshard_index\x18\x03 \x01(\r\x12\x13\n\x0bincarnation\x18\x04 \x01(\x06\x12\x15\n\rpending_trees\x18\x05 \x01(\x04\x12\x19\n\x11trees_initialized\x18\x06 \x01(\x04\x12\x13\n\x0btrees_acked\x18\x07 \x01(\x04\x12\x14\n\x0ctrees_failed\x18\x08 \x01(\x04\x12\x17\n\x0ftrees_timed_out\x18\t \x01(\x04\"3\n\x10\x46orceFailRequest\x12\x10\n\x08root_ids\x18\x01 \x03(\x06\x12\r\n\x05spout\x18\x02 \x01(\t\"O\n\x11\x46orceFailResponse\x12\x0e\n\x06\x66\x61iled\x18\x01 \x01(\x04\x12\x11\n\ttimed_out\x18\x02 \x01(\x04\x12\x17\n\x0f\x66\x61iled_root_ids\x18\x03 \x03(\x06*q\n\x06OpKind\x12\x17\n\x13OP_KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cOP_KIND_INIT\x10\x01\x12\x0f\n\x0bOP_KIND_ACK\x10\x02\x12\x10\n\x0cOP_KIND_FAIL\x10\x03\x12\x19\n\x15OP_KIND_RESET_TIMEOUT\x10\x04*\xca\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x11\n\rOUTCOME_ACKED\x10\x01\x12\x12\n\x0eOUTCOME_FAILED\x10\x02\x12\x15\n\x11OUTCOME_TIMED_OUT\x10\x03\x12\x19\n\x15OUTCOME_TIMEOUT_RESET\x10\x04\x12\x10\n\x0cOUTCOME_LOST\x10\x05\x12\x1c\n\x18OUTCOME_ACKS_UNDELIVERED\x10\x06\x12\x1d\n\x19OUTCOME_LIFETIME_EXCEEDED\x10\x07*\x93\x01\n\nTreeStatus\x12\x1b\n\x17TREE_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12TREE_STATUS_ABSENT\x10\x01\x12\x17\n\x13TREE_STATUS_PENDING\x10\x02\x12\x1d\n\x19TREE_STATUS_AWAITING_INIT\x10\x03\x12\x18\n\x14TREE_STATUS_EXPIRING\x10\x04\x32\xec\x03\n\x05\x41\x63ker\x12H\n\x05\x41pply\x12\x1e.acker_service.v1.ApplyRequest\x1a\x1f.acker_service.v1.ApplyResponse\x12M\n\x0b\x41pplyStream\x12\x1e.acker_service.v1.ApplyRequest\x1a\x1a.acker_service.v1.ApplyAck(\x01\x30\x01\x12Q\n\tSubscribe\x12\".acker_service.v1.SubscribeRequest\x1a\x1e.acker_service.v1.OutcomeBatch0\x01\x12Q\n\x08\x44\x65scribe\x12!.acker_service.v1.DescribeRequest\x1a\".acker_service.v1.DescribeResponse\x12N\n\x07Inspect\x12 .acker_service.v1.InspectRequest\x1a!.acker_service.v1.InspectResponse\x12T\n\tForceFail\x12\".acker_service.v1.ForceFailRequest\x1a#.acker_service.v1.ForceFailResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'acker_protocol.v1.acker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPKIND']._serialized_start=1475
-  _globals['_OPKIND']._serialized_end=1588
-  _globals['_OUTCOME']._serialized_start=1591
-  _globals['_OUTCOME']._serialized_end=1793
-  _globals['_TREESTATUS']._serialized_start=1796
-  _globals['_TREESTATUS']._serialized_end=1943
+  _globals['_OPKIND']._serialized_start=1614
+  _globals['_OPKIND']._serialized_end=1727
+  _globals['_OUTCOME']._serialized_start=1730
+  _globals['_OUTCOME']._serialized_end=1932
+  _globals['_TREESTATUS']._serialized_start=1935
+  _globals['_TREESTATUS']._serialized_end=2082
   _globals['_APPLYREQUEST']._serialized_start=52
   _globals['_APPLYREQUEST']._serialized_end=198
   _globals['_APPLYRESPONSE']._serialized_start=200
   _globals['_APPLYRESPONSE']._serialized_end=271
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=273
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=351
-  _globals['_OUTCOMEBATCH']._serialized_start=354
-  _globals['_OUTCOMEBATCH']._serialized_end=517
-  _globals['_DESCRIBEREQUEST']._serialized_start=519
-  _globals['_DESCRIBEREQUEST']._serialized_end=536
-  _globals['_DESCRIBERESPONSE']._serialized_start=539
-  _globals['_DESCRIBERESPONSE']._serialized_end=853
-  _globals['_INSPECTREQUEST']._serialized_start=855
-  _globals['_INSPECTREQUEST']._serialized_end=905
-  _globals['_TREESTATE']._serialized_start=908
-  _globals['_TREESTATE']._serialized_end=1070
-  _globals['_INSPECTRESPONSE']._serialized_start=1073
-  _globals['_INSPECTRESPONSE']._serialized_end=1339
-  _globals['_FORCEFAILREQUEST']._serialized_start=1341
-  _globals['_FORCEFAILREQUEST']._serialized_end=1392
-  _globals['_FORCEFAILRESPONSE']._serialized_start=1394
-  _globals['_FORCEFAILRESPONSE']._serialized_end=1473
-  _globals['_ACKER']._serialized_start=1946
-  _globals['_ACKER']._serialized_end=2359
+  _globals['_APPLYACK']._serialized_start=273
+  _globals['_APPLYACK']._serialized_end=388
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=390
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=468
+  _globals['_OUTCOMEBATCH']._serialized_start=471
+  _globals['_OUTCOMEBATCH']._serialized_end=634
+  _globals['_DESCRIBEREQUEST']._serialized_start=636
+  _globals['_DESCRIBEREQUEST']._serialized_end=653
+  _globals['_DESCRIBERESPONSE']._serialized_start=656
+  _globals['_DESCRIBERESPONSE']._serialized_end=992
+  _globals['_INSPECTREQUEST']._serialized_start=994
+  _globals['_INSPECTREQUEST']._serialized_end=1044
+  _globals['_TREESTATE']._serialized_start=1047
+  _globals['_TREESTATE']._serialized_end=1209
+  _globals['_INSPECTRESPONSE']._serialized_start=1212
+  _globals['_INSPECTRESPONSE']._serialized_end=1478
+  _globals['_FORCEFAILREQUEST']._serialized_start=1480
+  _globals['_FORCEFAILREQUEST']._serialized_end=1531
+  _globals['_FORCEFAILRESPONSE']._serialized_start=1533
+  _globals['_FORCEFAILRESPONSE']._serialized_end=1612
+  _globals['_ACKER']._serialized_start=2085
+  _globals['_ACKER']._serialized_end=2577
 # @@protoc_insertion_point(module_scope)

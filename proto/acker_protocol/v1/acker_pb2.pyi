@@ -252,6 +252,49 @@ class ApplyResponse(_message.Message):
 Global___ApplyResponse: _TypeAlias = ApplyResponse  # noqa: Y015
 
 @_typing.final
+class ApplyAck(_message.Message):
+    """ApplyStream's answer to one request: its counts, or why nothing of it was applied."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    APPLIED_FIELD_NUMBER: _builtins.int
+    DEDUPLICATED_FIELD_NUMBER: _builtins.int
+    IGNORED_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """The request's position on its call: 1 for the first request, 2 for the next..."""
+    applied: _builtins.int
+    """The counts, as ApplyResponse (zero for a refused request)."""
+    deduplicated: _builtins.int
+    ignored: _builtins.int
+    code: _builtins.int
+    """0 (OK) when applied; otherwise the grpc status code Apply would have
+    ended with (INVALID_ARGUMENT 3, RESOURCE_EXHAUSTED 8, FAILED_PRECONDITION
+    9, PERMISSION_DENIED 7) and nothing of the request was applied.
+    """
+    message: _builtins.str
+    """Why the request was refused (empty when applied)."""
+    def __init__(
+        self,
+        *,
+        sequence: _builtins.int = ...,
+        applied: _builtins.int = ...,
+        deduplicated: _builtins.int = ...,
+        ignored: _builtins.int = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "code", b"code", "deduplicated", b"deduplicated", "ignored", b"ignored", "message", b"message", "sequence", b"sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyAck: _TypeAlias = ApplyAck  # noqa: Y015
+
+@_typing.final
 class SubscribeRequest(_message.Message):
     """Subscribes to the outcomes of one spout's trees on this shard.
 
@@ -384,6 +427,7 @@ class DescribeResponse(_message.Message):
     TIMEOUT_MODE_FIELD_NUMBER: _builtins.int
     MAX_TREE_LIFETIME_SECONDS_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
+    APPLY_STREAM_FIELD_NUMBER: _builtins.int
     shard_index: _builtins.int
     shard_count: _builtins.int
     message_timeout_seconds: _builtins.float
@@ -407,6 +451,8 @@ class DescribeResponse(_message.Message):
     With 2, root r lives on shard r % shard_count and on the next shard; clients
     send every operation to both and take the first outcome.
     """
+    apply_stream: _builtins.bool
+    """The acker serves ApplyStream (false from an older acker: use Apply)."""
     def __init__(
         self,
         *,
@@ -423,10 +469,11 @@ class DescribeResponse(_message.Message):
         timeout_mode: _builtins.str = ...,
         max_tree_lifetime_seconds: _builtins.float = ...,
         replicas: _builtins.int = ...,
+        apply_stream: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "incarnation", b"incarnation", "max_batch", b"max_batch", "max_tree_lifetime_seconds", b"max_tree_lifetime_seconds", "message_timeout_seconds", b"message_timeout_seconds", "pending_trees", b"pending_trees", "replicas", b"replicas", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "timeout_mode", b"timeout_mode", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_stream", b"apply_stream", "buckets", b"buckets", "incarnation", b"incarnation", "max_batch", b"max_batch", "max_tree_lifetime_seconds", b"max_tree_lifetime_seconds", "message_timeout_seconds", b"message_timeout_seconds", "pending_trees", b"pending_trees", "replicas", b"replicas", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "timeout_mode", b"timeout_mode", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

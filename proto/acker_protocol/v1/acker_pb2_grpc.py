@@ -40,6 +40,11 @@ class AckerStub:
                 request_serializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyRequest.SerializeToString,
                 response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyResponse.FromString,
                 _registered_method=True)
+        self.ApplyStream = channel.stream_stream(
+                '/acker_service.v1.Acker/ApplyStream',
+                request_serializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyRequest.SerializeToString,
+                response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyAck.FromString,
+                _registered_method=True)
         self.Subscribe = channel.unary_stream(
                 '/acker_service.v1.Acker/Subscribe',
                 request_serializer=acker__protocol_dot_v1_dot_acker__pb2.SubscribeRequest.SerializeToString,
@@ -83,6 +88,24 @@ class AckerServicer:
 
         Never retry Apply automatically: XOR acks are not idempotent unless they
         carry a dedup key. DEADLINE_EXCEEDED means "may or may not be applied".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApplyStream(self, request_iterator, context):
+        """Apply as one long-lived call: the client writes ApplyRequests (the same
+        bytes as Apply's) and the acker answers each, in order, with one ApplyAck:
+        the n-th ack (sequence n) answers the n-th request of the call. Each
+        request is validated and applied whole or not at all, as by Apply, with
+        the same limits (--max-batch) and authorization; a refused request gets
+        an ack carrying the status Apply would have ended with, and the stream
+        goes on serving the requests after it. The call itself ends with an error
+        only when no request of it can be served any more: UNAUTHENTICATED (the
+        caller), RESOURCE_EXHAUSTED (a message over the receive limit: the
+        request after the last one acknowledged), UNAVAILABLE (shutdown).
+        Offered when DescribeResponse.apply_stream is true; retry rules as Apply:
+        a request without its ack is "may or may not be applied".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -134,6 +157,11 @@ def add_AckerServicer_to_server(servicer, server):
                     request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyRequest.FromString,
                     response_serializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyResponse.SerializeToString,
             ),
+            'ApplyStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ApplyStream,
+                    request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyRequest.FromString,
+                    response_serializer=acker__protocol_dot_v1_dot_acker__pb2.ApplyAck.SerializeToString,
+            ),
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
                     request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.SubscribeRequest.FromString,
@@ -183,6 +211,33 @@ class Acker:
             '/acker_service.v1.Acker/Apply',
             acker__protocol_dot_v1_dot_acker__pb2.ApplyRequest.SerializeToString,
             acker__protocol_dot_v1_dot_acker__pb2.ApplyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/acker_service.v1.Acker/ApplyStream',
+            acker__protocol_dot_v1_dot_acker__pb2.ApplyRequest.SerializeToString,
+            acker__protocol_dot_v1_dot_acker__pb2.ApplyAck.FromString,
             options,
             channel_credentials,
             insecure,

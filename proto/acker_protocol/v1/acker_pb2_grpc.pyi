@@ -54,6 +54,20 @@ class AckerStub:
     Never retry Apply automatically: XOR acks are not idempotent unless they
     carry a dedup key. DEADLINE_EXCEEDED means "may or may not be applied".
     """
+    ApplyStream: _grpc.StreamStreamMultiCallable[_acker_pb2.ApplyRequest, _acker_pb2.ApplyAck]
+    """Apply as one long-lived call: the client writes ApplyRequests (the same
+    bytes as Apply's) and the acker answers each, in order, with one ApplyAck:
+    the n-th ack (sequence n) answers the n-th request of the call. Each
+    request is validated and applied whole or not at all, as by Apply, with
+    the same limits (--max-batch) and authorization; a refused request gets
+    an ack carrying the status Apply would have ended with, and the stream
+    goes on serving the requests after it. The call itself ends with an error
+    only when no request of it can be served any more: UNAUTHENTICATED (the
+    caller), RESOURCE_EXHAUSTED (a message over the receive limit: the
+    request after the last one acknowledged), UNAVAILABLE (shutdown).
+    Offered when DescribeResponse.apply_stream is true; retry rules as Apply:
+    a request without its ack is "may or may not be applied".
+    """
     Subscribe: _grpc.UnaryStreamMultiCallable[_acker_pb2.SubscribeRequest, _acker_pb2.OutcomeBatch]
     """Streams the outcomes of the trees owned by one spout, batched. See
     SubscribeRequest for retention and resume.
@@ -98,6 +112,20 @@ class AckerAsyncStub(AckerStub):
 
     Never retry Apply automatically: XOR acks are not idempotent unless they
     carry a dedup key. DEADLINE_EXCEEDED means "may or may not be applied".
+    """
+    ApplyStream: _aio.StreamStreamMultiCallable[_acker_pb2.ApplyRequest, _acker_pb2.ApplyAck]  # type: ignore[assignment]
+    """Apply as one long-lived call: the client writes ApplyRequests (the same
+    bytes as Apply's) and the acker answers each, in order, with one ApplyAck:
+    the n-th ack (sequence n) answers the n-th request of the call. Each
+    request is validated and applied whole or not at all, as by Apply, with
+    the same limits (--max-batch) and authorization; a refused request gets
+    an ack carrying the status Apply would have ended with, and the stream
+    goes on serving the requests after it. The call itself ends with an error
+    only when no request of it can be served any more: UNAUTHENTICATED (the
+    caller), RESOURCE_EXHAUSTED (a message over the receive limit: the
+    request after the last one acknowledged), UNAVAILABLE (shutdown).
+    Offered when DescribeResponse.apply_stream is true; retry rules as Apply:
+    a request without its ack is "may or may not be applied".
     """
     Subscribe: _aio.UnaryStreamMultiCallable[_acker_pb2.SubscribeRequest, _acker_pb2.OutcomeBatch]  # type: ignore[assignment]
     """Streams the outcomes of the trees owned by one spout, batched. See
@@ -146,6 +174,26 @@ class AckerServicer(metaclass=_abc_1.ABCMeta):
 
         Never retry Apply automatically: XOR acks are not idempotent unless they
         carry a dedup key. DEADLINE_EXCEEDED means "may or may not be applied".
+        """
+
+    @_abc_1.abstractmethod
+    def ApplyStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_acker_pb2.ApplyRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_acker_pb2.ApplyAck], _abc.AsyncIterator[_acker_pb2.ApplyAck]]:
+        """Apply as one long-lived call: the client writes ApplyRequests (the same
+        bytes as Apply's) and the acker answers each, in order, with one ApplyAck:
+        the n-th ack (sequence n) answers the n-th request of the call. Each
+        request is validated and applied whole or not at all, as by Apply, with
+        the same limits (--max-batch) and authorization; a refused request gets
+        an ack carrying the status Apply would have ended with, and the stream
+        goes on serving the requests after it. The call itself ends with an error
+        only when no request of it can be served any more: UNAUTHENTICATED (the
+        caller), RESOURCE_EXHAUSTED (a message over the receive limit: the
+        request after the last one acknowledged), UNAVAILABLE (shutdown).
+        Offered when DescribeResponse.apply_stream is true; retry rules as Apply:
+        a request without its ack is "may or may not be applied".
         """
 
     @_abc_1.abstractmethod
