@@ -20,6 +20,7 @@ import pytest
 
 _FIRST = ("spark", "spark-subprocess", "packaging")
 _SUBPROCESS_DRIVERS = {
+    "tests/spark/test_exactly_once_faults.py",
     "tests/spark/test_source_restart.py",
     "tests/spark/test_source_speculation.py",
     "tests/spark/test_speculation.py",
