@@ -19,7 +19,10 @@ and later ones only after more rows were staged since the previous fault:
   (a child of the JVM's ``pyspark.daemon``): the task, and with ``local[2]``
   its job, fails and the pipeline replays the round's unfinished records.
 
-One run per fault kind and one mixed run (each kind ``kills`` times). After a
+One run per fault kind and one mixed run (each kind ``kills`` times, in turn:
+executor, driver, acker). An executor kill counts once Spark reports the
+task's worker dead; a worker killed between tasks is counted apart
+(``executor_kills_missed``) and another is killed later. After a
 run each destination is read back with Spark and compared with the expected
 rows (every word of every record that was not dead-lettered): ``duplicates``
 (copies beyond the first), ``missing``, ``unexpected`` rows and
@@ -49,7 +52,10 @@ from .faults import StagedProgress, busy_python_worker
 __all__ = ["FAULT_KINDS", "ExactlyOnceConfig", "expected_rows", "plan_runs", "run_exactly_once"]
 
 FAULT_KINDS = ("acker", "driver", "executor")
+_MIXED_ORDER = ("executor", "driver", "acker")
 _POLL = 0.05
+_CRASH_REPORTED = 5.0  # seconds for Spark to report a killed worker's task as failed
+_CRASH_LINE = "Python worker exited unexpectedly"  # Spark's error for a task whose Python worker died
 _LAST_AT = 0.8  # the last planned fault's progress: late enough to spread them, early enough to land
 
 
@@ -88,7 +94,9 @@ def plan_runs(config: ExactlyOnceConfig) -> list[list[str]]:
     """Each run's faults in order: one run per kind, then the kinds interleaved in a mixed run."""
     runs = [[kind] * config.kills for kind in config.faults] if config.per_kind else []
     if config.mixed and (len(config.faults) > 1 or not config.per_kind):
-        runs.append([kind for _ in range(config.kills) for kind in config.faults])
+        # An executor kill needs a task running: first, while the first pipeline's first job runs.
+        kinds = sorted(config.faults, key=_MIXED_ORDER.index)
+        runs.append([kind for _ in range(config.kills) for kind in kinds])
     return runs
 
 
@@ -178,6 +186,12 @@ class _Driver:
         if self.proc is not None:
             self.proc.wait()
 
+    def worker_crashes(self) -> int:
+        """How often the current driver's log reports a task's Python worker dead."""
+        if self.log is None or not self.log.exists():
+            return 0
+        return self.log.read_text(errors="replace").count(_CRASH_LINE)
+
     def tail(self, lines: int = 30) -> str:
         """The last lines of the current driver's output."""
         if self.log is None or not self.log.exists():
@@ -186,7 +200,7 @@ class _Driver:
 
 
 def _inject(kind: str, driver: _Driver, cluster: Any, injected: Counter[str], down: float) -> bool:
-    """Inject one fault of ``kind``; False if it cannot land now (no Python worker in a task)."""
+    """Inject one fault of ``kind``; False if it did not land (no Python worker was in a task)."""
     assert driver.proc is not None
     if kind == "acker":
         shard = injected["acker"] % cluster.count
@@ -196,16 +210,30 @@ def _inject(kind: str, driver: _Driver, cluster: Any, injected: Counter[str], do
     elif kind == "driver":
         driver.kill()
         driver.start()
-    else:
-        worker = busy_python_worker(driver.proc.pid)
-        if worker is None:
-            return False
-        try:
-            os.kill(worker, signal.SIGKILL)
-        except ProcessLookupError:  # its task ended in between: try another
-            return False
+    elif not _kill_worker(driver):
+        injected["executor_missed"] += 1
+        return False
     injected[kind] += 1
     return True
+
+
+def _kill_worker(driver: _Driver) -> bool:
+    """``kill -9`` of a Python worker in a task; True once Spark reports the crash (a worker between tasks is no fault)."""
+    assert driver.proc is not None
+    worker = busy_python_worker(driver.proc.pid, sample=0.1)
+    if worker is None:
+        return False
+    before = driver.worker_crashes()
+    try:
+        os.kill(worker, signal.SIGKILL)
+    except ProcessLookupError:  # it ended in between
+        return False
+    deadline = time.monotonic() + _CRASH_REPORTED
+    while time.monotonic() < deadline:
+        if driver.worker_crashes() > before:
+            return True
+        time.sleep(_POLL)
+    return False
 
 
 def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequence[str]) -> dict[str, Any]:
@@ -220,12 +248,13 @@ def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequenc
     plan = list(zip(thresholds(len(faults), config.first_at), faults))
     injected: Counter[str] = Counter()
     at: list[float] = []
+    seconds: list[float] = []  # when each fault was injected, from the run's start
     driver = _Driver(driver_config, work)
     started = time.perf_counter()
     result: dict[str, Any] = {"faults_planned": list(faults)}
     driver.start()
     try:
-        last = -1
+        last = -1  # staged rows at the last attempt: a fault waits for progress after the one before
         while True:
             assert driver.proc is not None
             code = driver.proc.poll()
@@ -236,17 +265,21 @@ def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequenc
             if plan:
                 rows = progress.rows()
                 due, kind = plan[0]
-                if rows >= due * total and rows > last and _inject(kind, driver, cluster, injected, config.acker_down_seconds):
-                    at.append(round(rows / total, 3))
+                if rows >= due * total and rows > last:
                     last = rows
-                    plan.pop(0)
+                    if _inject(kind, driver, cluster, injected, config.acker_down_seconds):
+                        at.append(round(rows / total, 3))
+                        seconds.append(round(time.perf_counter() - started, 1))
+                        plan.pop(0)
             time.sleep(_POLL)
     except BaseException:
         driver.kill()
         raise
     result["wall_seconds"] = round(time.perf_counter() - started, 3)
     result["faults"] = {kind: injected[kind] for kind in FAULT_KINDS}
+    result["executor_kills_missed"] = injected["executor_missed"]  # workers killed between tasks: not counted
     result["fault_progress"] = at
+    result["fault_seconds"] = seconds
     result["driver_starts"] = driver.starts
     if code != 0:
         result.update({"ok": False, "error": f"the driver exited with {code}: {driver.tail()}"})
