@@ -25,7 +25,7 @@ def test_every_row_once_after_killing_an_acker_the_driver_and_an_executor() -> N
         kills=1,
         per_kind=False,  # the mixed run only: executor, driver, acker, in that order
         message_timeout=5.0,  # a killed acker's trees are replayed at the backstop (about 9 s)
-        files=4,
+        tasks=12,  # per job: the staged rows grow task by task
         batch_rows=100,  # many small batches: the kills land while tasks run
     )
     result = run_exactly_once(config)

@@ -73,6 +73,7 @@ class ExactlyOnceConfig:
     message_timeout: float = 10.0
     master: str = "local[2]"
     files: int = 8
+    tasks: int = 32  # per Spark job: progress, and so the faults, move task by task
     batch_rows: int = 1000
     sinks: tuple[str, ...] = ("parquet", "table")
     first_at: float = 0.2
@@ -241,7 +242,7 @@ def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequenc
     work.mkdir(parents=True)
     shutil.copytree(source_path(work.parent), source_path(work))
     driver_config = DriverConfig(
-        tuple(cluster.addresses), str(work), config.sinks, config.master, config.batch_rows
+        tuple(cluster.addresses), str(work), config.sinks, config.master, config.batch_rows, tasks=config.tasks
     )
     total = len(expected_rows(config.records)) * len(config.sinks)
     progress = StagedProgress([sink_paths(work, s).checkpoint for s in config.sinks])
