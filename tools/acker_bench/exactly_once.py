@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,11 +130,9 @@ def write_source(folder: Path, records: int, files: int) -> None:
         pq.write_table(table, folder / f"part-{f:03d}.parquet")
 
 
-def expected_rows(records: int, dead: set[str] = frozenset()) -> set[tuple[str, str, str]]:  # type: ignore[assignment]
+def expected_rows(records: int, dead: Collection[str] = ()) -> set[tuple[str, str, str]]:
     """Every ``(id, word, bucket)`` row the job makes for the records not in ``dead``."""
-    return {
-        (rid, word, rid[-1]) for i in range(records) if (rid := _record_id(i)) not in dead for word in _words(i)
-    }
+    return {(rid, word, rid[-1]) for i in range(records) if (rid := _record_id(i)) not in dead for word in _words(i)}
 
 
 def compare(dump: Path, expected: set[tuple[str, str, str]]) -> dict[str, int]:

@@ -79,7 +79,12 @@ def run_parquet_bench(config: Any) -> dict[str, Any]:
         plain(work / "warm-out", str(work / "warm"))  # forks the Python workers once: no round pays for it
         rows: dict[str, list[float]] = {"plain": [], "tracked": [], "commit": []}
         exact = True
-        result: dict[str, Any] = {"mode": "pipeline", "sink": "parquet", "records": config.records, "files": config.files}
+        result: dict[str, Any] = {
+            "mode": "pipeline",
+            "sink": "parquet",
+            "records": config.records,
+            "files": config.files,
+        }
         with ProcessCluster(count=config.ackers, message_timeout=config.message_timeout) as cluster:
             with ClusterClient(cluster.addresses) as client:
                 split = ArrowBolt(split_sentences, cluster.addresses, schema=WORD_SCHEMA, name="split")
@@ -107,7 +112,9 @@ def run_parquet_bench(config: Any) -> dict[str, Any]:
                     rows["commit"].append(pipeline.commit_seconds)
                     result["tracked_acked"], result["tracked_replayed"] = stats.acked, stats.replayed
                     result["output_rows"] = stats.output_rows
-                    exact = exact and stats.acked == config.records and _same_rows(spark, str(plain_out), str(tracked_out))
+                    exact = (
+                        exact and stats.acked == config.records and _same_rows(spark, str(plain_out), str(tracked_out))
+                    )
         close_clients()
         if owned:
             spark.stop()
