@@ -51,7 +51,7 @@ def test_fault_plan_one_run_per_kind_then_mixed_starting_with_the_executor() -> 
         ["acker", "acker"],
         ["driver", "driver"],
         ["executor", "executor"],
-        ["executor", "driver", "acker", "executor", "driver", "acker"],
+        ["executor", "acker", "driver", "executor", "acker", "driver"],
     ]
     assert plan_runs(ExactlyOnceConfig(faults=("driver",), kills=3)) == [["driver"] * 3]
     due = thresholds(6, 0.2)

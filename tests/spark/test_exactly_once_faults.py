@@ -23,7 +23,7 @@ def test_every_row_once_after_killing_an_acker_the_driver_and_an_executor() -> N
     config = ExactlyOnceConfig(
         records=RECORDS,
         kills=1,
-        per_kind=False,  # the mixed run only: executor, driver, acker, in that order
+        per_kind=False,  # the mixed run only: executor, acker, then the driver during the table's commit
         message_timeout=5.0,  # a killed acker's trees are replayed at the backstop (about 9 s)
         tasks=12,  # per job: the staged rows grow task by task
         batch_rows=100,  # many small batches: the kills land while tasks run
@@ -34,6 +34,7 @@ def test_every_row_once_after_killing_an_acker_the_driver_and_an_executor() -> N
     assert run["faults"] == {"acker": 1, "driver": 1, "executor": 1}
     assert all(at >= config.first_at for at in run["fault_progress"])
     assert run["driver_starts"] == 2
+    assert run["table_found_by_last_driver"] is True  # the killed driver created it; the catalog kept it
     for sink in ("parquet", "table"):
         figures = run["sinks"][sink]
         assert figures["dead_lettered"] == 0, figures

@@ -20,7 +20,9 @@ and later ones only after more rows were staged since the previous fault:
   its job, fails and the pipeline replays the round's unfinished records.
 
 One run per fault kind and one mixed run (each kind ``kills`` times, in turn:
-executor, driver, acker). An executor kill counts once Spark reports the
+executor, acker, driver). A run's last driver kill waits for the table's first
+commit instead of a share of the rows: the next driver must find the table the
+killed one created (in the catalog) and finish that commit. An executor kill counts once Spark reports the
 task's worker dead; a worker killed between tasks is counted apart
 (``executor_kills_missed``) and another is killed later. After a
 run each destination is read back with Spark and compared with the expected
@@ -46,13 +48,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .exactly_once_driver import DriverConfig, sink_paths, source_path
+from .exactly_once_driver import TABLE, DriverConfig, catalog_path, sink_paths, source_path
 from .faults import StagedProgress, busy_python_worker
 
 __all__ = ["FAULT_KINDS", "ExactlyOnceConfig", "expected_rows", "plan_runs", "run_exactly_once"]
 
 FAULT_KINDS = ("acker", "driver", "executor")
-_MIXED_ORDER = ("executor", "driver", "acker")
+_MIXED_ORDER = ("executor", "acker", "driver")
 _POLL = 0.05
 _CRASH_REPORTED = 5.0  # seconds for Spark to report a killed worker's task as failed
 _CRASH_LINE = "Python worker exited unexpectedly"  # Spark's error for a task whose Python worker died
@@ -95,7 +97,8 @@ def plan_runs(config: ExactlyOnceConfig) -> list[list[str]]:
     """Each run's faults in order: one run per kind, then the kinds interleaved in a mixed run."""
     runs = [[kind] * config.kills for kind in config.faults] if config.per_kind else []
     if config.mixed and (len(config.faults) > 1 or not config.per_kind):
-        # An executor kill needs a task running: first, while the first pipeline's first job runs.
+        # An executor kill needs a task running: first, while the first pipeline's first job runs;
+        # a driver kill last, as the last one may wait for the table's commit (_table_commit_started).
         kinds = sorted(config.faults, key=_MIXED_ORDER.index)
         runs.append([kind for _ in range(config.kills) for kind in kinds])
     return runs
@@ -264,7 +267,13 @@ def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequenc
             if plan:
                 rows = progress.rows()
                 due, kind = plan[0]
-                if rows >= due * total and rows > last:
+                if kind == "driver" and len(plan) == 1 and "table" in config.sinks:
+                    # The run's last fault: kill the driver during the table's first commit, so that the
+                    # next one must find the table a killed driver created, and finish the commit.
+                    ready = _table_commit_started(work)
+                else:
+                    ready = rows >= due * total and rows > last
+                if ready:
                     last = rows
                     if _inject(kind, driver, cluster, injected, config.acker_down_seconds):
                         at.append(round(rows / total, 3))
@@ -305,12 +314,23 @@ def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequenc
         result[key] = sum(s[key] for s in sinks.values())
     result["dead_lettered"] = sum(s["dead_lettered"] for s in sinks.values())
     result["sinks"] = sinks
+    # Whether the last driver found the table in the catalog when it started (one killed during the table's commit).
+    result["table_found_by_last_driver"] = stats.get("table_found_at_start")
     result["ok"] = (
         result["duplicates"] == result["missing"] == result["unexpected"] == result["mixed_attempts"] == 0
         and result["output_rows"] == result["expected_rows"]
         and not plan  # every planned fault was injected
     )
     return result
+
+
+def _table_commit_started(work: Path) -> bool:
+    """True once the table's first commit is being written: the table is in the catalog, its rows not yet published.
+
+    The commit writes into ``.acker-staging`` under the table's location after
+    ``saveAsTable`` registered the (empty) table, and removes it when it publishes.
+    """
+    return (catalog_path(work) / "warehouse" / TABLE / ".acker-staging").is_dir()
 
 
 def _last_json(text: str) -> dict[str, Any]:
