@@ -14,7 +14,9 @@ and later ones only after more rows were staged since the previous fault:
   port a moment later; with one copy per tree its pending trees are lost and
   replayed at the pipeline's backstop;
 - ``driver``: ``kill -9`` of the driver's process group (its Python process,
-  its JVM and Python workers), then a new driver on the same checkpoints;
+  its JVM and Python workers), 1 s after its share of the rows was staged (the
+  rows move as a task ends: a moment later the next tasks' records are in
+  flight), then a new driver on the same checkpoints;
 - ``executor``: ``kill -9`` of a Spark Python worker that is running a task
   (a child of the JVM's ``pyspark.daemon``): the task, and with ``local[2]``
   its job, fails and the pipeline replays the round's unfinished records.
@@ -56,6 +58,7 @@ __all__ = ["FAULT_KINDS", "ExactlyOnceConfig", "expected_rows", "plan_runs", "ru
 FAULT_KINDS = ("acker", "driver", "executor")
 _MIXED_ORDER = ("executor", "acker", "driver")
 _POLL = 0.05
+_IN_FLIGHT_DELAY = 1.0  # seconds between reaching a driver kill's progress and the kill
 _CRASH_REPORTED = 5.0  # seconds for Spark to report a killed worker's task as failed
 _CRASH_LINE = "Python worker exited unexpectedly"  # Spark's error for a task whose Python worker died
 _LAST_AT = 0.8  # the last planned fault's progress: late enough to spread them, early enough to land
@@ -273,6 +276,10 @@ def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequenc
                     ready = _table_commit_started(work)
                 else:
                     ready = rows >= due * total and rows > last
+                    if ready and kind == "driver":
+                        # The rows move when a task finishes staging, when the next tasks have read
+                        # nothing yet: a moment later their records are in flight.
+                        time.sleep(_IN_FLIGHT_DELAY)
                 if ready:
                     last = rows
                     if _inject(kind, driver, cluster, injected, config.acker_down_seconds):
