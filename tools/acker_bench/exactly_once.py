@@ -18,8 +18,9 @@ and later ones only after more rows were staged since the previous fault:
   rows move as a task ends: a moment later the next tasks' records are in
   flight), then a new driver on the same checkpoints;
 - ``executor``: ``kill -9`` of a Spark Python worker that is running a task
-  (a child of the JVM's ``pyspark.daemon``): the task, and with ``local[2]``
-  its job, fails and the pipeline replays the round's unfinished records.
+  (a child of the JVM's ``pyspark.daemon`` whose reading step holds its task's
+  emission file open): the task, and with ``local[2]`` its job, fails and the
+  pipeline replays the round's unfinished records.
 
 One run per fault kind and one mixed run (each kind ``kills`` times, in turn:
 executor, acker, driver). A run's last driver kill waits for the table's first
@@ -51,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from .exactly_once_driver import TABLE, DriverConfig, catalog_path, sink_paths, source_path
-from .faults import StagedProgress, busy_python_worker
+from .faults import StagedProgress, reading_worker
 
 __all__ = ["FAULT_KINDS", "ExactlyOnceConfig", "expected_rows", "plan_runs", "run_exactly_once"]
 
@@ -215,24 +216,29 @@ def _inject(kind: str, driver: _Driver, cluster: Any, injected: Counter[str], do
     elif kind == "driver":
         driver.kill()
         driver.start()
-    elif not _kill_worker(driver):
-        injected["executor_missed"] += 1
-        return False
+    else:
+        landed = _kill_worker(driver)
+        if landed is None:  # no worker in a task just now: try at the next poll
+            return False
+        if not landed:
+            injected["executor_missed"] += 1
+            return False
     injected[kind] += 1
     return True
 
 
-def _kill_worker(driver: _Driver) -> bool:
-    """``kill -9`` of a Python worker in a task; True once Spark reports the crash (a worker between tasks is no fault)."""
+def _kill_worker(driver: _Driver) -> bool | None:
+    """``kill -9`` of a Python worker in a task: True once Spark reports the crash, False if it does not (the task
+    had ended: no fault), None if no worker was in a task."""
     assert driver.proc is not None
-    worker = busy_python_worker(driver.proc.pid, sample=0.1)
+    worker = reading_worker(driver.proc.pid)
     if worker is None:
-        return False
+        return None
     before = driver.worker_crashes()
     try:
         os.kill(worker, signal.SIGKILL)
     except ProcessLookupError:  # it ended in between
-        return False
+        return None
     deadline = time.monotonic() + _CRASH_REPORTED
     while time.monotonic() < deadline:
         if driver.worker_crashes() > before:
@@ -259,7 +265,7 @@ def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequenc
     result: dict[str, Any] = {"faults_planned": list(faults)}
     driver.start()
     try:
-        last = -1  # staged rows at the last attempt: a fault waits for progress after the one before
+        last = -1  # staged rows at the last fault: the next one waits for progress after it
         while True:
             assert driver.proc is not None
             code = driver.proc.poll()
@@ -281,11 +287,12 @@ def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequenc
                         # nothing yet: a moment later their records are in flight.
                         time.sleep(_IN_FLIGHT_DELAY)
                 if ready:
-                    last = rows
                     if _inject(kind, driver, cluster, injected, config.acker_down_seconds):
+                        last = rows
                         at.append(round(rows / total, 3))
                         seconds.append(round(time.perf_counter() - started, 1))
                         plan.pop(0)
+                    # else: no worker was in a task (or the task ended first): another at the next poll
             time.sleep(_POLL)
     except BaseException:
         driver.kill()

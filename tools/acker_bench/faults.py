@@ -1,8 +1,9 @@
 """Fault injection for ``acker-bench --mode exactly-once``: which process to kill, and how far a run has got.
 
-- :func:`busy_python_worker` finds a Spark Python worker running a task:
-  the driver's JVM forks ``pyspark.daemon``, which forks one worker per task
-  slot (reused between tasks); a worker whose CPU time moves is in a task.
+- :func:`reading_worker` finds a Spark Python worker running a task of the
+  pipeline: the driver's JVM forks ``pyspark.daemon``, which forks the workers
+  (one per Python step of a task, reused between tasks); the one whose reading
+  step holds the task's emission file open is in a task.
 - :class:`StagedProgress` counts the output rows the executors have staged
   under a checkpoint (``output/staged/``, one Parquet file per Arrow batch,
   complete once it has its final name), reading each file's footer once.
@@ -15,7 +16,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["StagedProgress", "busy_python_worker", "children", "cpu_ticks"]
+__all__ = ["StagedProgress", "busy_python_worker", "children", "cpu_ticks", "reading_worker"]
 
 
 def children(pid: int) -> list[int]:
@@ -62,6 +63,24 @@ def python_workers(driver_pid: int) -> list[int]:
             if "pyspark.daemon" in _cmdline(daemon):
                 workers.extend(children(daemon))
     return workers
+
+
+def reading_worker(driver_pid: int) -> int | None:
+    """A Python worker of the driver that is reading records in a task, or None.
+
+    The pipeline's reading step holds its task's emission file
+    (``<checkpoint>/emissions/r<round>/...``) open while it reads: a worker
+    with such a file open is in a task. (CPU time is no sign: an idle worker's
+    acker client keeps its own threads busy.)
+    """
+    for pid in python_workers(driver_pid):
+        try:
+            targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:  # it ended, or a descriptor closed while we looked
+            continue
+        if any("/emissions/r" in target for target in targets):
+            return pid
+    return None
 
 
 def busy_python_worker(driver_pid: int, sample: float = 0.2) -> int | None:
