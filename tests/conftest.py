@@ -22,6 +22,7 @@ import pytest
 
 _FIRST = ("spark", "spark-subprocess", "packaging", "tools")
 _SUBPROCESS_DRIVERS = {
+    "tests/spark/test_exactly_once_faults.py",
     "tests/spark/test_source_restart.py",
     "tests/spark/test_source_speculation.py",
     "tests/spark/test_speculation.py",

@@ -266,3 +266,28 @@ def test_rows_of_failed_and_superseded_deliveries_are_never_committed(
         attempts[r["id"]].add(r["attempt"])
     assert all(len(a) == 1 for a in attempts.values())  # one delivery per record
     assert sum(1 for a in attempts.values() if a == {2}) == stats.replayed > 0
+
+
+def _fail_in_executor(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    raise RuntimeError("python worker lost (injected)")
+    yield from batches  # a generator, as mapInArrow wants
+
+
+def test_a_commit_whose_spark_job_fails_is_finished_again(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
+) -> None:
+    """The commit's Spark job fails once (a task that keeps failing, as a killed worker on local[n] does): the run
+    finishes the decided commit again with the same id and rows instead of stopping."""
+    calls: list[tuple[str, Counter[tuple[str, str]]]] = []
+
+    def write(commit_id: str, df: Any) -> None:
+        if not calls:
+            calls.append((commit_id, Counter()))
+            df.mapInArrow(_fail_in_executor, df.schema).count()  # the job fails: the call raises
+        calls.append((commit_id, rows_of(df)))
+
+    pipeline = SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, output=BatchOutput(write))
+    stats = pipeline.run(keyed_source(spark, 40), split_job(ackers.addresses), key="id")
+    assert len(calls) == 2 and calls[0][0] == calls[1][0]  # the same commit, called again
+    assert calls[1][1] == expected_words(40)
+    assert stats.output_rows == sum(expected_words(40).values()) and stats.output_commits == 1

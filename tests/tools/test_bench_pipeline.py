@@ -46,3 +46,26 @@ def test_pipeline_bench_refuses_nonsense_sizes(capsys: pytest.CaptureFixture[str
     """--records 0 is refused before anything starts."""
     assert main(["--mode", "pipeline", "--records", "0"]) == 2
     assert "--records" in capsys.readouterr().err
+
+
+def test_pipeline_bench_parquet_sink_compares_plain_and_exactly_once_output(
+    spark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--sink parquet: plain df.write.parquet and FileOutput hold the same rows; the commit is a part of the run."""
+    code = main(
+        ["--mode", "pipeline", "--sink", "parquet", "--records", "1200", "--files", "2", "--rounds", "1", "--json"]
+    )
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    assert result["sink_exact"] is True and result["tracked_acked"] == 1200
+    assert result["output_rows"] > 1200  # several words a line
+    assert 0 < result["commit_seconds"] < result["tracked_seconds"]
+    assert result["tracked_before_commit_seconds"] == pytest.approx(
+        result["tracked_seconds"] - result["commit_seconds"], abs=2e-3
+    )
+
+
+def test_pipeline_bench_parquet_sink_refuses_reader_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """--reader-only belongs to the SQLite word count: refused before anything starts."""
+    assert main(["--mode", "pipeline", "--sink", "parquet", "--reader-only"]) == 2
+    assert "--reader-only" in capsys.readouterr().err

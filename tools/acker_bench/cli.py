@@ -133,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--mode",
-        choices=("trees", "apply", "memory", "ledger", "mass-timeout", "dataframe", "pipeline"),
+        choices=("trees", "apply", "memory", "ledger", "mass-timeout", "dataframe", "pipeline", "exactly-once"),
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
         "throughput into the ackers; memory: acker RSS per pending tree (one embedded acker per engine); "
@@ -141,7 +141,10 @@ def _parser() -> argparse.ArgumentParser:
         "mass-timeout: --trees trees expire at once while health checks and Apply are timed; "
         "dataframe: --records through a 2-stage ArrowBolt pipeline on local Spark, tracked and untracked; "
         "pipeline: --records lines in text files, the plain spark.read job against the tracked SourcePipeline "
-        "(alternating --rounds), and the old driver-fed GuaranteedPipeline once",
+        "(alternating --rounds), and the old driver-fed GuaranteedPipeline once (--sink parquet: the same job "
+        "writing Parquet, plain df.write against exactly-once FileOutput); exactly-once: --records through "
+        "SourcePipeline into Parquet files and a table while --faults are injected with kill -9, the output "
+        "checked row by row",
     )
     p.add_argument(
         "--engine",
@@ -196,6 +199,25 @@ def _parser() -> argparse.ArgumentParser:
         help="pipeline mode: each round also runs the job behind the pipeline's reading step with tracking off "
         "(the extra stage's own cost)",
     )
+    p.add_argument(
+        "--sink",
+        choices=("sqlite", "parquet"),
+        default="sqlite",
+        help="pipeline mode: sqlite = the demo's word count into its SQLite sink (default); parquet = the words "
+        "written as Parquet, plain df.write.parquet against SourcePipeline(output=FileOutput(...))",
+    )
+    p.add_argument(
+        "--faults",
+        default="acker,driver,executor",
+        help="exactly-once mode: fault kinds to inject with kill -9 (acker, driver, executor; comma-separated): "
+        "one run per kind, then a mixed run",
+    )
+    p.add_argument("--kills", type=int, default=3, help="exactly-once mode: faults of each kind per run (default 3)")
+    p.add_argument("--mixed-only", action="store_true", help="exactly-once mode: only the mixed run")
+    p.add_argument(
+        "--sinks", default="parquet,table", help="exactly-once mode: destinations (parquet, table; default both)"
+    )
+    p.add_argument("--keep", help="exactly-once mode: keep the runs' files (logs, checkpoints, outputs) in this folder")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--tls-ca", help="--ackers serve TLS: PEM CA that signed their certificates")
     p.add_argument("--tls-cert", help="client certificate for ackers that require mutual TLS")
@@ -228,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     if args.message_timeout is None:
-        args.message_timeout = 600.0 if args.mode == "pipeline" else 30.0
+        # exactly-once: a killed acker's trees are replayed at the backstop, which follows the timeout.
+        args.message_timeout = {"pipeline": 600.0, "exactly-once": 10.0}.get(args.mode, 30.0)
     if args.fan_out < 1 or args.depth < 0 or args.processes < 1 or args.duration <= 0:
         print("acker-bench: --fan-out and --processes must be >= 1, --depth >= 0, --duration > 0", file=sys.stderr)
         return 2
@@ -258,6 +281,8 @@ def _main(args: argparse.Namespace) -> int:
         return _dataframe_mode(args)
     if args.mode == "pipeline":
         return _pipeline_mode(args)
+    if args.mode == "exactly-once":
+        return _exactly_once_mode(args)
     if args.compare_tls:
         return _compare_tls_mode(args)
     if args.compare_replicas:
@@ -465,9 +490,13 @@ def _pipeline_mode(args: argparse.Namespace) -> int:
     if args.records < 1 or args.files < 1 or args.rounds < 1:
         print("acker-bench: --records, --files and --rounds must be >= 1", file=sys.stderr)
         return 2
+    if args.sink == "parquet" and args.reader_only:
+        print("acker-bench: --reader-only belongs to the SQLite word count (--sink sqlite)", file=sys.stderr)
+        return 2
     config = PipelineBenchConfig(
         records=args.records, files=args.files, rounds=args.rounds, ackers=args.embedded_ackers,
         message_timeout=args.message_timeout, driver_fed=not args.no_driver_fed, reader_only=args.reader_only,
+        sink=args.sink,
     )  # fmt: skip
     result = run_pipeline_bench(config)
     if args.json:
@@ -478,6 +507,32 @@ def _pipeline_mode(args: argparse.Namespace) -> int:
             [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
         )
     return 0 if result["sink_exact"] else 1
+
+
+def _exactly_once_mode(args: argparse.Namespace) -> int:
+    """kill -9 of ackers, drivers and executors under SourcePipeline runs; exit 1 unless every output is exact."""
+    from .exactly_once import ExactlyOnceConfig, run_exactly_once
+
+    config = ExactlyOnceConfig(
+        records=args.records, faults=tuple(f for f in args.faults.split(",") if f), kills=args.kills,
+        per_kind=not args.mixed_only, ackers=args.embedded_ackers, replicas=args.replicas,
+        message_timeout=args.message_timeout, sinks=tuple(s for s in args.sinks.split(",") if s), keep=args.keep,
+    )  # fmt: skip
+    result = run_exactly_once(config)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        rows = [
+            (
+                "+".join(sorted(set(run["faults_planned"]))) or "none",
+                f"faults {run['faults']}, {run.get('output_rows', 0):,} of {run.get('expected_rows', 0):,} rows, "
+                f"{run.get('duplicates')} duplicates, {run.get('missing')} missing, "
+                f"{run['wall_seconds']} s: {'ok' if run['ok'] else 'NOT OK ' + run.get('error', '')}",
+            )
+            for run in result["runs"]
+        ]
+        _print_rows(f"acker-bench --mode exactly-once: {result['records']:,} records, {result['wall_seconds']} s", rows)
+    return 0 if result["ok"] else 1
 
 
 def _ledger_mode(args: argparse.Namespace) -> int:

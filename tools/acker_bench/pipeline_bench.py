@@ -17,6 +17,9 @@ reading step with tracking off (:class:`~acker_spark.executor_read.source_reader
 with no acker addresses: the same extra ``mapInArrow`` stage and columns, no
 trees, no inits, no acks): how much of the tracked run's extra time is the
 reading stage itself, and how much is tracking.
+
+With ``sink="parquet"`` the same lines are split into word rows written as
+Parquet instead: :mod:`acker_bench.pipeline_parquet`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class PipelineBenchConfig:
     driver_fed: bool = True
     driver_fed_max_pending: int = 50_000
     reader_only: bool = False
+    sink: str = "sqlite"  # or "parquet": plain df.write.parquet against FileOutput (acker_bench.pipeline_parquet)
 
 
 def _write_source(folder: Path, config: PipelineBenchConfig, records: int) -> Counter[str]:
@@ -82,6 +86,10 @@ def _timed(fn: Any) -> tuple[float, float, Any]:
 
 def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
     """Run the comparison; the figures as a dict (seconds are the best round of each)."""
+    if config.sink == "parquet":
+        from .pipeline_parquet import run_parquet_bench
+
+        return run_parquet_bench(config)
     from acker_client import ClusterClient
     from acker_demo.dataframe_job import build_job, build_source_job
     from acker_demo.wordcount import create_sink, sink_counts

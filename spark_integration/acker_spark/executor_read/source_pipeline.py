@@ -315,7 +315,8 @@ class SourcePipeline:
         self._book.restore(rounds)
         if self._commits is not None:
             # A commit a killed driver left half-done: finished with the same rows, before any new one.
-            self.stats.output_rows += self._commits.finish(self.spark)
+            commits = self._commits
+            self.stats.output_rows += self._commit_step(lambda: commits.finish(self.spark))
             self._committed = self._commits.taken()
         self._book.fail_left_in_flight(self.cluster, rounds, backstop, "driver")
 
@@ -472,10 +473,36 @@ class SourcePipeline:
         fresh = acked[~np.isin(table.roots[acked], self._committed)]
         if not len(fresh):
             return
-        roots = table.roots[fresh]
-        self.stats.output_rows += self._commits.commit(self.spark, roots, table.rounds[fresh])
+        roots, commits = table.roots[fresh], self._commits
+        self.stats.output_rows += self._commit_step(lambda: commits.commit(self.spark, roots, table.rounds[fresh]))
         self.stats.output_commits += 1
         self._committed = np.union1d(self._committed, roots)
+
+    def _commit_step(self, step: Callable[[], int]) -> int:
+        """Run a commit step; if it fails once decided, finish the commit again from its log (up to ``max_attempts``).
+
+        A commit's Spark jobs fail like any other (an executor lost, a Python
+        worker killed: with no task retries, as on ``local[n]``, the job
+        fails at once). Finishing a decided commit again writes the same rows
+        (the destination's staging is replaced), so a transient failure costs
+        a retry instead of the run. A failure before the commit was decided
+        (``mode="error"`` refusing the destination) leaves nothing to finish
+        and is raised as it is.
+        """
+        assert self._commits is not None
+        try:
+            return step()
+        except Exception as first:  # noqa: BLE001 - any failure of the write is retried the same way
+            error: Exception = first
+        for attempt in range(2, self.policy.max_attempts + 1):
+            if not self._commits.unfinished():
+                break
+            log.warning("output commit failed (%s); finishing it again, attempt %d", job_error(error), attempt)
+            try:
+                return self._commits.finish(self.spark)
+            except Exception as again:  # noqa: BLE001 - as above
+                error = again
+        raise error
 
     def _check_stalled(self, backstop: float) -> None:
         """Stop a run whose successful job left every one of its trees pending: emitted rows that nothing acks."""

@@ -88,6 +88,11 @@ class OutputCommits:
             )
         return out
 
+    def unfinished(self) -> bool:
+        """True if the log's last commit was decided but is not done (:meth:`finish` completes it)."""
+        records = self.records()
+        return bool(records) and records[-1].state != "done"
+
     def taken(self) -> np.ndarray:
         """The roots every commit of the log took (sorted): decided ones included, they will be finished."""
         parts = [np.load(path)["roots"] for path in sorted(self.folder.glob("c*.npz"))]
