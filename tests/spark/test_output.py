@@ -173,8 +173,8 @@ def test_writer_after_a_bolt_is_named_at_once_not_replayed(
     assert stopped.value.stats.pending == 50
 
 
-class Crash(RuntimeError):
-    """Stands for the driver dying at that point."""
+class Crash(BaseException):
+    """Stands for the driver dying at that point (a BaseException: nothing in the pipeline handles it)."""
 
 
 def test_a_commit_interrupted_while_publishing_is_finished_once(

@@ -160,10 +160,10 @@ class OutputCommits:
     def _finish(self, spark: Any, record: CommitRecord) -> int:
         rows = 0
         if record.state == "decided":
-            df, rows = self.frame(spark, record)
+            df = self.frame(spark, record)
             if df is not None:  # no staged row: an empty commit (the trees' records produced no output)
-                self.output.write(spark, df, self.run, record.number)
-                df.unpersist()
+                # The destination writes and counts: no second pass over the rows just to count them.
+                rows = self.output.write(spark, df, self.run, record.number)
             record = CommitRecord(record.number, "written", record.rounds, record.first, record.key)
             self._save(record)
         files = self.output.publish(spark, self.run, record.number, first=record.first)
@@ -172,12 +172,12 @@ class OutputCommits:
         log.info("output commit %d: %d rows to %s (%d files)", record.number, rows, self.output.describe(), len(files))
         return rows
 
-    def frame(self, spark: Any, record: CommitRecord) -> tuple[Any, int]:
-        """The commit's rows as a DataFrame (user columns only, one copy of each row), and how many there are."""
+    def frame(self, spark: Any, record: CommitRecord) -> Any:
+        """The commit's rows as a DataFrame (user columns only, one copy of each row); None if nothing is staged."""
         folders = [self.checkpoint / STAGED_DIR / f"r{r:05d}" for r in record.rounds]
         files = [f for folder in folders if folder.is_dir() for f in sorted(folder.glob("p*.parquet"))]
         if not files:
-            return None, 0
+            return None
         staged = spark.read.parquet(*[str(f) for f in files])
         selector = CommitFilter(str(self.folder), record.number)
         schema = staged.drop(TRACKING_COLUMN).schema.add(ROW_COLUMN, "long", False)
@@ -185,8 +185,7 @@ class OutputCommits:
         if _copies_possible(files):
             # A re-run or speculative task staged its batches again: keep one copy of each row.
             selected = selected.dropDuplicates([ROW_COLUMN])
-        df = selected.drop(ROW_COLUMN).cache()
-        return df, df.count()
+        return selected.drop(ROW_COLUMN)
 
 
 def _copies_possible(files: list[Path]) -> bool:

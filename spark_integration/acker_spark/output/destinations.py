@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 __all__ = ["BatchOutput", "FileOutput", "Output", "TableOutput", "published_files"]
 
 _FORMATS = ("parquet", "json", "csv", "orc", "text")
@@ -73,12 +75,15 @@ class _SparkWriter:
     def __post_init__(self) -> None:
         object.__setattr__(self, "partition_by", _check(self.format, self.mode, self.partition_by))
 
-    def _save(self, df: Any, folder: Path) -> None:
-        """Write ``df`` into ``folder`` with Spark's writer (replacing what an interrupted try left there)."""
+    def _save(self, spark: Any, df: Any, folder: Path) -> int:
+        """Write ``df`` into ``folder`` with Spark's writer (replacing what an interrupted try left there); its rows."""
         writer = df.write.format(self.format).mode("overwrite").options(**self.options)
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
         writer.save(str(folder))
+        if self.format == "parquet":  # the files' footers say: no Spark job, no read of the rows
+            return sum(pq.read_metadata(f).num_rows for f in _data_files(folder))
+        return int(spark.read.format(self.format).options(**self.options).load(str(folder)).count())
 
 
 @dataclass(frozen=True)
@@ -103,9 +108,9 @@ class FileOutput(_SparkWriter):
                 " 'overwrite', or another folder"
             )
 
-    def write(self, spark: Any, df: Any, run: str, commit: int) -> None:
-        """Write commit ``commit``'s rows into its staging folder (replacing what an interrupted try left)."""
-        self._save(df, _staging(Path(self.path), run, commit))
+    def write(self, spark: Any, df: Any, run: str, commit: int) -> int:
+        """Write commit ``commit``'s rows into its staging folder (replacing what an interrupted try left); rows."""
+        return self._save(spark, df, _staging(Path(self.path), run, commit))
 
     def publish(self, spark: Any, run: str, commit: int, *, first: bool) -> list[str]:
         """Move the staged files into place (the first commit of an overwrite run clears the folder first)."""
@@ -134,9 +139,9 @@ class TableOutput(_SparkWriter):
                     f"table {self.name} already holds data and mode='error': choose mode='append' or 'overwrite'"
                 )
 
-    def write(self, spark: Any, df: Any, run: str, commit: int) -> None:
-        """Create the table if needed, then write the commit's rows into a staging folder of its location."""
-        self._save(df, _staging(self._ensure(spark, df), run, commit))
+    def write(self, spark: Any, df: Any, run: str, commit: int) -> int:
+        """Create the table if needed, then write the commit's rows into a staging folder of its location; rows."""
+        return self._save(spark, df, _staging(self._ensure(spark, df), run, commit))
 
     def publish(self, spark: Any, run: str, commit: int, *, first: bool) -> list[str]:
         """Move the staged files into the table's location, then refresh the table (and recover partitions)."""
@@ -181,9 +186,15 @@ class BatchOutput:
     def check_start(self, spark: Any, run: str) -> None:
         """Nothing to check: the function owns its sink."""
 
-    def write(self, spark: Any, df: Any, run: str, commit: int) -> None:
-        """Call the function with the commit's id (``<run>:<commit>``) and rows."""
-        self.fn(f"{run}:{commit}", df)
+    def write(self, spark: Any, df: Any, run: str, commit: int) -> int:
+        """Call the function with the commit's id (``<run>:<commit>``) and rows (cached: it may read them often)."""
+        df = df.cache()
+        try:
+            rows = int(df.count())
+            self.fn(f"{run}:{commit}", df)
+        finally:
+            df.unpersist()
+        return rows
 
     def publish(self, spark: Any, run: str, commit: int, *, first: bool) -> list[str]:
         """Nothing to publish: the function's call was the commit."""
