@@ -473,8 +473,10 @@ class SourcePipeline:
         fresh = acked[~np.isin(table.roots[acked], self._committed)]
         if not len(fresh):
             return
-        roots, commits = table.roots[fresh], self._commits
-        self.stats.output_rows += self._commit_step(lambda: commits.commit(self.spark, roots, table.rounds[fresh]))
+        roots, commits, rounds = table.roots[fresh], self._commits, table.rounds[fresh]
+        # Every delivery of these rounds ends in this commit: their staged rows need no selection.
+        whole = bool(np.isin(table.roots[np.isin(table.rounds, np.unique(rounds))], roots).all())
+        self.stats.output_rows += self._commit_step(lambda: commits.commit(self.spark, roots, rounds, whole=whole))
         self.stats.output_commits += 1
         self._committed = np.union1d(self._committed, roots)
 

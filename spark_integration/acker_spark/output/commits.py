@@ -32,7 +32,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ class CommitRecord:
     rounds: tuple[int, ...]  # the rounds whose staged folders hold its rows
     first: bool  # the run's first commit (an overwrite clears the destination once, before it)
     key: int | None = None  # the caller's key for it (a streaming query's batch id)
+    whole: bool = False  # it takes every delivery its rounds started: their staged rows need no selection
 
 
 class OutputCommits:
@@ -84,7 +85,14 @@ class OutputCommits:
         for path in sorted(self.folder.glob("c*.json")):
             data = json.loads(path.read_text())
             out.append(
-                CommitRecord(data["number"], data["state"], tuple(data["rounds"]), data["first"], data.get("key"))
+                CommitRecord(
+                    data["number"],
+                    data["state"],
+                    tuple(data["rounds"]),
+                    data["first"],
+                    data.get("key"),
+                    bool(data.get("whole", False)),
+                )
             )
         return out
 
@@ -107,6 +115,7 @@ class OutputCommits:
             "rounds": list(record.rounds),
             "first": record.first,
             "key": record.key,
+            "whole": record.whole,
         }
         with open(tmp, "w") as out:
             json.dump(data, out)
@@ -124,11 +133,15 @@ class OutputCommits:
         """True if a commit of the log was made with ``key``."""
         return any(record.key == key for record in self.records())
 
-    def commit(self, spark: Any, roots: np.ndarray, rounds: np.ndarray, key: int | None = None) -> int:
+    def commit(
+        self, spark: Any, roots: np.ndarray, rounds: np.ndarray, key: int | None = None, *, whole: bool = False
+    ) -> int:
         """Decide, write and publish a commit of the trees ``roots`` (ACKED, not taken before), started in ``rounds``.
 
         ``rounds`` name the staged folders that hold their rows; ``key`` is kept
-        with the commit (:meth:`has_key`). Returns how many rows it committed.
+        with the commit (:meth:`has_key`). ``whole``: ``roots`` are every
+        delivery those rounds started, so every row staged there is taken (no
+        row of another delivery is in those folders). Returns how many rows it committed.
         """
         records = self.records()
         if records and records[-1].state != "done":
@@ -144,7 +157,9 @@ class OutputCommits:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, npz)
-        record = CommitRecord(number, "decided", tuple(sorted(int(r) for r in np.unique(rounds))), number == 0, key)
+        record = CommitRecord(
+            number, "decided", tuple(sorted(int(r) for r in np.unique(rounds))), number == 0, key, whole
+        )
         self._save(record)
         return self._finish(spark, record)
 
@@ -164,10 +179,10 @@ class OutputCommits:
             if df is not None:  # no staged row: an empty commit (the trees' records produced no output)
                 # The destination writes and counts: no second pass over the rows just to count them.
                 rows = self.output.write(spark, df, self.run, record.number)
-            record = CommitRecord(record.number, "written", record.rounds, record.first, record.key)
+            record = replace(record, state="written")
             self._save(record)
         files = self.output.publish(spark, self.run, record.number, first=record.first)
-        self._save(CommitRecord(record.number, "done", record.rounds, record.first, record.key))
+        self._save(replace(record, state="done"))
         self.rows_committed += rows
         log.info("output commit %d: %d rows to %s (%d files)", record.number, rows, self.output.describe(), len(files))
         return rows
@@ -179,10 +194,15 @@ class OutputCommits:
         if not files:
             return None
         staged = spark.read.parquet(*[str(f) for f in files])
+        copies = _copies_possible(files)
+        if record.whole and not copies:
+            # Every row there belongs to a delivery this commit takes, once: Spark reads and writes them
+            # as they are, with no Python step.
+            return staged.drop(TRACKING_COLUMN)
         selector = CommitFilter(str(self.folder), record.number)
         schema = staged.drop(TRACKING_COLUMN).schema.add(ROW_COLUMN, "long", False)
         selected = staged.mapInArrow(selector, schema)
-        if _copies_possible(files):
+        if copies:
             # A re-run or speculative task staged its batches again: keep one copy of each row.
             selected = selected.dropDuplicates([ROW_COLUMN])
         return selected.drop(ROW_COLUMN)
