@@ -6,6 +6,7 @@ import threading
 from concurrent import futures
 
 import grpc
+import numpy as np
 import pytest
 from acker_client import ClusterClient, new_id
 from acker_client.errors import RequestRefused
@@ -77,8 +78,10 @@ def test_a_refused_batch_is_refused_and_the_same_stream_serves_the_next(make_ack
     """A batch over the acker's --max-batch is RequestRefused with its message; the next batch uses the same stream."""
     (server,) = make_ackers(1, message_timeout=60.0, max_batch=4)
     client = make_client([server.address], verify=False)  # unverified: it does not know the acker's limit
-    for _ in range(10):
-        client.init(new_id(), 1, "refused")
+    # One call buffers all ten at once: init() one by one could go out in small batches (an idle
+    # shard is sent to at once), each under the limit.
+    roots = np.array([new_id() for _ in range(10)], dtype=np.uint64)
+    client.init_columns(roots, np.ones(10, dtype=np.uint64), "refused")
     with pytest.raises(RequestRefused) as caught:
         client.flush()
     assert caught.value.failures[0].code == grpc.StatusCode.RESOURCE_EXHAUSTED
