@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from acker_client.columns import fold_xor, mix64
+from acker_client.columns import fold_xor
 
+from ..steps.arrow_collector import acks_key
 from ..steps.frames import TRACKING_COLUMN, decode_ids
 
 __all__ = ["STAGED_DIR", "OutputStager", "UnanchoredOutput", "staged_dir", "stager_schema"]
@@ -43,7 +44,7 @@ __all__ = ["STAGED_DIR", "OutputStager", "UnanchoredOutput", "staged_dir", "stag
 STAGED_DIR = "output/staged"
 """Where, under the checkpoint, the executors stage output rows (one folder per round)."""
 
-_BATCH_KEY_DOMAIN = np.uint64(0x5D1F_0C7A_9E3B_4A21)  # keeps staging keys apart from the bolts' dedup keys
+_STAGER_SALT = 0x5D1F_0C7A_9E3B_4A21  # keeps the stager's keys apart from a bolt's with the same salt
 
 
 class UnanchoredOutput(ValueError):
@@ -106,16 +107,9 @@ class OutputStager:
                 )
             write_durably(folder / f"p{partition:05d}-t{task_attempt}-b{number:06d}.parquet", batch)
             roots, values = fold_xor(pairs.roots, pairs.ids)  # a sink acks each pair's own edge
-            client.ack_columns(roots, values, dedup_key=batch_key(self.salt, roots, values))
+            client.ack_columns(roots, values, dedup_key=acks_key(self.salt ^ _STAGER_SALT, roots, values))
             client.flush()  # acked before the next batch is read: a kill redoes only what follows
             yield pa.RecordBatch.from_arrays([pa.array([batch.num_rows], pa.int64())], names=["staged_rows"])
-
-
-def batch_key(salt: int, roots: np.ndarray, values: np.ndarray) -> int:
-    """A dedup key for one staged batch's acks: the same for the same pairs, whichever attempt stages them."""
-    mixed = mix64(roots ^ _BATCH_KEY_DOMAIN) ^ mix64(values + np.uint64(salt & 0xFFFF_FFFF_FFFF_FFFF))
-    key = int(np.bitwise_xor.reduce(mix64(mixed))) if len(mixed) else 0
-    return key or 1  # 0 means "no key" on the wire
 
 
 def write_durably(path: Path, batch: pa.RecordBatch) -> None:

@@ -22,7 +22,7 @@ from acker_client.columns import derive_ids, fold_xor, mix64
 
 from .frames import TRACKING_COLUMN, PairColumn, child_pairs, encode_ids
 
-__all__ = ["ArrowCollector", "Rows"]
+__all__ = ["ArrowCollector", "Rows", "acks_key"]
 
 Rows = Any
 """Which input rows: an int index array, a boolean mask as long as the batch, a ``slice``, or one int."""
@@ -289,11 +289,7 @@ class ArrowCollector:
         """
         roots = np.concatenate(self._held_roots) if self._held_roots else _EMPTY
         values = np.concatenate(self._held_values) if self._held_values else _EMPTY
-        roots, values = fold_xor(roots, values)
-        if not len(roots):
-            return 0
-        mixed = mix64(mix64(roots ^ np.uint64(salt)) ^ values)
-        return int(np.bitwise_xor.reduce(mixed)) or 1  # 0 means no key on the wire
+        return acks_key(salt, *fold_xor(roots, values))
 
     def withhold(self, shards: set[int], shard_count: int) -> tuple[int, ...]:
         """Drop the held acks and fails of trees on ``shards`` (known unreachable); return their roots."""
@@ -318,6 +314,18 @@ class ArrowCollector:
     def held(self) -> int:
         """Held (already per-batch folded) acks plus held fails: what the next commit sends at most."""
         return sum(len(r) for r in self._held_roots) + sum(len(f) for f in self._held_fails)
+
+
+def acks_key(salt: int, roots: np.ndarray, values: np.ndarray) -> int:
+    """A dedup key for folded acks ``(roots, values)``: the same for the same acks, whoever sends them; 0 for none.
+
+    Order-independent (an XOR of per-pair mixes), salted so that two steps'
+    equal acks do not share a key; never 0 for acks (0 means no key on the wire).
+    """
+    if not len(roots):
+        return 0
+    mixed = mix64(mix64(roots ^ np.uint64(salt & 0xFFFF_FFFF_FFFF_FFFF)) ^ values)
+    return int(np.bitwise_xor.reduce(mixed)) or 1
 
 
 def _no_ids(rows: int) -> pa.Array:
