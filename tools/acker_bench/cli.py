@@ -16,6 +16,7 @@ from acker_service.process_cluster import ClusterError
 from .apply import ApplyBenchConfig, measure_pending_bytes, run_apply_bench
 from .ledger import run_ledger_bench
 from .mass_timeout import run_mass_timeout
+from .simulate import add_simulate_arguments, simulate_mode
 from .trees import APIS, BenchConfig, find_capacity, load_points, run_bench
 
 __all__ = ["main", "BenchConfig", "run_bench"]
@@ -133,7 +134,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--mode",
-        choices=("trees", "apply", "memory", "ledger", "mass-timeout", "dataframe", "pipeline", "exactly-once"),
+        choices=(
+            "trees", "apply", "memory", "ledger", "mass-timeout", "dataframe", "pipeline", "exactly-once", "simulate"
+        ),
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
         "throughput into the ackers; memory: acker RSS per pending tree (one embedded acker per engine); "
@@ -144,7 +147,8 @@ def _parser() -> argparse.ArgumentParser:
         "(alternating --rounds), and the old driver-fed GuaranteedPipeline once (--sink parquet: the same job "
         "writing Parquet, plain df.write against exactly-once FileOutput); exactly-once: --records through "
         "SourcePipeline into Parquet files and a table while --faults are injected with kill -9, the output "
-        "checked row by row",
+        "checked row by row; simulate: the seeded simulation of ackers, clients, replicas and handoffs "
+        "(--seeds N, or --seed S to replay one with its trace)",
     )
     p.add_argument(
         "--engine",
@@ -219,6 +223,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--keep", help="exactly-once mode: keep the runs' files (logs, checkpoints, outputs) in this folder")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_simulate_arguments(p)
     p.add_argument("--tls-ca", help="--ackers serve TLS: PEM CA that signed their certificates")
     p.add_argument("--tls-cert", help="client certificate for ackers that require mutual TLS")
     p.add_argument("--tls-key", help="key of --tls-cert")
@@ -249,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.mode == "simulate":
+        return simulate_mode(args)
     if args.message_timeout is None:
         # exactly-once: a killed acker's trees are replayed at the backstop, which follows the timeout.
         args.message_timeout = {"pipeline": 600.0, "exactly-once": 10.0}.get(args.mode, 30.0)
