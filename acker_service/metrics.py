@@ -29,7 +29,8 @@ log = logging.getLogger("acker_service")
 
 # What the server hands the collector to count pending trees by age at scrape time:
 # it runs the count on the event loop (the only thread that touches the ledger).
-TreeAges = Callable[[], tuple[Sequence[float], list[int], float]]
+# It returns the bucket bounds, the count per bucket (then above all), the age sum, and the oldest tree's age.
+TreeAges = Callable[[], tuple[Sequence[float], list[int], float, float]]
 
 # fmt: off
 # Init-to-outcome time: sub-millisecond local trees up to the longest sensible timeouts.
@@ -145,26 +146,30 @@ class _AckerCollector(Collector):
             "Trees an operator ended FAILED with ForceFail (also counted as failed).",
             value=s.force_failed,
         )
-        ages = self._tree_ages()
-        if ages is not None:
-            yield ages
+        yield from self._tree_ages()
 
-    def _tree_ages(self) -> HistogramMetricFamily | None:
-        """Pending trees by age, counted now; None (the family is left out) if the shard cannot answer."""
+    def _tree_ages(self) -> Iterator[HistogramMetricFamily | GaugeMetricFamily]:
+        """Pending trees by age and the oldest one's age, counted now; nothing (both left out) if the shard cannot answer."""
         source = self._m.tree_ages
         if source is None:
-            return None
+            return
         try:
-            bounds, counts, total = source()
+            bounds, counts, total, oldest = source()
         except Exception as exc:  # a stopped or stalled server: the other metrics still count
             log.warning("pending tree ages not counted for this scrape: %s", exc or type(exc).__name__)
-            return None
+            return
         cumulative = np.cumsum(counts).tolist()
-        return HistogramMetricFamily(
+        yield HistogramMetricFamily(
             "acker_pending_tree_age_seconds",
             "Age (time since init) of the trees pending now, counted at scrape time.",
             buckets=list(zip([repr(float(b)) for b in bounds] + ["+Inf"], cumulative)),
             sum_value=total,
+        )
+        # The autoscaling signal beside acker_pending_trees: how long the oldest pending tree has waited.
+        yield GaugeMetricFamily(
+            "acker_oldest_pending_tree_age_seconds",
+            "Age (time since init) of the oldest tree pending now, 0 with none; counted at scrape time.",
+            value=oldest,
         )
 
 

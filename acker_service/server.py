@@ -293,13 +293,13 @@ class AckerServer:
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
 
-    def _tree_ages(self) -> tuple[Sequence[float], list[int], float]:
-        """Pending trees by age for a metrics scrape (runs on the event loop; bounded wait)."""
+    def _tree_ages(self) -> tuple[Sequence[float], list[int], float, float]:
+        """Pending trees by age, and the oldest one's age, for a metrics scrape (runs on the event loop; bounded wait)."""
         loop = self._loop
         if loop is None or not loop.is_running():
             raise RuntimeError("the acker server is not running")  # a scrape after stop: no coroutine left pending
-        counts, total = self.call(self.shard.tree_ages, timeout=5.0)
-        return AGE_BUCKETS, counts, total
+        counts, total, oldest = self.call(self.shard.tree_ages, timeout=5.0)
+        return AGE_BUCKETS, counts, total, oldest
 
     def reload_auth(self) -> bool:
         """Read the tokens and policy files again (SIGHUP); False if they are broken (the old ones stay)."""

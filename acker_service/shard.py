@@ -230,9 +230,15 @@ class Shard:
         self._settle(ended)
         return ended
 
-    def tree_ages(self) -> tuple[list[int], float]:
-        """Pending trees counted by age over :data:`~acker_service.operate.AGE_BUCKETS`, and the age sum."""
-        return self.ledger.age_histogram(AGE_BUCKETS)
+    def tree_ages(self) -> tuple[list[int], float, float]:
+        """Pending trees counted by age over :data:`~acker_service.operate.AGE_BUCKETS`, the age sum, and the oldest's age.
+
+        The oldest age is 0 with nothing pending. Both are counted here, at a
+        metrics scrape, never per operation.
+        """
+        counts, total = self.ledger.age_histogram(AGE_BUCKETS)
+        oldest = self.ledger.oldest(1)
+        return counts, total, oldest[0].age_seconds if oldest else 0.0
 
     def close(self) -> None:
         """End every subscription once it has yielded what is retained, and every ApplyStream (shutdown)."""

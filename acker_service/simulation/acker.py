@@ -140,7 +140,9 @@ class SimAcker:
             return  # the connection broke with the process: the client's retry timer re-sends
         verdict, source = self._route(op.root)
         if self.world.tracing:
-            self.world.log(f"acker {self.ident} {verdict} {op.kind.name} {op.root:#x} value {op.value:#x} key {op.key:#x}")
+            self.world.log(
+                f"acker {self.ident} {verdict} {op.kind.name} {op.root:#x} value {op.value:#x} key {op.key:#x}"
+            )
         if verdict == "refuse":
             self.world.send(reply, "refused", self.layout, self.incarnation)
             return
@@ -234,7 +236,9 @@ class SimAcker:
             self.cut_done = True
             self._maybe_settled()
 
-    def _send_handoff(self, dest: int, epoch: int, entries: list[EntryCopy], incarnation: int, acked: list[bool]) -> None:
+    def _send_handoff(
+        self, dest: int, epoch: int, entries: list[EntryCopy], incarnation: int, acked: list[bool]
+    ) -> None:
         if acked[0] or not self.up or incarnation != self.incarnation:
             return
 
@@ -294,7 +298,10 @@ class SimAcker:
         if self.replicas == 2:
             n = len(self.layout.ackers)
             mine = self.layout.ackers.index(self.ident)
-            self.catching = {mine: self.layout.ackers[(mine + 1) % n], (mine - 1) % n: self.layout.ackers[(mine - 1) % n]}
+            self.catching = {
+                mine: self.layout.ackers[(mine + 1) % n],
+                (mine - 1) % n: self.layout.ackers[(mine - 1) % n],
+            }
             self.catch_held = {shard: [] for shard in self.catching}
             for shard in sorted(self.catching):
                 self._ask_snapshot(shard, self.incarnation)

@@ -165,7 +165,9 @@ class _Run:
         client.submit(Op(OpKind.ACK, tree.root, value, key))
         if self.rng.random() < 0.05:
             # A Spark task run twice: the same ack with the same attempt key, from another client.
-            self.world.at(self.rng.uniform(0.0, 0.5), self.rng.choice(self.clients).submit, Op(OpKind.ACK, tree.root, value, key))
+            self.world.at(
+                self.rng.uniform(0.0, 0.5), self.rng.choice(self.clients).submit, Op(OpKind.ACK, tree.root, value, key)
+            )
 
     # -- outcomes --
 
@@ -175,8 +177,10 @@ class _Run:
             if tree is None:
                 continue
             if res.outcome == Outcome.ACKED and not tree.complete:
-                self._problem(f"false ack: acker {acker.ident} ACKED root {res.root:#x} ({tree.kind}, "
-                              f"{len(tree.sent)} of {len(tree.acks)} acks sent)")
+                self._problem(
+                    f"false ack: acker {acker.ident} ACKED root {res.root:#x} ({tree.kind}, "
+                    f"{len(tree.sent)} of {len(tree.acks)} acks sent)"
+                )
             self.world.log(f"acker {acker.ident} ends {res.root:#x} {res.outcome.name}")
             self.world.at(self.rng.uniform(0.001, 0.05), self._deliver, acker, acker.incarnation, res)
 

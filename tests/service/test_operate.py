@@ -147,6 +147,27 @@ def test_tree_ages_are_counted_at_scrape_time(make_server, connect, clock):
     assert lines["acker_pending_tree_age_seconds_sum"] == 90.0
 
 
+def _scrape(server) -> dict[str, float]:
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("acker_")}
+
+
+def test_oldest_pending_age_is_a_gauge_counted_at_scrape_time(make_server, connect, clock):
+    """acker_oldest_pending_tree_age_seconds: the oldest pending tree's age, 0 with none (the autoscaling signal)."""
+    server = make_server(clock=clock, message_timeout=300.0, metrics_port=0)
+    stub = connect(server)
+    assert _scrape(server)["acker_oldest_pending_tree_age_seconds"] == 0.0
+    apply(stub, [INIT], [1], [5])
+    clock.advance(40.0)
+    apply(stub, [INIT], [2], [5])
+    clock.advance(2.5)
+    sample = _scrape(server)
+    assert sample["acker_oldest_pending_tree_age_seconds"] == 42.5
+    assert sample["acker_pending_trees"] == 2
+    apply(stub, [ACK], [1], [5])  # the oldest ends: the next oldest is 2.5 s old
+    assert _scrape(server)["acker_oldest_pending_tree_age_seconds"] == 2.5
+
+
 def test_timeout_flags_and_environment(monkeypatch):
     """--timeout-mode and --max-tree-lifetime, with ACKER_* fallbacks; progress without a cap is refused."""
     args = build_parser({"ACKER_TIMEOUT_MODE": "progress", "ACKER_MAX_TREE_LIFETIME": "600"}).parse_args([])

@@ -135,7 +135,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mode",
         choices=(
-            "trees", "apply", "memory", "ledger", "mass-timeout", "dataframe", "pipeline", "exactly-once", "simulate"
+            "trees",
+            "apply",
+            "memory",
+            "ledger",
+            "mass-timeout",
+            "dataframe",
+            "pipeline",
+            "exactly-once",
+            "simulate",
         ),
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
