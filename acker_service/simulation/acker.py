@@ -61,7 +61,7 @@ Catch-up after a restart (two replicas)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..outcome_columns import Resolution
 from ..reference_ledger import ReferenceLedger
@@ -258,6 +258,8 @@ class SimAcker:
                     ops = xor_merge_ops(self.ledger, entry)
                 else:
                     self._expect_absent(entry.root, f"handoff from {source}")
+                    if self.broken == "handoff-no-keys":
+                        entry = replace(entry, keys=())  # wrong on purpose: the dedup keys stay behind
                     ops = import_ops(entry)
                 for op in ops:
                     self._apply(op)

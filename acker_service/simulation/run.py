@@ -38,7 +38,8 @@ SCENARIOS = ("reshard", "drain", "catchup", "crashes")
 BROKEN_VARIANTS = {
     "catchup-xor": "catchup",  # the restarted replica applies at once and merges the snapshot by XOR
     "reshard-xor": "reshard",  # the new owner applies at once and merges the handoff by XOR
-    "cut-late": "reshard",  # the cut is not atomic: moved roots are still served after their entries left
+    "cut-late": "reshard",
+    "handoff-no-keys": "reshard",  # a handoff carries no dedup keys, so a retry across the cut applies twice  # the cut is not atomic: moved roots are still served after their entries left
     "client-skip": "catchup",  # a copy is skipped while the other replica is reachable, not once it applied
 }
 
