@@ -127,6 +127,10 @@ class SimAcker:
     catching: dict[int, int] = field(default_factory=dict)  # shard index of a range -> partner acker id
     catch_held: dict[int, list[Op]] = field(default_factory=dict)
     counters: Counters = field(default_factory=Counters)
+    # What this acker's cut handed to each new owner, kept for the whole epoch: a new owner that
+    # restarts during the move lost what it merged, and is sent it again.
+    outbox: dict[int, list[EntryCopy]] = field(default_factory=dict)
+    outbox_epoch: int = -1
     ledger: ReferenceLedger = field(init=False)
 
     def __post_init__(self) -> None:
@@ -223,10 +227,14 @@ class SimAcker:
             else:
                 self.cut_done = True
             self.world.log(f"acker {self.ident} cut epoch {epoch}: {len(moving)} entries leave")
-            for dest in self.layout.ackers:
-                if dest != self.ident:
-                    part = [e for e in moving if self.layout.holders(e.root, 1)[0] == dest]
-                    self._send_handoff(dest, epoch, part, self.incarnation, [False])
+            self.outbox_epoch = epoch
+            self.outbox = {
+                dest: [e for e in moving if self.layout.holders(e.root, 1)[0] == dest]
+                for dest in self.layout.ackers
+                if dest != self.ident
+            }
+            for dest, part in self.outbox.items():
+                self._send_handoff(dest, epoch, part, self.incarnation, [False])
             self.check_conservation()
             self._maybe_settled()
         self.world.send(reply, self.ident)
@@ -290,13 +298,35 @@ class SimAcker:
         self.catch_held.clear()
         self.world.log(f"acker {self.ident} crashed")
 
-    def restart(self) -> None:
-        """Come back empty; with two replicas, catch up each range from its partner."""
+    def restart(self, move: tuple[Layout, Layout] | None = None) -> None:
+        """Come back empty; with two replicas, catch up each range from its partner.
+
+        With one replica and a move under way (``move``: the old and the new
+        layout, from the controller), it rejoins the move with nothing to hand
+        over: it sends every new owner an empty handoff (its entries died with
+        it; their trees are replayed), and as a new owner awaits every old
+        owner's handoff again (they re-send what their cut took, see
+        :meth:`peer_restarted`).
+        """
         self.up = True
         self.incarnation += 1
         self.ledger = ReferenceLedger(self.message_timeout, clock=self.world.clock)
         self.counters = Counters()
         self.world.log(f"acker {self.ident} restarted")
+        if self.replicas == 1:
+            self.old, self.awaiting, self.cut_done = None, set(), True
+            if move is not None:
+                old, new = move
+                self.old, self.layout = old, new
+                self.awaiting = {o for o in old.ackers if o != self.ident} if self.ident in new.ackers else set()
+                if self.ident in old.ackers:
+                    self.outbox_epoch = new.epoch
+                    self.outbox = {dest: [] for dest in new.ackers if dest != self.ident}
+                    for dest in self.outbox:
+                        self._send_handoff(dest, new.epoch, [], self.incarnation, [False])
+                self._maybe_settled()
+            for source in sorted(self.awaiting):
+                self._ask_handoff(source, self.incarnation)
         if self.replicas == 2:
             n = len(self.layout.ackers)
             mine = self.layout.ackers.index(self.ident)
@@ -307,6 +337,22 @@ class SimAcker:
             self.catch_held = {shard: [] for shard in self.catching}
             for shard in sorted(self.catching):
                 self._ask_snapshot(shard, self.incarnation)
+
+    def _ask_handoff(self, source: int, incarnation: int) -> None:
+        """Ask an old owner for its handoff again, until it is merged (the request or the answer may be lost)."""
+        if self.up and incarnation == self.incarnation and source in self.awaiting:
+            self.world.send(self.peers[source].peer_restarted, self.ident)
+            self.world.at(RETRY_SECONDS * 2, self._ask_handoff, source, incarnation)
+
+    def peer_restarted(self, ident: int) -> None:
+        """A new owner restarted during the move: hand it this epoch's entries again (it merges the first copy).
+
+        Before its cut an old owner has nothing to re-send: the cut sends the handoff.
+        """
+        if self.broken == "no-resend":
+            return  # wrong on purpose: the restarted new owner waits for a handoff that never comes again
+        if self.up and self.cut_done and self.outbox_epoch == self.layout.epoch and ident in self.outbox:
+            self._send_handoff(ident, self.outbox_epoch, self.outbox[ident], self.incarnation, [False])
 
     @property
     def caught_up(self) -> bool:

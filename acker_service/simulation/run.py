@@ -33,13 +33,14 @@ from .transfer import Op
 
 __all__ = ["BROKEN_VARIANTS", "SCENARIOS", "SimResult", "run_seed", "run_seeds"]
 
-SCENARIOS = ("reshard", "drain", "catchup", "crashes")
+SCENARIOS = ("reshard", "drain", "catchup", "crashes", "reshard-kill")
 # Deliberately wrong protocols, each with the scenario that exercises it (the checks must catch them).
 BROKEN_VARIANTS = {
     "catchup-xor": "catchup",  # the restarted replica applies at once and merges the snapshot by XOR
     "reshard-xor": "reshard",  # the new owner applies at once and merges the handoff by XOR
     "cut-late": "reshard",
     "handoff-no-keys": "reshard",  # a handoff carries no dedup keys, so a retry across the cut applies twice  # the cut is not atomic: moved roots are still served after their entries left
+    "no-resend": "reshard-kill",  # an old owner does not hand its entries again to a new owner that restarted
     "client-skip": "catchup",  # a copy is skipped while the other replica is reachable, not once it applied
 }
 
@@ -95,12 +96,12 @@ class _Run:
         self.failures: list[str] = []
         self.trees: dict[int, _Tree] = {}
         self.callbacks: dict[int, list[Outcome]] = {}
-        self.strict = self.scenario != "crashes"
+        self.strict = self.scenario not in ("crashes", "reshard-kill")
         if self.scenario == "catchup":
             replicas, n = 2, rng.randint(2, 4)
         elif self.scenario == "drain":
             replicas, n = 1, rng.randint(2, 4)
-        elif self.scenario == "reshard":
+        elif self.scenario in ("reshard", "reshard-kill"):
             replicas, n = 1, rng.randint(1, 4)
         else:
             replicas = rng.choice((1, 2))
@@ -108,6 +109,7 @@ class _Run:
         self.replicas = replicas
         layout = Layout(0, tuple(range(n)))
         self._layout = layout  # the controller's view: the layout of the last finished move
+        self._move: tuple[Layout, Layout] | None = None  # (old, new) while a move is under way
         self.world.log(f"seed {seed}: scenario {self.scenario}, {n} ackers, replicas {replicas}, {faults}")
         self.ackers: dict[int, SimAcker] = {}
         for ident in range(n + 4):  # spare ackers a reshard may add
@@ -205,6 +207,10 @@ class _Run:
         old = self._layout
         members = sorted(set(old.ackers) | set(layout.ackers))
         self.world.log(f"reshard to epoch {layout.epoch} {layout.ackers}")
+        self._move = (old, layout)
+        if self.scenario == "reshard-kill":
+            victim = self.rng.choice(members)
+            self.world.at(self.rng.uniform(0.0, 1.0), self._crash, victim, self.rng.uniform(0.3, 1.5), None)
         prepared: set[int] = set()
         cut: set[int] = set()
 
@@ -227,11 +233,12 @@ class _Run:
             self.world.at(0.2, send_cut)
 
         def wait_done() -> None:
-            if any(self.ackers[m].moving for m in members):
+            if any(self.ackers[m].moving or not self.ackers[m].up for m in members):
                 self.world.at(0.1, wait_done)
                 return
             self.world.log(f"reshard to epoch {layout.epoch} done")
             self._layout = layout
+            self._move = None
             if then is not None:
                 self.world.at(self.rng.uniform(0.2, 1.5), self._reshard, then, None)
 
@@ -244,7 +251,7 @@ class _Run:
         self.world.at(down, self._restart, ident, then)
 
     def _restart(self, ident: int, then: int | None) -> None:
-        self.ackers[ident].restart()
+        self.ackers[ident].restart(self._move)
         if then is not None:
             self._after_catchup(ident, then)
 
@@ -259,7 +266,7 @@ class _Run:
         rng = self.rng
         n = len(self.ackers) - 4
         layout = Layout(0, tuple(range(n)))
-        if self.scenario == "reshard":
+        if self.scenario in ("reshard", "reshard-kill"):
             m = rng.choice([k for k in range(1, 6) if k != n])
             target = Layout(1, tuple(range(m)))
             back = Layout(2, layout.ackers) if rng.random() < 0.5 else None

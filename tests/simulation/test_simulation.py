@@ -17,8 +17,8 @@ def test_a_few_hundred_seeds_keep_every_invariant() -> None:
     summary = run_seeds(range(CI_SEEDS))
     assert summary["failures"] == 0, summary
     assert summary["seeds"] == CI_SEEDS
-    # Every scenario was drawn: reshards, drains, catch-ups and random kills.
-    assert set(summary["scenarios"]) == {"reshard", "drain", "catchup", "crashes"}  # type: ignore[arg-type]
+    # Every scenario was drawn: reshards, drains, catch-ups, random kills and kills during a reshard.
+    assert set(summary["scenarios"]) == {"reshard", "drain", "catchup", "crashes", "reshard-kill"}  # type: ignore[arg-type]
 
 
 def test_a_run_is_a_function_of_its_seed() -> None:
