@@ -32,6 +32,14 @@ reshard that leaves one acker out)
     INIT is set-once, a FAIL idempotent), where an XOR merge of two applied
     copies would cancel it (``--broken reshard-xor`` shows the false acks).
 
+A kill during a reshard (one replica)
+    An old owner keeps what its cut handed to each new owner for the whole
+    epoch. A restarted acker learns the move under way from the controller and
+    rejoins it empty: as an old owner it sends every new owner an empty handoff
+    (its entries died with it: their trees are replayed, as at any kill); as a
+    new owner it awaits every old owner again, asking each (re-asked until
+    merged) to hand its entries again, and holds operations until then.
+
 Catch-up after a restart (two replicas)
     The partner holds every update of their shared range, the restarted acker
     ``R`` a subset, so they must not merge by XOR. Instead:

@@ -7,6 +7,7 @@ Scenarios (drawn from the seed):
 ``catchup``  two replicas: an acker is killed and restarted, and once it has
              caught up one of its partners is killed and restarted.
 ``crashes``  one or two replicas, acker kills at random moments.
+``reshard-kill``  a reshard, and a kill of one of its ackers soon after it starts.
 
 Checked in every run: no false ack (an ACKED outcome from any acker for a tree
 whose every ack had not been sent), exactly one spout callback per emit,
