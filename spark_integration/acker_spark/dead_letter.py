@@ -104,12 +104,12 @@ class Select:
 
     def matches(self, letter: DeadLetter) -> bool:
         """True when ``letter`` is of the selected kinds and keys."""
-        if self.keys and letter.key not in self._key_set():
-            return False
-        return not self.cause or cause_kind(letter.last_cause) in self.cause
+        return self._takes(letter.key, letter.last_cause, frozenset(self.keys))
 
-    def _key_set(self) -> frozenset[str]:
-        return frozenset(self.keys)
+    def _takes(self, key: str, last_cause: str | None, keys: frozenset[str]) -> bool:
+        if keys and key not in keys:
+            return False
+        return not self.cause or cause_kind(last_cause) in self.cause
 
 
 @dataclass(frozen=True)
@@ -240,6 +240,18 @@ class DeadLetterStore:
             if select.matches(letter)
         ]
 
+    def selected_keys(self, select: Select) -> list[str]:
+        """The keys of :meth:`selected`, ordered, without reading the records (what a redrive claims)."""
+        keys = frozenset(select.keys)
+        with open_db(self.path) as conn:
+            rows = conn.execute(
+                "SELECT record_key, CASE WHEN redrive_status = ? AND redrive_cause IS NOT NULL THEN redrive_cause"
+                " ELSE cause END FROM dead_letters WHERE redrive_status IS NULL OR redrive_status = ?"
+                " ORDER BY record_key",
+                (DEAD, DEAD),
+            ).fetchall()
+        return [key for key, last_cause in rows if select._takes(key, last_cause, keys)]
+
     def start_redrive(self, redrive_id: str, select: Select, chunk: int, keys: Sequence[str]) -> int:
         """Record a redrive and claim ``keys`` for it, in one transaction; how many were claimed.
 
@@ -280,21 +292,57 @@ class DeadLetterStore:
         """The letters a redrive claimed (in any status), ordered by key: the same list every time it is asked."""
         return self._letters("WHERE redrive_id = ?", (redrive_id,))
 
-    def mark(self, redrive_id: str, acked: Iterable[str], dead: Mapping[str, str | None]) -> int:
-        """Record how a redrive's deliveries ended, in one transaction: ``acked`` keys and ``dead`` keys with their
-        new cause. Only rows still claimed by this redrive change; how many did."""
-        at = time.time()
-        rows = [(ACKED, None, at, redrive_id, key) for key in acked]
-        rows += [(DEAD, cause, at, redrive_id, key) for key, cause in dead.items()]
-        if not rows:
-            return 0
+    def claimed_status(self, redrive_id: str) -> list[tuple[str, str]]:
+        """``(key, status)`` of every letter a redrive claimed, ordered by key (the records are not read)."""
         with open_db(self.path) as conn:
-            cursor = conn.executemany(
+            return conn.execute(
+                "SELECT record_key, redrive_status FROM dead_letters WHERE redrive_id = ? ORDER BY record_key",
+                (redrive_id,),
+            ).fetchall()
+
+    def claimed_records(self, redrive_id: str, first: str, last: str) -> tuple[list[str], list[str]]:
+        """The keys and stored records (JSON text) a redrive claimed from key ``first`` to ``last``, ordered."""
+        with open_db(self.path) as conn:
+            rows = conn.execute(
+                "SELECT record_key, record FROM dead_letters WHERE redrive_id = ? AND record_key BETWEEN ? AND ?"
+                " ORDER BY record_key",
+                (redrive_id, first, last),
+            ).fetchall()
+        return [key for key, _ in rows], [record for _, record in rows]
+
+    def mark(self, redrive_id: str, first: str, last: str, dead: Mapping[str, str | None]) -> int:
+        """Record how a redrive's deliveries from key ``first`` to ``last`` ended, in one transaction: the
+        ``dead`` keys with their new cause, every other one acked. Only rows still claimed by this redrive
+        change; how many did."""
+        at = time.time()
+        with open_db(self.path) as conn:
+            changed = conn.executemany(
                 "UPDATE dead_letters SET redrive_status = ?, redrive_cause = ?, redriven_at = ?"
-                " WHERE redrive_id = ? AND record_key = ? AND redrive_status = 'redriving'",
-                rows,
-            )
-            return cursor.rowcount
+                " WHERE redrive_id = ? AND record_key = ? AND redrive_status = ?",
+                [(DEAD, cause, at, redrive_id, key, REDRIVING) for key, cause in dead.items()],
+            ).rowcount
+            changed += conn.execute(
+                "UPDATE dead_letters SET redrive_status = ?, redriven_at = ?"
+                " WHERE redrive_id = ? AND redrive_status = ? AND record_key BETWEEN ? AND ?",
+                (ACKED, at, redrive_id, REDRIVING, first, last),
+            ).rowcount
+            return changed
+
+    def outcomes(self, redrive_id: str) -> tuple[int, dict[str, int]]:
+        """How a redrive ended: letters acked, and letters dead again by cause kind."""
+        with open_db(self.path) as conn:
+            acked = conn.execute(
+                "SELECT COUNT(*) FROM dead_letters WHERE redrive_id = ? AND redrive_status = ?", (redrive_id, ACKED)
+            ).fetchone()[0]
+            dead = conn.execute(
+                "SELECT redrive_cause FROM dead_letters WHERE redrive_id = ? AND redrive_status = ?",
+                (redrive_id, DEAD),
+            ).fetchall()
+        causes: dict[str, int] = {}
+        for (cause,) in dead:
+            kind = cause_kind(cause)
+            causes[kind] = causes.get(kind, 0) + 1
+        return acked, causes
 
     def end_redrive(self, redrive_id: str) -> None:
         """Mark a redrive done (every letter it claimed has its outcome)."""

@@ -31,6 +31,7 @@ the sleep are injected, so tests observe the pacing without waiting.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -38,17 +39,31 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from acker_client import new_id
 
-from .dead_letter import ACKED, DEAD, DeadLetter, DeadLetterStore, Select, cause_kind
+from .dead_letter import ACKED, DEAD, DeadLetterStore, Select
 
-__all__ = ["ChunkRunner", "Redrive", "RedriveReport", "RedriveUnfinished", "Select"]
+__all__ = ["ChunkRunner", "Redrive", "RedriveChunk", "RedriveReport", "RedriveUnfinished", "Select"]
 
 log = logging.getLogger(__name__)
 
-ChunkRunner = Callable[[list[DeadLetter], Path], Mapping[str, str | None]]
-"""``run(letters, folder)``: send these letters through the job as new deliveries, with ``folder`` for the
+
+@dataclass(frozen=True)
+class RedriveChunk:
+    """A chunk's letters: their keys, ordered, and their stored records as JSON text (parsed by the runner)."""
+
+    keys: list[str]
+    records: list[str]
+
+    def values(self) -> list[Any]:
+        """The records as Python values."""
+        return [json.loads(record) for record in self.records]
+
+
+ChunkRunner = Callable[[RedriveChunk, Path], Mapping[str, str | None]]
+"""``run(chunk, folder)``: send the chunk's letters through the job as new deliveries, with ``folder`` for the
 run's state (the same folder when a killed chunk is resumed); returns the keys that died again, with their
 causes. Every other letter of the chunk was acked."""
 
@@ -148,33 +163,29 @@ class Redrive:
             log.info("resuming redrive %s (%s)", redrive_id, self.select.describe())
         else:
             redrive_id = self.redrive_id or f"r{new_id():016x}"
-            chosen = self.store.selected(self.select)
+            chosen = self.store.selected_keys(self.select)
             chunk = max(1, math.ceil(self.rate * self.chunk_seconds)) if self.rate is not None else max(1, len(chosen))
-            self.store.start_redrive(redrive_id, self.select, chunk, [letter.key for letter in chosen])
+            self.store.start_redrive(redrive_id, self.select, chunk, chosen)
             log.info("redrive %s: %d dead letters (%s)", redrive_id, len(chosen), self.select.describe())
         report = RedriveReport(redrive_id, self.select.describe(), resumed=unfinished is not None)
-        letters = self.store.claimed(redrive_id)  # the same list, in the same order, on every resume
-        report.claimed = len(letters)
-        for number, start in enumerate(range(0, len(letters), chunk)):
-            part = letters[start : start + chunk]
-            if all(letter.redrive_status in (ACKED, DEAD) for letter in part):
+        claimed = self.store.claimed_status(redrive_id)  # the same keys, in the same order, on every resume
+        report.claimed = len(claimed)
+        for number, start in enumerate(range(0, len(claimed), chunk)):
+            part = claimed[start : start + chunk]
+            if all(status in (ACKED, DEAD) for _, status in part):
                 continue  # recorded by an earlier call
             self._pace(started, report.sent)
-            dead = dict(self.runner(part, self.folder / redrive_id / f"chunk-{number:05d}"))
-            keys = {letter.key for letter in part}
-            unknown = set(dead) - keys
+            first, last = part[0][0], part[-1][0]
+            letters = RedriveChunk(*self.store.claimed_records(redrive_id, first, last))
+            dead = dict(self.runner(letters, self.folder / redrive_id / f"chunk-{number:05d}"))
+            unknown = set(dead).difference(letters.keys)
             if unknown:
                 raise RuntimeError(f"the redrive's run reported keys it was not given: {sorted(unknown)[:5]}")
-            self.store.mark(redrive_id, (key for key in keys if key not in dead), dead)
+            self.store.mark(redrive_id, first, last, dead)
             report.sent += len(part)
         self.store.end_redrive(redrive_id)
-        for letter in self.store.claimed(redrive_id):
-            if letter.redrive_status == ACKED:
-                report.acked += 1
-            elif letter.redrive_status == DEAD:
-                report.dead += 1
-                kind = cause_kind(letter.last_cause)
-                report.causes[kind] = report.causes.get(kind, 0) + 1
+        report.acked, report.causes = self.store.outcomes(redrive_id)
+        report.dead = sum(report.causes.values())
         report.seconds = self.clock() - started
         log.info(
             "redrive %s: %d acked, %d dead again of %d (%d sent in %.1f s)",

@@ -4,6 +4,7 @@ without sending any letter twice."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,3 +149,27 @@ def test_redrive_killed_midway_and_run_again_sends_each_letter_once(
     assert report.resumed and (report.claimed, report.acked, report.sent) == (40, 40, 30)
     assert seen(db) == dict.fromkeys((d.key for d in letters.all()), 1)  # no letter delivered twice
     assert {d.redrive_status for d in letters.all()} == {"acked"}
+
+
+def test_acker_ctl_redrive_runs_the_job_module_over_the_selection(
+    failed_run: tuple[Any, DeadLetterStore, Path], ackers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command takes the KeyError letters through the job module's job: they end acked, the rest untouched."""
+    from acker_ctl.cli import main
+
+    _, letters, _ = failed_run
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # the job module, as a user's would be on the path
+    printed: list[str] = []
+    code = main(
+        [
+            "--ackers", ",".join(ackers.addresses), "--json", "dead-letters", "redrive", "--store", str(letters.path),
+            "--job", "redrive_job:make_job", "--checkpoint", str(tmp_path / "cp"), "--cause", "KeyError",
+        ],  # fmt: skip
+        out=printed.append,
+    )
+    assert code == 0, printed
+    result = json.loads(printed[0])
+    assert (result["claimed"], result["acked"], result["dead"]) == (10, 10, 0)
+    statuses = {d.key: d.redrive_status for d in letters.all() if d.cause and d.cause.startswith("KeyError")}
+    assert set(statuses.values()) == {"acked"} and len(statuses) == 10
+    assert sum(d.redrive_status is None for d in letters.all()) == 30

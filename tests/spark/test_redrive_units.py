@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from acker_protocol.wire import Outcome
 from acker_spark.dead_letter import DeadLetterStore, Select, cause_kind
-from acker_spark.redrive import Redrive, RedriveUnfinished
+from acker_spark.redrive import Redrive, RedriveChunk, RedriveUnfinished
 
 
 class Crash(Exception):
@@ -36,11 +36,12 @@ class Runner:
         self.crash_at = crash_at
         self.chunks: list[tuple[list[str], Path]] = []
 
-    def __call__(self, letters: list, folder: Path) -> dict[str, str | None]:
-        self.chunks.append(([letter.key for letter in letters], folder))
+    def __call__(self, chunk: RedriveChunk, folder: Path) -> dict[str, str | None]:
+        assert [value["id"] for value in chunk.values()] == chunk.keys  # each key with its own record
+        self.chunks.append((chunk.keys, folder))
         if self.crash_at is not None and len(self.chunks) == self.crash_at:
             raise Crash
-        return {letter.key: self.dead[letter.key] for letter in letters if letter.key in self.dead}
+        return {key: self.dead[key] for key in chunk.keys if key in self.dead}
 
 
 class FakeClock:
@@ -74,6 +75,7 @@ def test_cause_kind_of_free_text_and_none() -> None:
 def test_select_by_cause_by_key_and_both(tmp_path: Path) -> None:
     store = store_with(tmp_path)
     assert len(store.selected(Select())) == 10
+    assert store.selected_keys(Select(cause="KeyError")) == ["k006", "k007", "k008"]
     assert [d.key for d in store.selected(Select(cause="KeyError"))] == ["k006", "k007", "k008"]
     assert [d.key for d in store.selected(Select(keys=["k001", "z999"]))] == ["k001", "z999"]
     assert [d.key for d in store.selected(Select(cause="ValueError", keys=["k001", "k007"]))] == ["k001"]
@@ -152,9 +154,9 @@ def test_rate_paces_chunks_by_the_injected_clock(tmp_path: Path) -> None:
     runner = Runner()
     starts: list[float] = []
 
-    def timed(letters: list, folder: Path) -> dict[str, str | None]:
+    def timed(chunk: RedriveChunk, folder: Path) -> dict[str, str | None]:
         starts.append(clock.now)
-        return runner(letters, folder)
+        return runner(chunk, folder)
 
     report = Redrive(store, timed, tmp_path / "r", rate=4, chunk_seconds=2, clock=clock, sleep=clock.sleep).run()
     assert [len(keys) for keys, _ in runner.chunks] == [8, 2]

@@ -14,6 +14,7 @@ A dead letter whose payload is not a row (a GuaranteedPipeline's value) becomes
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -21,50 +22,76 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from ..dead_letter import DeadLetter, DeadLetterStore
+from ..dead_letter import DeadLetterStore
+from ..redrive import RedriveChunk
 
-__all__ = ["DEAD_LETTER_KEY", "SourceChunks", "payload_rows"]
+__all__ = ["DEAD_LETTER_KEY", "SourceChunks", "payload_table"]
 
 DEAD_LETTER_KEY = "_dead_letter_key"
 """The column added to identify redriven rows when no column of theirs holds the dead letter's key."""
 
 INPUT, CHECKPOINT, DEAD = "input", "checkpoint", "dead_letters.sqlite"
+KEY_FILE = "_key_column"  # beside the Parquet files (Spark's reader skips names starting with "_")
 
 
-def payload_rows(letters: list[DeadLetter], key: str | None) -> tuple[list[dict[str, Any]], str]:
-    """The letters' rows and the column identifying them: ``key`` if given, else one holding every letter's key."""
-    rows = [
-        dict(letter.record) if isinstance(letter.record, dict) else {"key": letter.key, "value": letter.record}
-        for letter in letters
-    ]
+def payload_table(chunk: RedriveChunk, key: str | None) -> tuple[pa.Table, str]:
+    """The chunk's rows as an Arrow table and the column identifying them: ``key`` if given, else one holding every
+    letter's key (``key`` first), else an added ``_dead_letter_key``."""
+    keys = pa.array(chunk.keys, pa.string())
+    table = _rows(chunk)
     if key is not None:
-        wrong = [letter.key for letter, row in zip(letters, rows) if str(row.get(key)) != letter.key]
-        if wrong:
+        if key not in table.column_names or not _holds(table.column(key), keys):
             raise ValueError(
-                f"key={key!r} does not hold the key of dead letters {wrong[:5]}: name the column the run that "
-                "dead-lettered them was keyed by (or leave key out)"
+                f"key={key!r} does not hold the dead letters' keys (e.g. {chunk.keys[0]!r}): name the column the "
+                "run that dead-lettered them was keyed by (or leave key out)"
             )
-        return rows, key
-    if rows:
-        names = ["key", *(name for name in rows[0] if name != "key")]
-        for name in names:
-            if all(name in row and str(row[name]) == letter.key for letter, row in zip(letters, rows)):
-                return rows, name
-    for letter, row in zip(letters, rows):
-        row[DEAD_LETTER_KEY] = letter.key
-    return rows, DEAD_LETTER_KEY
+        return table, key
+    names = sorted(table.column_names, key=lambda name: name != "key")
+    for name in names:
+        if _holds(table.column(name), keys):
+            return table, name
+    return table.append_column(DEAD_LETTER_KEY, keys), DEAD_LETTER_KEY
 
 
-def write_rows(rows: list[dict[str, Any]], folder: Path, files: int) -> None:
-    """``rows`` into ``files`` Parquet files in ``folder``, written into a temporary folder and renamed."""
+def _rows(chunk: RedriveChunk) -> pa.Table:
+    """Rows stored as JSON objects, parsed by Arrow's JSON reader; other values as ``key``/``value`` rows."""
+    if all(record.startswith("{") for record in chunk.records):
+        try:
+            # One object per line (json.dumps writes no raw newline); the reader keeps the lines' order.
+            return pa_json.read_json(io.BytesIO("\n".join(chunk.records).encode()))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass  # types Arrow's inference cannot settle: the Python path below says which
+    values = chunk.values()
+    rows = [v if isinstance(v, dict) else {"key": k, "value": v} for k, v in zip(chunk.keys, values)]
+    try:
+        return pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise TypeError(f"the dead letters' rows (from {chunk.keys[0]!r}) do not make one table: {err}") from err
+
+
+def _holds(column: pa.ChunkedArray, keys: pa.Array) -> bool:
+    """True when ``column``, as strings, equals ``keys`` row by row."""
+    try:
+        as_text = pc.cast(column, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return bool(pc.all(pc.fill_null(pc.equal(as_text, keys), False)).as_py())
+
+
+def write_rows(table: pa.Table, column: str, folder: Path, files: int) -> None:
+    """``table`` into ``files`` Parquet files in ``folder``, and the key ``column``'s name beside them; written into
+    a temporary folder and renamed, so ``folder`` exists only complete."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    table = pa.Table.from_pylist(rows)
-    files = max(1, min(files, len(rows)))
-    step = -(-len(rows) // files) if rows else 1
+    (tmp / KEY_FILE).write_text(column)
+    _fsync(tmp / KEY_FILE)
+    files = max(1, min(files, table.num_rows))
+    step = -(-table.num_rows // files) if table.num_rows else 1
     for part in range(files):
         path = tmp / f"part-{part:05d}.parquet"
         pq.write_table(table.slice(part * step, step), str(path))
@@ -99,13 +126,14 @@ class SourceChunks:
         self.files = files
         self.stats: list[Any] = []  # each chunk's SourceStats, in order
 
-    def __call__(self, letters: list[DeadLetter], folder: Path) -> Mapping[str, str | None]:
+    def __call__(self, chunk: RedriveChunk, folder: Path) -> Mapping[str, str | None]:
         """Run the chunk (resuming its checkpoint if it has one); the keys that died again, with their causes."""
         folder.mkdir(parents=True, exist_ok=True)
-        rows, column = payload_rows(letters, self.key)
         source = folder / INPUT
         if not source.exists():  # a resumed chunk reads the rows its first run wrote
-            write_rows(rows, source, self.files)
+            table, column = payload_table(chunk, self.key)
+            write_rows(table, column, source, self.files)
+        column = (source / KEY_FILE).read_text()
         df = self.spark.read.parquet(str(source))
         if self.schema is not None:
             df = _cast(df, self.schema)
