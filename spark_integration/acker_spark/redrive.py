@@ -112,7 +112,7 @@ class RedriveReport:
 class Redrive:
     """One redrive of ``store``'s letters chosen by ``select``, run chunk by chunk by ``runner`` under ``folder``.
 
-    ``rate``: most letters sent per second (None: uncapped, one chunk);
+    ``select``: which letters (default ``Select()``, all); ``rate``: most letters sent per second (None: uncapped, one chunk);
     ``chunk_seconds``: how many seconds of letters, at ``rate``, one chunk
     holds; ``redrive_id``: the new redrive's name (default: generated).
     """
@@ -123,7 +123,7 @@ class Redrive:
         runner: ChunkRunner,
         folder: str | Path,
         *,
-        select: Select = Select(),
+        select: Select | None = None,
         rate: float | None = None,
         chunk_seconds: float = 10.0,
         redrive_id: str | None = None,
@@ -136,6 +136,7 @@ class Redrive:
             raise ValueError(f"chunk_seconds must be > 0, got {chunk_seconds!r}")
         if redrive_id is not None and not _ID.match(redrive_id):
             raise ValueError(f"a redrive id is 1-64 letters, digits, '_', '.' or '-', got {redrive_id!r}")
+        select = Select() if select is None else select
         if not isinstance(select, Select):
             raise TypeError(f"select must be a Select(cause=..., keys=...), got {type(select).__name__}")
         self.store = store
@@ -205,4 +206,3 @@ class Redrive:
         wait = started + sent / self.rate - self.clock()
         if wait > 0:
             self.sleep(wait)
-

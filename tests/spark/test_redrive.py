@@ -162,8 +162,19 @@ def test_acker_ctl_redrive_runs_the_job_module_over_the_selection(
     printed: list[str] = []
     code = main(
         [
-            "--ackers", ",".join(ackers.addresses), "--json", "dead-letters", "redrive", "--store", str(letters.path),
-            "--job", "redrive_job:make_job", "--checkpoint", str(tmp_path / "cp"), "--cause", "KeyError",
+            "--ackers",
+            ",".join(ackers.addresses),
+            "--json",
+            "dead-letters",
+            "redrive",
+            "--store",
+            str(letters.path),
+            "--job",
+            "redrive_job:make_job",
+            "--checkpoint",
+            str(tmp_path / "cp"),
+            "--cause",
+            "KeyError",
         ],  # fmt: skip
         out=printed.append,
     )

@@ -22,7 +22,7 @@ def store_with(tmp_path: Path, value_errors: int = 6, key_errors: int = 3) -> De
     for i in range(value_errors):
         rows.append((f"k{i:03d}", {"id": f"k{i:03d}", "n": i}, Outcome.FAILED, 1, f"ValueError: bad n {i} (at j.py:3)"))
     for i in range(value_errors, value_errors + key_errors):
-        rows.append((f"k{i:03d}", {"id": f"k{i:03d}", "n": i}, Outcome.FAILED, 1, f"KeyError: 'price' (at j.py:9)"))
+        rows.append((f"k{i:03d}", {"id": f"k{i:03d}", "n": i}, Outcome.FAILED, 1, "KeyError: 'price' (at j.py:9)"))
     rows.append(("z999", {"id": "z999", "n": -1}, Outcome.TIMED_OUT, 4, None))
     store.add_many(rows)
     return store
@@ -96,7 +96,10 @@ def test_redrive_marks_acked_and_dead_again_with_the_new_cause(tmp_path: Path) -
     assert len(runner.chunks) == 1  # uncapped: one chunk
     letters = {d.key: d for d in store.all()}
     assert letters["k000"].redrive_status == "acked"
-    assert (letters["k002"].redrive_status, letters["k002"].redrive_cause) == ("dead", "TypeError: still bad (at j.py:4)")
+    assert (letters["k002"].redrive_status, letters["k002"].redrive_cause) == (
+        "dead",
+        "TypeError: still bad (at j.py:4)",
+    )
     assert letters["k002"].cause.startswith("ValueError")  # the original cause is kept
     assert letters["k006"].redrive_status is None  # not selected
     # The letter that died again is grouped under its new cause, and a new redrive may take it.
@@ -119,7 +122,9 @@ def test_killed_redrive_is_finished_by_the_next_with_each_letter_once(tmp_path: 
     clock = FakeClock()
     first = Runner(crash_at=3)
     with pytest.raises(Crash):
-        Redrive(store, first, tmp_path / "r", select=Select(), rate=2, chunk_seconds=1, clock=clock, sleep=clock.sleep).run()
+        Redrive(
+            store, first, tmp_path / "r", select=Select(), rate=2, chunk_seconds=1, clock=clock, sleep=clock.sleep
+        ).run()
     assert [keys for keys, _ in first.chunks] == [["k000", "k001"], ["k002", "k003"], ["k004", "k005"]]
     assert {d.redrive_status for d in store.all()} == {"acked", "redriving"}
     (run,) = store.redrives()
@@ -190,3 +195,43 @@ def test_a_store_made_before_redrives_gains_the_columns(tmp_path: Path) -> None:
     (letter,) = store.all()
     assert (letter.key, letter.cause, letter.redrive_status) == ("a", None, None)
     assert [g.kind for g in store.groups()] == ["(no cause)"]
+
+
+def chunk_of(keys: list[str], values: list[object]) -> RedriveChunk:
+    import json
+
+    return RedriveChunk(keys, [json.dumps(v) for v in values])
+
+
+def test_payload_rows_are_keyed_by_the_column_holding_the_keys() -> None:
+    from acker_spark.executor_read.redrive_source import payload_table
+
+    table, column = payload_table(chunk_of(["a", "b"], [{"n": 1, "id": "a"}, {"n": 2, "id": "b"}]), None)
+    assert column == "id" and table.column("n").to_pylist() == [1, 2]
+    with pytest.raises(ValueError, match="key='n' does not hold the dead letters' keys"):
+        payload_table(chunk_of(["a", "b"], [{"n": 1, "id": "a"}, {"n": 2, "id": "b"}]), "n")
+
+
+def test_payload_rows_without_a_key_column_get_one() -> None:
+    from acker_spark.executor_read.redrive_source import DEAD_LETTER_KEY, payload_table
+
+    table, column = payload_table(chunk_of(["f.txt:3", "f.txt:9"], [{"value": "x"}, {"value": "y"}]), None)
+    assert column == DEAD_LETTER_KEY and table.column(column).to_pylist() == ["f.txt:3", "f.txt:9"]
+
+
+def test_values_that_are_not_rows_become_key_and_value() -> None:
+    """A GuaranteedPipeline's dead letters hold the record's value: the shape of an in-memory source."""
+    from acker_spark.executor_read.redrive_source import payload_table
+
+    table, column = payload_table(chunk_of(["r1", "r2"], ["one line", "another"]), None)
+    assert column == "key" and table.to_pylist() == [
+        {"key": "r1", "value": "one line"},
+        {"key": "r2", "value": "another"},
+    ]
+
+
+def test_rows_of_no_one_type_get_a_clear_error() -> None:
+    from acker_spark.executor_read.redrive_source import payload_table
+
+    with pytest.raises(TypeError, match="do not make one table"):
+        payload_table(chunk_of(["a", "b"], [{"n": 1}, {"n": "x"}]), None)

@@ -134,7 +134,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mode",
         choices=(
-            "trees", "apply", "memory", "ledger", "mass-timeout", "dataframe", "pipeline", "exactly-once", "redrive",
+            "trees",
+            "apply",
+            "memory",
+            "ledger",
+            "mass-timeout",
+            "dataframe",
+            "pipeline",
+            "exactly-once",
+            "redrive",
         ),  # fmt: skip
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "

@@ -8,7 +8,10 @@ unless ``rate``) through a job whose ArrowBolt sink writes each batch's
 means: every letter ends ``acked`` in the table, the sink saw each id exactly
 once, on its first attempt (no letter delivered twice), and no other id.
 ``seconds`` is the whole redrive: claiming the letters, writing their rows as
-Parquet, the Spark job with tracking, and recording the outcomes.
+Parquet, the Spark job with tracking, and recording the outcomes. Before it,
+the same rows run once through the same job as a plain ``SourcePipeline.run``
+over Parquet (``run_seconds``): on a busy machine the ratio of the two says
+more than either (``baseline=False`` leaves it out).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class RedriveBenchConfig:
     message_timeout: float = 600.0
     master: str = "local[2]"
     rate: float | None = None
+    baseline: bool = True
 
 
 class ParquetSink:
@@ -67,6 +71,32 @@ def _fill(store: Any, records: int) -> None:
     )
 
 
+def _baseline(spark: Any, client: Any, addresses: list[str], work: Path, records: int) -> float:
+    """Seconds of a plain SourcePipeline.run of the same rows, from Parquet, through the same kind of job."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from acker_spark import ArrowBolt
+    from acker_spark.executor_read.source_pipeline import SourcePipeline
+
+    source, sink_folder = work / "baseline-input", work / "baseline-sink"
+    source.mkdir()
+    sink_folder.mkdir()
+    ids = [f"k{i:07d}" for i in range(records)]
+    table = pa.table({"id": ids, "amount": [float(i) for i in range(records)]})
+    half = -(-records // 2)  # two files, as the redrive writes on local[2]
+    for part in range(2):
+        pq.write_table(table.slice(part * half, half), str(source / f"part-{part}.parquet"))
+    sink = ArrowBolt(ParquetSink(str(sink_folder)), addresses, schema=None, name="baseline-sink")
+    started = time.monotonic()
+    stats = SourcePipeline(spark, client, work / "baseline-checkpoint").run(
+        spark.read.parquet(str(source)), lambda df: sink.apply_df(df).count(), key="id"
+    )
+    seconds = time.monotonic() - started
+    if stats.acked != records:
+        raise RuntimeError(f"the baseline run acked {stats.acked} of {records} records")
+    return round(seconds, 3)
+
+
 def run_redrive_bench(config: RedriveBenchConfig) -> dict[str, Any]:
     """Redrive ``config.records`` letters once; the figures and whether each went through exactly once."""
     import pyarrow.parquet as pq
@@ -78,16 +108,23 @@ def run_redrive_bench(config: RedriveBenchConfig) -> dict[str, Any]:
     if config.records < 1:
         raise ValueError("--records must be >= 1")
     work = Path(tempfile.mkdtemp(prefix="acker-bench-redrive-"))
-    spark = None
+    spark, owned = None, False
     try:
         store = DeadLetterStore(work / "dead.sqlite")
         _fill(store, config.records)
         sink_folder = work / "sink"
         sink_folder.mkdir()
+        from pyspark.sql import SparkSession
+
+        owned = SparkSession.getActiveSession() is None  # a test's shared session is left running
         spark = local_session(config.master, app_name="acker-bench-redrive")
+        spark.range(1000).count()  # start the JVM's executors and Python workers before anything is timed
+        run_seconds = None
         with local_cluster(config.ackers, message_timeout=config.message_timeout) as cluster:
             sink = ArrowBolt(ParquetSink(str(sink_folder)), cluster.addresses, schema=None, name="sink")
             with ClusterClient(cluster.addresses) as client:
+                if config.baseline:
+                    run_seconds = _baseline(spark, client, cluster.addresses, work, config.records)
                 pipeline = SourcePipeline(spark, client, work / "checkpoint")
                 report = pipeline.redrive(store, lambda df: sink.apply_df(df).count(), rate=config.rate)
             close_clients()
@@ -108,12 +145,14 @@ def run_redrive_bench(config: RedriveBenchConfig) -> dict[str, Any]:
             "seconds": round(report.seconds, 3),
             "records_per_s": round(config.records / report.seconds, 1) if report.seconds > 0 else 0.0,
             "rate_cap": config.rate,
+            "run_seconds": run_seconds,
+            "redrive_over_run": round(report.seconds / run_seconds, 2) if run_seconds else None,
             "acked": report.acked,
             "dead": report.dead,
             "sink_rows": len(ids),
             "exactly_once": exactly_once,
         }
     finally:
-        if spark is not None:
+        if spark is not None and owned:
             spark.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -173,4 +173,3 @@ def _redrive(store: Any, args: argparse.Namespace, out: Callable[[str], None], e
         )
     )
     return 0
-

@@ -148,6 +148,8 @@ def _cast(df: Any, schema: Any) -> Any:
     from pyspark.sql.types import StructType
 
     struct = schema if isinstance(schema, StructType) else StructType.fromDDL(schema)
+    if not isinstance(struct, StructType):
+        raise ValueError(f"schema={schema!r} is not a list of columns (e.g. 'amount double, day date')")
     types = {f.name: f.dataType.simpleString() for f in struct.fields}
     return df.selectExpr(*(f"CAST(`{c}` AS {types[c]}) AS `{c}`" if c in types else f"`{c}`" for c in df.columns))
 

@@ -50,7 +50,7 @@ from acker_protocol.wire import Outcome
 from ..causes import CHECKPOINT_PROPERTY
 from ..dead_letter import DeadLetterStore, Select
 from ..job_errors import JobError, job_error
-from ..output import Output, OutputCommits, OutputStager
+from ..output import FileOutput, Output, OutputCommits, OutputStager, TableOutput
 from ..output.stager import stager_schema
 from ..redrive import Redrive, RedriveReport
 from ..replay_policy import ReplayPolicy
@@ -247,7 +247,7 @@ class SourcePipeline:
         dead_letters: DeadLetterStore,
         job: Callable[[Any], object],
         *,
-        select: Select = Select(),
+        select: Select | None = None,
         rate: float | None = None,
         key: str | None = None,
         schema: Any = None,
@@ -260,7 +260,7 @@ class SourcePipeline:
         """Send the selected dead letters through ``job`` again as new deliveries; each at most once, also across kills.
 
         ``select``: :class:`~acker_spark.dead_letter.Select` by cause kind
-        and/or keys (default: every letter not yet acked by a redrive).
+        and/or keys (default ``Select()``: every letter not yet acked by a redrive).
         ``rate``: most records sent per second (default uncapped), in chunks
         of ``rate * chunk_seconds`` records. The records are the letters'
         stored rows, read as a Parquet source keyed by ``key`` (default: the
@@ -294,9 +294,9 @@ class SourcePipeline:
     def _sibling(self, checkpoint: Path, dead_letters: DeadLetterStore) -> SourcePipeline:
         """A pipeline configured like this one, with another checkpoint and dead-letter table (a redrive chunk's)."""
         output = self.output
-        if output is not None and getattr(output, "mode", "append") != "append":
+        if isinstance(output, (FileOutput, TableOutput)) and output.mode != "append":
             # The redrive adds to what the run wrote: "overwrite" would drop it, "error" refuse it.
-            output = dataclasses.replace(output, mode="append")  # type: ignore[type-var]
+            output = dataclasses.replace(output, mode="append")
         return SourcePipeline(
             self.spark,
             self.cluster,
