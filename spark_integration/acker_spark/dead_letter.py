@@ -240,36 +240,38 @@ class DeadLetterStore:
             if select.matches(letter)
         ]
 
-    def selected_keys(self, select: Select) -> list[str]:
-        """The keys of :meth:`selected`, ordered, without reading the records (what a redrive claims)."""
-        keys = frozenset(select.keys)
-        with open_db(self.path) as conn:
-            rows = conn.execute(
-                "SELECT record_key, CASE WHEN redrive_status = ? AND redrive_cause IS NOT NULL THEN redrive_cause"
-                " ELSE cause END FROM dead_letters WHERE redrive_status IS NULL OR redrive_status = ?"
-                " ORDER BY record_key",
-                (DEAD, DEAD),
-            ).fetchall()
-        return [key for key, last_cause in rows if select._takes(key, last_cause, keys)]
+    def start_redrive(self, redrive_id: str, select: Select, chunk: int | None) -> int:
+        """Record a redrive and claim the letters ``select`` takes for it, in one transaction; how many it claimed.
 
-    def start_redrive(self, redrive_id: str, select: Select, chunk: int, keys: Sequence[str]) -> int:
-        """Record a redrive and claim ``keys`` for it, in one transaction; how many were claimed.
-
-        A key that another redrive claimed meanwhile, or that is acked, is left alone.
+        ``chunk``: records per chunk (None: all of them in one). The selection is
+        made by SQLite itself (cause kinds through :func:`cause_kind` as an SQL
+        function), so no key travels through Python.
         """
-        if chunk < 1:
+        if chunk is not None and chunk < 1:
             raise ValueError(f"a redrive's chunk must be >= 1 record, got {chunk}")
+        where = "(redrive_status IS NULL OR redrive_status = ?)"
+        params: list[Any] = [redrive_id, REDRIVING, DEAD]
+        if select.keys:
+            where += " AND record_key IN (SELECT value FROM json_each(?))"
+            params.append(json.dumps(list(select.keys)))
+        if select.cause:
+            where += (
+                " AND cause_kind(CASE WHEN redrive_status = ? AND redrive_cause IS NOT NULL THEN redrive_cause"
+                " ELSE cause END) IN (SELECT value FROM json_each(?))"
+            )
+            params += [DEAD, json.dumps(list(select.cause))]
         with open_db(self.path) as conn:
+            conn.create_function("cause_kind", 1, cause_kind, deterministic=True)
+            claimed = conn.execute(
+                "UPDATE dead_letters SET redrive_id = ?, redrive_status = ?, redriven_at = NULL, redrive_cause = NULL"
+                f" WHERE {where}",
+                params,
+            ).rowcount
             conn.execute(
                 "INSERT INTO redrives (redrive_id, selection, chunk, status, started_at) VALUES (?, ?, ?, 'running', ?)",
-                (redrive_id, select.as_json(), chunk, time.time()),
+                (redrive_id, select.as_json(), chunk if chunk is not None else max(1, claimed), time.time()),
             )
-            cursor = conn.executemany(
-                "UPDATE dead_letters SET redrive_id = ?, redrive_status = ?, redriven_at = NULL, redrive_cause = NULL"
-                " WHERE record_key = ? AND (redrive_status IS NULL OR redrive_status = ?)",
-                [(redrive_id, REDRIVING, key, DEAD) for key in keys],
-            )
-            return cursor.rowcount
+            return claimed
 
     def unfinished_redrive(self) -> RedriveRun | None:
         """The redrive that was started and not finished (a killed one), if any."""
@@ -279,6 +281,17 @@ class DeadLetterStore:
                 " WHERE status = 'running' ORDER BY started_at LIMIT 1"
             ).fetchone()
         return RedriveRun(*row) if row is not None else None
+
+    def redrive(self, redrive_id: str) -> RedriveRun:
+        """One redrive as recorded (KeyError if there is none of that id)."""
+        with open_db(self.path) as conn:
+            row = conn.execute(
+                "SELECT redrive_id, selection, chunk, status, started_at, ended_at FROM redrives WHERE redrive_id = ?",
+                (redrive_id,),
+            ).fetchone()
+        if row is None:
+            raise KeyError(f"no redrive {redrive_id!r} in {self.path}")
+        return RedriveRun(*row)
 
     def redrives(self) -> list[RedriveRun]:
         """Every redrive recorded, oldest first."""

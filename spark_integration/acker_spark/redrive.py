@@ -160,17 +160,17 @@ class Redrive:
                     f"finished: run it again with that selection to finish it (each letter at most once), or "
                     f"abandon it (DeadLetterStore.abandon_redrive) before redriving {self.select.describe()}"
                 )
-            redrive_id, chunk = unfinished.redrive_id, unfinished.chunk
+            redrive_id = unfinished.redrive_id
             log.info("resuming redrive %s (%s)", redrive_id, self.select.describe())
         else:
             redrive_id = self.redrive_id or f"r{new_id():016x}"
-            chosen = self.store.selected_keys(self.select)
-            chunk = max(1, math.ceil(self.rate * self.chunk_seconds)) if self.rate is not None else max(1, len(chosen))
-            self.store.start_redrive(redrive_id, self.select, chunk, chosen)
-            log.info("redrive %s: %d dead letters (%s)", redrive_id, len(chosen), self.select.describe())
+            chunk = max(1, math.ceil(self.rate * self.chunk_seconds)) if self.rate is not None else None
+            count = self.store.start_redrive(redrive_id, self.select, chunk)
+            log.info("redrive %s: %d dead letters (%s)", redrive_id, count, self.select.describe())
         report = RedriveReport(redrive_id, self.select.describe(), resumed=unfinished is not None)
         claimed = self.store.claimed_status(redrive_id)  # the same keys, in the same order, on every resume
         report.claimed = len(claimed)
+        chunk = self.store.redrive(redrive_id).chunk  # fixed when the redrive started
         for number, start in enumerate(range(0, len(claimed), chunk)):
             part = claimed[start : start + chunk]
             if all(status in (ACKED, DEAD) for _, status in part):

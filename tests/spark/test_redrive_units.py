@@ -75,7 +75,6 @@ def test_cause_kind_of_free_text_and_none() -> None:
 def test_select_by_cause_by_key_and_both(tmp_path: Path) -> None:
     store = store_with(tmp_path)
     assert len(store.selected(Select())) == 10
-    assert store.selected_keys(Select(cause="KeyError")) == ["k006", "k007", "k008"]
     assert [d.key for d in store.selected(Select(cause="KeyError"))] == ["k006", "k007", "k008"]
     assert [d.key for d in store.selected(Select(keys=["k001", "z999"]))] == ["k001", "z999"]
     assert [d.key for d in store.selected(Select(cause="ValueError", keys=["k001", "k007"]))] == ["k001"]
