@@ -25,8 +25,11 @@ redrive (chunks already recorded are skipped) instead of starting a new one.
 
 ``rate`` caps the records sent per second: a chunk of ``rate * chunk_seconds``
 records starts only when the records before it, at that rate, would have
-taken the time since the redrive started (uncapped: one chunk). The clock and
-the sleep are injected, so tests observe the pacing without waiting.
+taken the time since the redrive started (uncapped: one chunk). Within a chunk
+the records go as fast as the job takes them: the cap holds chunk by chunk, so
+a redrive of few chunks averages above it (30,000 letters at 2,000/s in chunks
+of 20,000: 2,207/s). The clock and the sleep are injected, so tests observe
+the pacing without waiting.
 """
 
 from __future__ import annotations
