@@ -23,9 +23,10 @@ Structured Streaming: ``register_acker_spout(spark)``, then ``spark.readStream.f
 
 from typing import Any
 
-from .dead_letter import DeadLetter, DeadLetterStore
+from .dead_letter import DeadLetter, DeadLetterStore, Select
 from .driver_fed.pipeline import GuaranteedPipeline, Job, run_untracked
 from .executor_read.stream_undelivered import record_commit_errors
+from .redrive import RedriveReport, RedriveUnfinished
 from .replay_policy import ReplayPolicy
 from .run_report import AcksUndelivered, PipelineStats, RecordsFailed, RunStats, RunStopped, ShardDown, SourceStats
 from .session import LOCAL_MASTER, local_session
@@ -78,6 +79,9 @@ __all__ = [
     "ArrowFunction",
     "BatchOutput",
     "Bolt",
+    "RedriveReport",
+    "RedriveUnfinished",
+    "Select",
     "BoltFunction",
     "CommitErrors",
     "DeadLetter",

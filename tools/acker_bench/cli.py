@@ -144,7 +144,8 @@ def _parser() -> argparse.ArgumentParser:
             "pipeline",
             "exactly-once",
             "simulate",
-        ),
+            "redrive",
+        ),  # fmt: skip
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
         "throughput into the ackers; memory: acker RSS per pending tree (one embedded acker per engine); "
@@ -156,7 +157,8 @@ def _parser() -> argparse.ArgumentParser:
         "writing Parquet, plain df.write against exactly-once FileOutput); exactly-once: --records through "
         "SourcePipeline into Parquet files and a table while --faults are injected with kill -9, the output "
         "checked row by row; simulate: the seeded simulation of ackers, clients, replicas and handoffs "
-        "(--seeds N, or --seed S to replay one with its trace)",
+        "(--seeds N, or --seed S to replay one with its trace); redrive: --records dead letters redriven "
+        "through a SourcePipeline job (--rate caps records/s), each checked to go through exactly once",
     )
     p.add_argument(
         "--engine",
@@ -266,7 +268,7 @@ def _main(args: argparse.Namespace) -> int:
         return simulate_mode(args)
     if args.message_timeout is None:
         # exactly-once: a killed acker's trees are replayed at the backstop, which follows the timeout.
-        args.message_timeout = {"pipeline": 600.0, "exactly-once": 10.0}.get(args.mode, 30.0)
+        args.message_timeout = {"pipeline": 600.0, "exactly-once": 10.0, "redrive": 600.0}.get(args.mode, 30.0)
     if args.fan_out < 1 or args.depth < 0 or args.processes < 1 or args.duration <= 0:
         print("acker-bench: --fan-out and --processes must be >= 1, --depth >= 0, --duration > 0", file=sys.stderr)
         return 2
@@ -275,6 +277,8 @@ def _main(args: argparse.Namespace) -> int:
     if len(paced_by) > 1:
         print(f"acker-bench: {' and '.join(paced_by)} each choose the rate; give one of them", file=sys.stderr)
         return 2
+    if args.mode == "redrive":  # --rate caps the redrive's records/s
+        return _redrive_mode(args)
     if (paced_by or args.api != "tuples") and args.mode != "trees":
         print("acker-bench: --api, --rate, --find-capacity and --load-points belong to --mode trees", file=sys.stderr)
         return 2
@@ -522,6 +526,30 @@ def _pipeline_mode(args: argparse.Namespace) -> int:
             [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
         )
     return 0 if result["sink_exact"] else 1
+
+
+def _redrive_mode(args: argparse.Namespace) -> int:
+    """--records dead letters redriven through a SourcePipeline job: seconds, records/s, each exactly once."""
+    from .redrive import RedriveBenchConfig, run_redrive_bench
+
+    if args.records < 1:
+        print("acker-bench: --records must be >= 1", file=sys.stderr)
+        return 2
+    if args.rate is not None and not args.rate > 0:
+        print("acker-bench: --rate must be a positive number of records per second", file=sys.stderr)
+        return 2
+    config = RedriveBenchConfig(
+        records=args.records, ackers=args.embedded_ackers, message_timeout=args.message_timeout, rate=args.rate
+    )
+    result = run_redrive_bench(config)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_rows(
+            f"acker-bench --mode redrive: {result['records']:,} dead letters",
+            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+        )
+    return 0 if result["exactly_once"] else 1
 
 
 def _exactly_once_mode(args: argparse.Namespace) -> int:

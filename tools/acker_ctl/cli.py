@@ -1,4 +1,7 @@
-"""The ``acker-ctl`` command: status, inspect, top and fail against a running acker cluster.
+"""The ``acker-ctl`` command: status, inspect, top and fail against a running acker cluster; dead letters.
+
+``acker-ctl dead-letters list|redrive|abandon`` works on a pipeline's
+dead-letter table (:mod:`acker_ctl.dead_letters`).
 
 Flags fall back to ACKER_CTL_* environment variables (``ACKER_CTL_ACKERS``,
 ``ACKER_CTL_TLS_CA``, ...). Output is a table, or with ``--json`` one JSON
@@ -17,6 +20,7 @@ from typing import Any
 
 from acker_protocol.credentials import ChannelSecurity
 
+from . import dead_letters
 from .cluster import Cluster, CtlError
 
 __all__ = ["main", "build_parser"]
@@ -68,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     what = fail.add_mutually_exclusive_group(required=True)
     what.add_argument("roots", nargs="*", type=_root, default=[], metavar="ROOT")
     what.add_argument("--spout", help="fail every pending tree of this spout")
+    dead_letters.add_parser(sub)
     return p
 
 
@@ -140,6 +145,8 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     """Run one subcommand; 0 done, 1 an acker failed the call, 2 bad usage."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "dead-letters":
+        return dead_letters.run(args, out, lambda text: print(f"acker-ctl: {text}", file=sys.stderr))
     if not args.ackers:
         parser.error("give the ackers: --ackers host:port,... in shard order (or ACKER_CTL_ACKERS)")
     if args.command == "top" and args.oldest < 1:

@@ -35,6 +35,7 @@ without losing a record or processing again one already acked.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -47,10 +48,11 @@ from acker_client.pending import cluster_backstop
 from acker_protocol.wire import Outcome
 
 from ..causes import CHECKPOINT_PROPERTY
-from ..dead_letter import DeadLetterStore
+from ..dead_letter import DeadLetterStore, Select
 from ..job_errors import JobError, job_error
-from ..output import Output, OutputCommits, OutputStager
+from ..output import FileOutput, Output, OutputCommits, OutputStager, TableOutput
 from ..output.stager import stager_schema
+from ..redrive import Redrive, RedriveReport
 from ..replay_policy import ReplayPolicy
 from ..run_report import AcksUndelivered, RunStopped, ShardDown, SourceStats
 from ..session import default_parallelism, spark_context_of
@@ -237,6 +239,83 @@ class SourcePipeline:
         self._report()
         self._check_undelivered()
         return self.stats
+
+    # -- redrive --------------------------------------------------------------------------
+
+    def redrive(
+        self,
+        dead_letters: DeadLetterStore,
+        job: Callable[[Any], object],
+        *,
+        select: Select | None = None,
+        rate: float | None = None,
+        key: str | None = None,
+        schema: Any = None,
+        chunk_seconds: float = 10.0,
+        redrive_id: str | None = None,
+        folder: str | Path | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> RedriveReport:
+        """Send the selected dead letters through ``job`` again as new deliveries; each at most once, also across kills.
+
+        ``select``: :class:`~acker_spark.dead_letter.Select` by cause kind
+        and/or keys (default ``Select()``: every letter not yet acked by a redrive).
+        ``rate``: most records sent per second (default uncapped), in chunks
+        of ``rate * chunk_seconds`` records. The records are the letters'
+        stored rows, read as a Parquet source keyed by ``key`` (default: the
+        column holding the letters' keys, else an added ``_dead_letter_key``),
+        cast to ``schema`` (a DDL string or StructType) when given; each chunk
+        is a run of a pipeline configured like this one, with a checkpoint of
+        its own under ``folder`` (default: ``<checkpoint>/redrives``), and an
+        output in ``append`` mode. Each letter ends ``acked`` or ``dead`` (with
+        its new cause) in ``dead_letters``. Called again after a kill, it
+        finishes the killed redrive (see :mod:`acker_spark.redrive`).
+        ``clock`` and ``sleep`` pace the chunks (default: the pipeline's clock, ``time.sleep``).
+        """
+        from .redrive_source import SourceChunks
+
+        base = Path(folder) if folder is not None else self.checkpoint.path / "redrives"
+        chunks = SourceChunks(
+            self.spark, self._sibling, job, key=key, schema=schema, files=default_parallelism(self.spark)
+        )
+        return Redrive(
+            dead_letters,
+            chunks,
+            base,
+            select=select,
+            rate=rate,
+            chunk_seconds=chunk_seconds,
+            redrive_id=redrive_id,
+            clock=clock if clock is not None else self.clock,
+            sleep=sleep,
+        ).run()
+
+    def _sibling(self, checkpoint: Path, dead_letters: DeadLetterStore) -> SourcePipeline:
+        """A pipeline configured like this one, with another checkpoint and dead-letter table (a redrive chunk's)."""
+        output = self.output
+        if isinstance(output, (FileOutput, TableOutput)) and output.mode != "append":
+            # The redrive adds to what the run wrote: "overwrite" would drop it, "error" refuse it.
+            output = dataclasses.replace(output, mode="append")
+        return SourcePipeline(
+            self.spark,
+            self.cluster,
+            checkpoint,
+            policy=self.policy,
+            dead_letters=dead_letters,
+            spout_timeout=self.spout_timeout,
+            progress_interval=self.progress_interval,
+            journal_interval=self.journal_interval,
+            clock=self.clock,
+            security=self.security,
+            client_options=self.client_options,
+            on_progress=self.on_progress,
+            on_undelivered=self.on_undelivered,
+            shard_down_after=self.shard_down_after,
+            output=output,
+            commit_every=self.commit_every,
+            stall_after=self.stall_after,
+        )
 
     def _source_frame(self, source: Any, key: str | None) -> tuple[Any, str | None, dict[str, Any] | None]:
         """The DataFrame the rounds read, its key column, and for a new copy of an in-memory source its description."""

@@ -1,0 +1,162 @@
+"""A redrive chunk for the SourcePipeline: the dead letters' payloads as a Parquet source, run with a checkpoint.
+
+A SourcePipeline's dead letter stores the record's row (its source columns) as
+JSON. :class:`SourceChunks` writes a chunk's rows once into Parquet under the
+chunk's folder (a temporary folder, then renamed: it exists only complete) and
+runs a pipeline built like the user's, with a checkpoint and a dead-letter
+table of the chunk's own, over ``spark.read.parquet`` of it, identified by a
+key column. A chunk resumed after a kill finds both again and continues that
+run. The job gets the rows' own columns; when none of them holds the dead
+letter's key, a ``_dead_letter_key`` column is added to identify them.
+A dead letter whose payload is not a row (a GuaranteedPipeline's value) becomes
+``key``/``value`` columns, the shape of an in-memory source.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+from ..dead_letter import DeadLetterStore
+from ..redrive import RedriveChunk
+
+__all__ = ["DEAD_LETTER_KEY", "SourceChunks", "payload_table"]
+
+DEAD_LETTER_KEY = "_dead_letter_key"
+"""The column added to identify redriven rows when no column of theirs holds the dead letter's key."""
+
+INPUT, CHECKPOINT, DEAD = "input", "checkpoint", "dead_letters.sqlite"
+KEY_FILE = "_key_column"  # beside the Parquet files (Spark's reader skips names starting with "_")
+
+
+def payload_table(chunk: RedriveChunk, key: str | None) -> tuple[pa.Table, str]:
+    """The chunk's rows as an Arrow table and the column identifying them: ``key`` if given, else one holding every
+    letter's key (``key`` first), else an added ``_dead_letter_key``."""
+    keys = pa.array(chunk.keys, pa.string())
+    table = _rows(chunk)
+    if key is not None:
+        if key not in table.column_names or not _holds(table.column(key), keys):
+            raise ValueError(
+                f"key={key!r} does not hold the dead letters' keys (e.g. {chunk.keys[0]!r}): name the column the "
+                "run that dead-lettered them was keyed by (or leave key out)"
+            )
+        return table, key
+    names = sorted(table.column_names, key=lambda name: name != "key")
+    for name in names:
+        if _holds(table.column(name), keys):
+            return table, name
+    return table.append_column(DEAD_LETTER_KEY, keys), DEAD_LETTER_KEY
+
+
+def _rows(chunk: RedriveChunk) -> pa.Table:
+    """Rows stored as JSON objects, parsed by Arrow's JSON reader; other values as ``key``/``value`` rows."""
+    if all(record.startswith("{") for record in chunk.records):
+        try:
+            # One object per line (json.dumps writes no raw newline); the reader keeps the lines' order.
+            return pa_json.read_json(io.BytesIO("\n".join(chunk.records).encode()))
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass  # types Arrow's inference cannot settle: the Python path below says which
+    values = chunk.values()
+    rows = [v if isinstance(v, dict) else {"key": k, "value": v} for k, v in zip(chunk.keys, values)]
+    try:
+        return pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise TypeError(f"the dead letters' rows (from {chunk.keys[0]!r}) do not make one table: {err}") from err
+
+
+def _holds(column: pa.ChunkedArray, keys: pa.Array) -> bool:
+    """True when ``column``, as strings, equals ``keys`` row by row."""
+    try:
+        as_text = pc.cast(column, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return bool(pc.all(pc.fill_null(pc.equal(as_text, keys), False)).as_py())
+
+
+def write_rows(table: pa.Table, column: str, folder: Path, files: int) -> None:
+    """``table`` into ``files`` Parquet files in ``folder``, and the key ``column``'s name beside them; written into
+    a temporary folder and renamed, so ``folder`` exists only complete."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / KEY_FILE).write_text(column)
+    _fsync(tmp / KEY_FILE)
+    files = max(1, min(files, table.num_rows))
+    step = -(-table.num_rows // files) if table.num_rows else 1
+    for part in range(files):
+        path = tmp / f"part-{part:05d}.parquet"
+        pq.write_table(table.slice(part * step, step), str(path))
+        _fsync(path)
+    os.replace(tmp, folder)
+    _fsync(folder.parent)
+
+
+class SourceChunks:
+    """Runs one redrive chunk: ``make_pipeline(checkpoint, dead_letters)`` over the chunk's rows, ``job`` as given.
+
+    ``schema`` (a Spark DDL string or StructType) casts the rows' columns back
+    to the source's types (JSON keeps numbers, strings, lists and maps only);
+    ``files`` is how many Parquet files (Spark tasks) a chunk is split into.
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        make_pipeline: Callable[[Path, DeadLetterStore], Any],
+        job: Callable[[Any], object],
+        *,
+        key: str | None = None,
+        schema: Any = None,
+        files: int = 4,
+    ) -> None:
+        self.spark = spark
+        self.make_pipeline = make_pipeline
+        self.job = job
+        self.key = key
+        self.schema = schema
+        self.files = files
+        self.stats: list[Any] = []  # each chunk's SourceStats, in order
+
+    def __call__(self, chunk: RedriveChunk, folder: Path) -> Mapping[str, str | None]:
+        """Run the chunk (resuming its checkpoint if it has one); the keys that died again, with their causes."""
+        folder.mkdir(parents=True, exist_ok=True)
+        source = folder / INPUT
+        if not source.exists():  # a resumed chunk reads the rows its first run wrote
+            table, column = payload_table(chunk, self.key)
+            write_rows(table, column, source, self.files)
+        column = (source / KEY_FILE).read_text()
+        df = self.spark.read.parquet(str(source))
+        if self.schema is not None:
+            df = _cast(df, self.schema)
+        dead = DeadLetterStore(folder / DEAD)
+        pipeline = self.make_pipeline(folder / CHECKPOINT, dead)
+        self.stats.append(pipeline.run(df, self.job, key=column))
+        return {letter.key: letter.cause for letter in dead.all()}
+
+
+def _cast(df: Any, schema: Any) -> Any:
+    """``df``'s columns cast to the types ``schema`` gives them (others as they are)."""
+    from pyspark.sql.types import StructType
+
+    struct = schema if isinstance(schema, StructType) else StructType.fromDDL(schema)
+    if not isinstance(struct, StructType):
+        raise ValueError(f"schema={schema!r} is not a list of columns (e.g. 'amount double, day date')")
+    types = {f.name: f.dataType.simpleString() for f in struct.fields}
+    return df.selectExpr(*(f"CAST(`{c}` AS {types[c]}) AS `{c}`" if c in types else f"`{c}`" for c in df.columns))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
