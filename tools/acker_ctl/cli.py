@@ -1,4 +1,4 @@
-"""The ``acker-ctl`` command: status, inspect, top and fail against a running acker cluster.
+"""The ``acker-ctl`` command: status, inspect, top and fail against a running acker cluster; a pipeline's progress.
 
 Flags fall back to ACKER_CTL_* environment variables (``ACKER_CTL_ACKERS``,
 ``ACKER_CTL_TLS_CA``, ...). Output is a table, or with ``--json`` one JSON
@@ -18,6 +18,7 @@ from typing import Any
 from acker_protocol.credentials import ChannelSecurity
 
 from .cluster import Cluster, CtlError
+from .progress import progress_text, read_progress
 
 __all__ = ["main", "build_parser"]
 
@@ -68,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     what = fail.add_mutually_exclusive_group(required=True)
     what.add_argument("roots", nargs="*", type=_root, default=[], metavar="ROOT")
     what.add_argument("--spout", help="fail every pending tree of this spout")
+    progress = sub.add_parser(
+        "progress",
+        help="a SourcePipeline's figures (read, acked, pending, replaying, dead, rate, ETA) from its checkpoint",
+    )
+    progress.add_argument("--checkpoint", required=True, metavar="DIR", help="the pipeline's checkpoint directory")
     return p
 
 
@@ -140,6 +146,14 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     """Run one subcommand; 0 done, 1 an acker failed the call, 2 bad usage."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "progress":  # the checkpoint alone: no acker is asked
+        try:
+            figures = read_progress(args.checkpoint)
+        except CtlError as exc:
+            print(f"acker-ctl: {exc}", file=sys.stderr)
+            return 1
+        out(json.dumps(figures, indent=2) if args.json else progress_text(figures))
+        return 0
     if not args.ackers:
         parser.error("give the ackers: --ackers host:port,... in shard order (or ACKER_CTL_ACKERS)")
     if args.command == "top" and args.oldest < 1:

@@ -160,8 +160,8 @@ class ArrowBolt(TrackedStep):
         """Run the function over one partition's batches, then commit its held acks and fails (task's dedup key)."""
         client = self.client() if self.tracking else None
         collector = ArrowCollector(self.uid if self.tracking else None, self.output_schema, client)
-        keeper = self.start_leases(client) if client is not None else None
         checkpoint = task_checkpoint() if self.tracking else None
+        keeper = self.start_leases(client, (partition, task_attempt), checkpoint) if client is not None else None
         causes = CauseWriter(checkpoint, f"{self.uid:016x}-p{partition}-t{task_attempt}") if checkpoint else None
         try:
             try:
