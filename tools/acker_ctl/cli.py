@@ -19,6 +19,7 @@ from acker_protocol.credentials import ChannelSecurity
 
 from .cluster import Cluster, CtlError
 from .progress import progress_text, read_progress
+from .records import add_records
 
 __all__ = ["main", "build_parser"]
 
@@ -61,10 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="shards, incarnations, pending trees, the oldest tree, rates")
     status.add_argument("--interval", type=float, default=1.0, help="seconds between the two samples of the rates")
+    records = (
+        "a SourcePipeline's checkpoint directory: name each tree's record (its key, or file and position), "
+        "attempt and round"
+    )
     inspect = sub.add_parser("inspect", help="the state of given roots")
     inspect.add_argument("roots", nargs="+", type=_root, metavar="ROOT")
+    inspect.add_argument("--checkpoint", metavar="DIR", help=records)
     top = sub.add_parser("top", help="the oldest pending trees of the cluster")
     top.add_argument("--oldest", type=int, default=10, metavar="N", help="how many (default 10)")
+    top.add_argument("--checkpoint", metavar="DIR", help=records)
     fail = sub.add_parser("fail", help="end trees FAILED now, so their spouts replay them")
     what = fail.add_mutually_exclusive_group(required=True)
     what.add_argument("roots", nargs="*", type=_root, default=[], metavar="ROOT")
@@ -118,17 +125,27 @@ def _summary(status: dict[str, Any]) -> str:
     return f"pending trees: {status['pending_trees']}\n{kept}"
 
 
+def _tree_columns(trees: list[dict[str, Any]], checkpoint: str | None) -> Sequence[str]:
+    """The tree table's columns; with a checkpoint, each tree gets its record, attempt and round first."""
+    if checkpoint is None:
+        return _TREE_COLUMNS
+    add_records(trees, checkpoint)
+    return ("root", "record", "attempt", "round", *_TREE_COLUMNS[1:])
+
+
 def _run(args: argparse.Namespace, cluster: Cluster) -> tuple[Any, str]:
     """(JSON-ready result, its table) for the chosen subcommand."""
     if args.command == "status":
         result = cluster.status(args.interval)
         return result, _table(result["shards"], _STATUS_COLUMNS) + "\n" + _summary(result)
+    if args.command in ("inspect", "top") and args.checkpoint is not None and not os.path.isdir(args.checkpoint):
+        raise CtlError(f"{args.checkpoint} is not a directory: give the pipeline's checkpoint directory")
     if args.command == "inspect":
         trees = cluster.inspect(args.roots)
-        return trees, _table(trees, _TREE_COLUMNS)
+        return trees, _table(trees, _tree_columns(trees, args.checkpoint))
     if args.command == "top":
         trees = cluster.top(args.oldest)
-        return trees, _table(trees, _TREE_COLUMNS) if trees else "no pending trees"
+        return trees, _table(trees, _tree_columns(trees, args.checkpoint)) if trees else "no pending trees"
     if args.spout:
         result = cluster.fail_spout(args.spout)
         text = _table(result["shards"], ("shard", "failed", "timed_out"))
