@@ -255,9 +255,7 @@ class SourcePipeline:
             state = "finished"
         finally:
             if self._reporter is not None:
-                self._publish(in_job=False)
-                self._reporter.stop(state)
-                self._reporter = None
+                self._stop_progress(state)
             if sc is not None:
                 sc.setLocalProperty(CHECKPOINT_PROPERTY, None)
             self.cluster.remove_error_listener(self._watch)
@@ -654,6 +652,16 @@ class SourcePipeline:
             log_interval=self.log_interval,
             clock=self.clock,
         ).start()
+
+    def _stop_progress(self, state: str) -> None:
+        """Write the last figures (``finished`` or ``stopped``); a failure here must not hide the run's own error."""
+        assert self._reporter is not None
+        try:
+            self._publish(in_job=False)
+            self._reporter.stop(state)
+        except Exception:  # noqa: BLE001 - the view of the run, not the run
+            log.warning("could not write the run's last progress figures", exc_info=True)
+        self._reporter = None
 
     def _publish(
         self, *, in_job: bool, round_no: int | None = None, first_read: bool = True, every: float = 0.0
