@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "records": len(lines),
         "sink_exact": sink_counts(db) == expected_counts([(str(i), v) for i, v in enumerate(lines)]),
         "marks": sorted(p.name.rsplit("-", 1)[0] for p in (work / "marks").iterdir()),
-        "partition_0_logs": len(list((work / "checkpoint" / "emissions" / "r00000").glob("p00000-*"))),
+        "partition_0_logs": len(list((work / "checkpoint" / "emissions" / "r00000").glob("p00000-*.arrow"))),
         "duplicates": first_round.duplicates,
     }
     print(json.dumps(result))

@@ -160,3 +160,26 @@ def test_a_bolt_learns_timeout_and_lifetime_cap_from_a_real_acker():
     finally:
         server.stop(0)
     assert (keeper.interval, keeper.cap) == (3.0, 120.0)
+
+
+def test_trees_the_tasks_reader_started_are_renewed_before_the_bolt_receives_them(tmp_path):
+    """Issue 28: the reader's emission file of the same task attempt is a source of held roots, read incrementally."""
+    from acker_spark.executor_read.emission_log import EmissionWriter
+    from acker_spark.task_roots import ReaderTrees
+
+    renewals, clock = Renewals(), ManualClock()
+    keeper = LeaseKeeper(renewals, 1.0, clock=clock)
+    trees = ReaderTrees(tmp_path, partition=3, task_attempt=17)
+    keeper.add_source(trees.new_roots)
+    assert keeper.renew_now() == 0, "no file yet: the reader has read nothing"
+    writer = EmissionWriter(tmp_path, 2, 3, 17)
+    other = EmissionWriter(tmp_path, 2, 4, 18)  # another task's reader: not this bolt's trees
+    writer.write(np.array([30, 10], dtype=np.uint64), np.array([1, 2], dtype=np.uint64), np.ones(2, np.uint16))
+    other.write(np.array([99], dtype=np.uint64), np.array([9], dtype=np.uint64), np.ones(1, np.uint16))
+    assert keeper.renew_now() == 2
+    writer.write(np.array([20], dtype=np.uint64), np.array([3], dtype=np.uint64), np.ones(1, np.uint16))
+    clock.advance(1.0)
+    keeper.renew_now()
+    assert renewals.calls == [[10, 30], [10, 20, 30]]
+    writer.close()
+    other.close()

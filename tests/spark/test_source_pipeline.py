@@ -184,7 +184,8 @@ def test_reading_task_retried_re_sends_identical_inits(
     stats = pipeline.run(spark.read.text(str(tmp_path / "in")), job)
     assert (stats.emitted, stats.acked, stats.replayed, stats.job_errors) == (200, 200, 0, 0)
     assert sink_counts(db) == expected_counts(line_records(lines))
-    assert len(list((tmp_path / "checkpoint" / "emissions" / "r00000").glob("p00000-*"))) == 2  # both attempts logged
+    # Both attempts logged (each also writes its .keys file).
+    assert len(list((tmp_path / "checkpoint" / "emissions" / "r00000").glob("p00000-*.arrow"))) == 2
 
 
 def test_replayed_records_not_found_again_stop_the_run(

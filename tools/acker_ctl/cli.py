@@ -1,5 +1,6 @@
-"""The ``acker-ctl`` command: status, inspect, top and fail against a running acker cluster; dead letters.
+"""The ``acker-ctl`` command: status, inspect, top and fail against a running acker cluster; a pipeline's progress and dead letters.
 
+``acker-ctl progress`` reads a running pipeline's figures from its checkpoint;
 ``acker-ctl dead-letters list|redrive|abandon`` works on a pipeline's
 dead-letter table (:mod:`acker_ctl.dead_letters`).
 
@@ -22,6 +23,8 @@ from acker_protocol.credentials import ChannelSecurity
 
 from . import dead_letters
 from .cluster import Cluster, CtlError
+from .progress import progress_text, read_progress
+from .records import add_records
 
 __all__ = ["main", "build_parser"]
 
@@ -64,15 +67,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="shards, incarnations, pending trees, the oldest tree, rates")
     status.add_argument("--interval", type=float, default=1.0, help="seconds between the two samples of the rates")
+    records = (
+        "a SourcePipeline's checkpoint directory: name each tree's record (its key, or file and position), "
+        "attempt and round"
+    )
     inspect = sub.add_parser("inspect", help="the state of given roots")
     inspect.add_argument("roots", nargs="+", type=_root, metavar="ROOT")
+    inspect.add_argument("--checkpoint", metavar="DIR", help=records)
     top = sub.add_parser("top", help="the oldest pending trees of the cluster")
     top.add_argument("--oldest", type=int, default=10, metavar="N", help="how many (default 10)")
+    top.add_argument("--checkpoint", metavar="DIR", help=records)
     fail = sub.add_parser("fail", help="end trees FAILED now, so their spouts replay them")
     what = fail.add_mutually_exclusive_group(required=True)
     what.add_argument("roots", nargs="*", type=_root, default=[], metavar="ROOT")
     what.add_argument("--spout", help="fail every pending tree of this spout")
     dead_letters.add_parser(sub)
+    progress = sub.add_parser(
+        "progress",
+        help="a SourcePipeline's figures (read, acked, pending, replaying, dead, rate, ETA) from its checkpoint",
+    )
+    progress.add_argument("--checkpoint", required=True, metavar="DIR", help="the pipeline's checkpoint directory")
     return p
 
 
@@ -117,17 +131,27 @@ def _summary(status: dict[str, Any]) -> str:
     return f"pending trees: {status['pending_trees']}\n{kept}"
 
 
+def _tree_columns(trees: list[dict[str, Any]], checkpoint: str | None) -> Sequence[str]:
+    """The tree table's columns; with a checkpoint, each tree gets its record, attempt and round first."""
+    if checkpoint is None:
+        return _TREE_COLUMNS
+    add_records(trees, checkpoint)
+    return ("root", "record", "attempt", "round", *_TREE_COLUMNS[1:])
+
+
 def _run(args: argparse.Namespace, cluster: Cluster) -> tuple[Any, str]:
     """(JSON-ready result, its table) for the chosen subcommand."""
     if args.command == "status":
         result = cluster.status(args.interval)
         return result, _table(result["shards"], _STATUS_COLUMNS) + "\n" + _summary(result)
+    if args.command in ("inspect", "top") and args.checkpoint is not None and not os.path.isdir(args.checkpoint):
+        raise CtlError(f"{args.checkpoint} is not a directory: give the pipeline's checkpoint directory")
     if args.command == "inspect":
         trees = cluster.inspect(args.roots)
-        return trees, _table(trees, _TREE_COLUMNS)
+        return trees, _table(trees, _tree_columns(trees, args.checkpoint))
     if args.command == "top":
         trees = cluster.top(args.oldest)
-        return trees, _table(trees, _TREE_COLUMNS) if trees else "no pending trees"
+        return trees, _table(trees, _tree_columns(trees, args.checkpoint)) if trees else "no pending trees"
     if args.spout:
         result = cluster.fail_spout(args.spout)
         text = _table(result["shards"], ("shard", "failed", "timed_out"))
@@ -147,6 +171,14 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     args = parser.parse_args(argv)
     if args.command == "dead-letters":
         return dead_letters.run(args, out, lambda text: print(f"acker-ctl: {text}", file=sys.stderr))
+    if args.command == "progress":  # the checkpoint alone: no acker is asked
+        try:
+            figures = read_progress(args.checkpoint)
+        except CtlError as exc:
+            print(f"acker-ctl: {exc}", file=sys.stderr)
+            return 1
+        out(json.dumps(figures, indent=2) if args.json else progress_text(figures))
+        return 0
     if not args.ackers:
         parser.error("give the ackers: --ackers host:port,... in shard order (or ACKER_CTL_ACKERS)")
     if args.command == "top" and args.oldest < 1:

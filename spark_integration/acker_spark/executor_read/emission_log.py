@@ -25,23 +25,34 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..task_roots import EMISSIONS_DIR, emission_file_name
 from .checkpoint import read_complete_batches
 
-__all__ = ["EMISSION_SCHEMA", "Emissions", "EmissionWriter", "RoundFilter", "read_round", "write_filter", "read_filter"]
+__all__ = [
+    "EMISSION_SCHEMA",
+    "Emissions",
+    "EmissionWriter",
+    "RoundFilter",
+    "RoundRows",
+    "read_round",
+    "write_filter",
+    "read_filter",
+]
 
 EMISSION_SCHEMA = pa.schema([("root", pa.uint64()), ("ident", pa.uint64()), ("attempt", pa.uint16())])
 
 
 def round_dir(checkpoint: str | Path, round_no: int) -> Path:
     """The directory of round ``round_no``'s emission files."""
-    return Path(checkpoint) / "emissions" / f"r{round_no:05d}"
+    return Path(checkpoint) / EMISSIONS_DIR / f"r{round_no:05d}"
 
 
 class EmissionWriter:
     """One task attempt's emission file, opened on the first batch (a task that reads nothing writes nothing)."""
 
     def __init__(self, checkpoint: str | Path, round_no: int, partition: int, task_attempt: int) -> None:
-        self.path = round_dir(checkpoint, round_no) / f"p{partition:05d}-t{task_attempt}.arrow"
+        # The name bolts of the same task look for (acker_spark.task_roots): they lease these trees too.
+        self.path = round_dir(checkpoint, round_no) / emission_file_name(partition, task_attempt)
         self._file: Any = None
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
 
@@ -127,6 +138,39 @@ def read_round(checkpoint: str | Path, round_no: int) -> Emissions:
     duplicates = int((same & ((part[1:] != part[:-1]) | (file[1:] == file[:-1]))).sum())
     first = order[np.concatenate(([True], ~same))]
     return Emissions(all_roots[first], np.concatenate(idents)[first], np.concatenate(attempts)[first], duplicates)
+
+
+class RoundRows:
+    """Counts the rows a running round's tasks have logged so far (the progress view, on its own thread).
+
+    Files are re-read only when their size changed; a retried task's file
+    counts again (an estimate while the job runs; the book counts exactly after it).
+    """
+
+    def __init__(self, checkpoint: str | Path) -> None:
+        self.checkpoint = checkpoint
+        self._round = -1
+        self._files: dict[str, tuple[int, int]] = {}  # name -> (size, rows)
+
+    def count(self, round_no: int) -> int:
+        """Rows logged by round ``round_no``'s task attempts so far."""
+        if round_no != self._round:
+            self._round, self._files = round_no, {}
+        folder = round_dir(self.checkpoint, round_no)
+        try:
+            names = [n for n in os.listdir(folder) if n.endswith(".arrow")]
+        except FileNotFoundError:
+            return 0
+        for name in names:
+            try:
+                size = os.stat(folder / name).st_size
+            except FileNotFoundError:
+                continue
+            known = self._files.get(name)
+            if known is None or known[0] != size:
+                rows = sum(b.num_rows for b in read_complete_batches(folder / name))
+                self._files[name] = (size, rows)
+        return sum(rows for _, rows in self._files.values())
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ __all__ = ["OutcomeFeed"]
 log = logging.getLogger(__name__)
 
 _RESET = int(Outcome.TIMEOUT_RESET)
+_ACKED = int(Outcome.ACKED)
 
 
 class OutcomeFeed:
@@ -47,6 +48,9 @@ class OutcomeFeed:
         self._subs: list[OutcomeSubscription] = []
         self._saved: dict[int, tuple[int, int]] | None = None  # the positions last written
         self._thread = threading.Thread(target=self._loop, name="acker-outcome-journal", daemon=True)
+        # Totals for the progress view (read from its thread): (acked, failed) that arrived, and that take() handed out.
+        self._arrived_counts = (0, 0)
+        self._taken_counts = (0, 0)
 
     def start(self) -> OutcomeFeed:
         """Open the streams (resuming after the checkpoint's positions) and start the journal thread."""
@@ -62,8 +66,11 @@ class OutcomeFeed:
 
     def _arrive(self, roots: np.ndarray, outcomes: np.ndarray, _micros: np.ndarray) -> None:
         keep = outcomes != _RESET  # a fresh timeout is news, not an end
+        acked = int((outcomes == _ACKED).sum())
         with self._lock:
             self._arrived.append((roots[keep], outcomes[keep].astype(np.int8)))
+            done, failed = self._arrived_counts
+            self._arrived_counts = (done + acked, failed + int(keep.sum()) - acked)
         with self._wake:
             self._wake.notify_all()
 
@@ -107,9 +114,17 @@ class OutcomeFeed:
         self.flush()
         with self._lock:
             ready, self._ready = self._ready, []
+            for _, outcomes in ready:
+                acked = int((outcomes == _ACKED).sum())
+                self._taken_counts = (self._taken_counts[0] + acked, self._taken_counts[1] + len(outcomes) - acked)
         if not ready:
             return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int8)
         return np.concatenate([r for r, _ in ready]), np.concatenate([o for _, o in ready])
+
+    def counts(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """``((acked, failed) arrived, (acked, failed) taken)``: totals since the feed started (any thread)."""
+        with self._lock:
+            return self._arrived_counts, self._taken_counts
 
     def wait(self, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, waking early when outcomes arrive."""

@@ -53,7 +53,9 @@ from ..job_errors import JobError, job_error
 from ..output import FileOutput, Output, OutputCommits, OutputStager, TableOutput
 from ..output.stager import stager_schema
 from ..redrive import Redrive, RedriveReport
+from ..progress_display import ProgressMode, ProgressReporter, resolve_mode
 from ..replay_policy import ReplayPolicy
+from ..run_progress import Baseline, Live, ProgressMeter
 from ..run_report import AcksUndelivered, RunStopped, ShardDown, SourceStats
 from ..session import default_parallelism, spark_context_of
 from ..shard_watch import ProgressLine, ShardWatch
@@ -62,7 +64,7 @@ from ..steps.frames import TRACKING_COLUMN
 from ..steps.step import CommitBaseline, CommitErrors
 from .book import DeadLetterRow, ReplayBook, round_slot
 from .checkpoint import Checkpoint, Manifest, SourceSection
-from .emission_log import RoundFilter, read_round, write_filter
+from .emission_log import RoundFilter, RoundRows, read_round, write_filter
 from .identity import (
     IdentitySpec,
     UnstableIdentity,
@@ -121,6 +123,16 @@ class SourcePipeline:
     every started tree has settled (``"round"``). ``stall_after``: seconds after
     a successful job with none of its trees settled before the run stops,
     naming rows that no later step acked (default: half the backstop timeout).
+
+    ``progress``: how a run shows its progress while it runs, Spark jobs
+    included: ``"bar"`` (a rich progress bar on stderr: records read, acked,
+    pending, replaying, dead, rate, ETA), ``"log"`` (that line at INFO every
+    ``log_interval`` seconds while a job runs), ``"auto"`` (default: a bar when
+    stderr is a terminal, else log lines) or None. Whatever it is, the run
+    writes the same figures to ``progress.json`` in the checkpoint every
+    ``progress_file_interval`` seconds, which ``acker-ctl progress --checkpoint
+    DIR`` shows from another terminal. ``on_progress(stats)`` is still called
+    from the driver thread between rounds.
     """
 
     def __init__(
@@ -145,6 +157,8 @@ class SourcePipeline:
         output: Output | None = None,
         commit_every: Literal["round", "end"] = "end",
         stall_after: float | None = None,
+        progress: ProgressMode = "auto",
+        progress_file_interval: float = 2.0,
     ) -> None:
         if commit_every not in ("round", "end"):
             raise ValueError(f'commit_every must be "round" or "end", got {commit_every!r}')
@@ -171,6 +185,14 @@ class SourcePipeline:
         self.security = security
         self.client_options = dict(client_options or {})
         self.on_progress = on_progress
+        self.progress = progress
+        self._progress_mode = resolve_mode(progress)  # refuses a wrong value here, not at the end of a run
+        self.progress_file_interval = progress_file_interval
+        self.log_interval = log_interval
+        self._baseline_view = Baseline()  # replaced whole by the driver thread, read by the reporter's
+        self._published_at: float | None = None
+        self._reporter: ProgressReporter | None = None
+        self._round_rows: RoundRows | None = None
         self.book: ReplayBook | None = None  # opened with the checkpoint (the run's salt is in it)
         self.stats = SourceStats()
         self._manifest = Manifest("source", "", 0)  # the checkpoint's, once run opens it
@@ -224,13 +246,18 @@ class SourcePipeline:
         sc = spark_context_of(self.spark)
         if sc is not None:  # the bolts write why records failed into the checkpoint (classic Spark)
             sc.setLocalProperty(CHECKPOINT_PROPERTY, str(self.checkpoint.path))
+        state = "stopped"
         try:
             self._restore(backstop)
+            self._start_progress()
             self._loop(df, job, backstop)
             self._commit_acked()
             if self._commits is not None:
                 self._commits.drop_staged()  # every ACKED delivery's rows are committed: the rest is never needed
+            state = "finished"
         finally:
+            if self._reporter is not None:
+                self._stop_progress(state)
             if sc is not None:
                 sc.setLocalProperty(CHECKPOINT_PROPERTY, None)
             self.cluster.remove_error_listener(self._watch)
@@ -315,6 +342,9 @@ class SourcePipeline:
             output=output,
             commit_every=self.commit_every,
             stall_after=self.stall_after,
+            log_interval=self.log_interval,
+            progress=self.progress,
+            progress_file_interval=self.progress_file_interval,
         )
 
     def _source_frame(self, source: Any, key: str | None) -> tuple[Any, str | None, dict[str, Any] | None]:
@@ -434,6 +464,7 @@ class SourcePipeline:
             self._report()
             if self._run.source_done and not book.busy():
                 return
+            self._publish(in_job=False, every=self._reporter.interval if self._reporter else 0.0)
             self._log_progress()
             self._feed.wait(book.wait_time(self.progress_interval))
 
@@ -446,6 +477,7 @@ class SourcePipeline:
         tracked = self._frame(df, round_no, str(path), peek=False)
         ok = True
         stop: JobError | None = None
+        self._publish(in_job=True, round_no=round_no, first_read=rows.mode != "select")
         try:
             result = job(tracked)
             if self.output is not None:
@@ -466,6 +498,7 @@ class SourcePipeline:
             self._failed_jobs = 0
             self._job_ends[round_no] = self.clock()
         self._add_round(round_no)
+        self._publish(in_job=False, round_no=round_no)
         self._book.start_deadline(round_no, backstop)
         self._collect_commit_errors()
         if not ok:
@@ -679,7 +712,77 @@ class SourcePipeline:
 
     def _log_progress(self) -> None:
         """While the driver waits: one INFO line per ``log_interval`` with the counts and any shard it waits on."""
+        if self._progress_mode == "bar" and not self._watch.down():
+            return  # the bar shows the counts; a shard it waits on still gets its line
         self._progress.tick(self._filled_stats)
+
+    # -- progress in sight ----------------------------------------------------------------
+
+    def _start_progress(self) -> None:
+        """Start the reporter thread (bar, log lines, progress.json) from the restored book."""
+        self._round_rows = RoundRows(self.checkpoint.path)
+        self._publish(in_job=False)
+        meter = ProgressMeter(self._manifest.name, self.clock, stale_after=max(10.0, 5 * self.progress_file_interval))
+        self._reporter = ProgressReporter(
+            meter,
+            lambda: self._baseline_view,
+            self._live,
+            checkpoint=self.checkpoint.path,
+            mode=self._progress_mode,
+            logger=log,
+            file_interval=self.progress_file_interval,
+            log_interval=self.log_interval,
+            clock=self.clock,
+        ).start()
+
+    def _stop_progress(self, state: str) -> None:
+        """Write the last figures (``finished`` or ``stopped``); a failure here must not hide the run's own error."""
+        assert self._reporter is not None
+        try:
+            self._publish(in_job=False)
+            self._reporter.stop(state)
+        except Exception:  # noqa: BLE001 - the view of the run, not the run
+            log.warning("could not write the run's last progress figures", exc_info=True)
+        self._reporter = None
+
+    def _publish(
+        self, *, in_job: bool, round_no: int | None = None, first_read: bool = True, every: float = 0.0
+    ) -> None:
+        """Driver thread, where the book is consistent: the baseline the reporter adds live counts to.
+
+        ``every``: skip if one was published less than that many seconds ago
+        (the wait loop turns often; filling the stats reads the whole table).
+        """
+        if self._feed is None or self.book is None:
+            return
+        now = self.clock()
+        if every and self._published_at is not None and now - self._published_at < every:
+            return
+        self._published_at = now
+        self._book.fill_stats(self.stats)
+        _, taken = self._feed.counts()
+        stats = self.stats
+        memory = self._run.memory_source
+        records = stats.emitted if self._run.source_done else (int(memory["records"]) if memory else None)
+        self._baseline_view = Baseline(
+            read=stats.emitted,
+            acked=stats.acked,
+            pending=stats.pending,
+            replaying=stats.awaiting_replay,
+            dead=stats.dead_lettered,
+            records=records,
+            round=round_no if round_no is not None else max(0, self._run.next_round - 1),
+            in_job=in_job,
+            first_read=first_read,
+            acked_taken=taken[0],
+            failed_taken=taken[1],
+        )
+
+    def _live(self, base: Baseline) -> Live:
+        """Reporter thread: the outcomes the feed received, and the running round's rows logged so far."""
+        arrived, _ = self._feed.counts()
+        started = self._round_rows.count(base.round) if base.in_job and self._round_rows is not None else 0
+        return Live(started, *arrived)
 
     def _filled_stats(self) -> SourceStats:
         self._book.fill_stats(self.stats)

@@ -33,6 +33,7 @@ from .identity import (
     hash_key_column,
     hash_strings,
 )
+from .record_keys import KeyWriter
 from .tree_start import start_trees
 
 __all__ = ["ATTEMPT_COLUMN", "IDENT_COLUMN", "KEY_COLUMN", "SourceReader", "reader_schema"]
@@ -107,6 +108,8 @@ class SourceReader:
             assert self.addresses is not None
             client = client_for(self.addresses, self.security, **self.client_options)
         writer = EmissionWriter(self.checkpoint, self.round_no, partition, task_attempt) if not self.peek else None
+        # Each tree's record as text, for operators (acker-ctl top --checkpoint): a root names no record.
+        key_writer = KeyWriter(writer.path) if writer is not None else None
         state = _LineState()
         try:
             for batch in batches:
@@ -117,16 +120,21 @@ class SourceReader:
                 if not keep.all():
                     batch, idents = batch.filter(pa.array(keep)), idents[keep]
                     positions = positions[keep] if positions is not None else None
+                keys = self._keys(batch, positions)
                 if self.peek:  # read only: the identity hash names the record, no tree is started
-                    yield self._output(batch, positions, attempts, IDENT_COLUMN, pa.array(idents.view(np.int64)))
+                    yield self._output(batch, keys, attempts, IDENT_COLUMN, pa.array(idents.view(np.int64)))
                     continue
                 trees = start_trees(self.salt, idents, attempts, log=writer, client=client, spout=self.spout)
-                yield self._output(batch, positions, attempts, TRACKING_COLUMN, trees.ids)
+                if key_writer is not None:
+                    key_writer.write(trees.roots, keys)
+                yield self._output(batch, keys, attempts, TRACKING_COLUMN, trees.ids)
             if client is not None:
                 client.flush()  # a shard that cannot be reached fails the task: Spark retries it
         finally:
             if writer is not None:
                 writer.close()
+            if key_writer is not None:
+                key_writer.close()
 
     def _idents(self, batch: pa.RecordBatch, state: _LineState) -> tuple[np.ndarray, np.ndarray | None]:
         """Each row's identity hash, and for line-based files its index within its split (else None)."""
@@ -142,12 +150,12 @@ class SourceReader:
         return hash_file_rows(paths, positions, blocks), positions
 
     def _output(
-        self, batch: pa.RecordBatch, positions: np.ndarray | None, attempts: np.ndarray, last: str, column: pa.Array
+        self, batch: pa.RecordBatch, keys: pa.Array, attempts: np.ndarray, last: str, column: pa.Array
     ) -> pa.RecordBatch:
         """The batch's columns (less the hidden ones), then ``_record_key``, ``_attempt`` and ``last``."""
         names = [n for n in batch.schema.names if n not in _HIDDEN]
         columns = [batch.column(n) for n in names]
-        columns += [self._keys(batch, positions), pa.array(attempts.astype(np.int32)), column]
+        columns += [keys, pa.array(attempts.astype(np.int32)), column]
         return pa.RecordBatch.from_arrays(columns, names=[*names, KEY_COLUMN, ATTEMPT_COLUMN, last])
 
     def _keys(self, batch: pa.RecordBatch, positions: np.ndarray | None) -> pa.Array:

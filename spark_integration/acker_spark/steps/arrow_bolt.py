@@ -38,10 +38,11 @@ from ..job_errors import POISON_ERRORS, job_error
 from ..session import spark_context_of
 from .arrow_collector import ArrowCollector
 from .frames import TRACKING_COLUMN, PairColumn, decode_ids, require_tracking_column, tracked_schema
-from .leases import LeaseKeeper
+from .leases import LeaseKeeper, check_seconds
 from .step import TrackedStep
+from .time_limit import RecordTimeLimit, call_time_limit
 
-__all__ = ["ArrowBolt", "ArrowFunction"]
+__all__ = ["ArrowBolt", "ArrowFunction", "RecordTimeLimit"]
 
 log = logging.getLogger("acker_spark.executor")  # the name operators already filter on
 
@@ -71,6 +72,14 @@ class ArrowBolt(TrackedStep):
     raised by the first eight rows alone with none succeeding fails the task
     instead (a failing service, not a bad record: Spark retries the task).
     ``"raise"`` always fails the task, as Spark does.
+    ``time_limit`` (seconds, None: none): each call of ``fn`` may run that
+    long; past it a timer raises :class:`~acker_spark.steps.time_limit.RecordTimeLimit`
+    (a ``TimeoutError``) inside the call, which the isolation treats as any
+    exception, so a record slower than ``time_limit`` on its own is failed
+    alone with cause ``RecordTimeLimit: ...`` and replayed per the policy
+    (a timeout, not poison). The limit is per call, so set it above what a
+    whole Arrow batch normally takes (``spark.sql.execution.arrow.maxRecordsPerBatch``
+    rows); needs ``on_error="isolate"`` (see :mod:`acker_spark.steps.time_limit`).
     """
 
     def __init__(
@@ -89,10 +98,13 @@ class ArrowBolt(TrackedStep):
         lease_cap: float | None = None,
         commit_every: str = "batch",
         on_error: str = "isolate",
+        time_limit: float | None = None,
     ) -> None:
         if on_error not in ("isolate", "raise"):
             raise ValueError(f'on_error must be "isolate" or "raise", got {on_error!r}')
         self.on_error = on_error
+        check_seconds("time_limit", time_limit)
+        self.time_limit = time_limit
         if commit_every not in ("batch", "task"):
             raise ValueError(f'commit_every must be "batch" or "task", got {commit_every!r}')
         self.commit_every = commit_every
@@ -160,8 +172,8 @@ class ArrowBolt(TrackedStep):
         """Run the function over one partition's batches, then commit its held acks and fails (task's dedup key)."""
         client = self.client() if self.tracking else None
         collector = ArrowCollector(self.uid if self.tracking else None, self.output_schema, client)
-        keeper = self.start_leases(client) if client is not None else None
         checkpoint = task_checkpoint() if self.tracking else None
+        keeper = self.start_leases(client, (partition, task_attempt), checkpoint) if client is not None else None
         causes = CauseWriter(checkpoint, f"{self.uid:016x}-p{partition}-t{task_attempt}") if checkpoint else None
         try:
             try:
@@ -211,7 +223,8 @@ class ArrowBolt(TrackedStep):
         mark = collector._mark()
         collector._start_batch(parents)
         try:
-            result = self.fn(user.to_pandas() if self.pandas else user, collector)
+            with call_time_limit(self.time_limit, f"bolt {self.name!r}"):
+                result = self.fn(user.to_pandas() if self.pandas else user, collector)
         except Exception as err:
             if self.on_error == "raise" or user.num_rows == 0:
                 raise
@@ -256,7 +269,9 @@ class _Isolation:
     raised by the first rows alone while none ran (``_BATCH_WIDE`` of them, or all
     of a smaller batch) is taken for a failure of the task, not of its records (a
     service down, an injected crash): the task fails, so Spark retries it, instead
-    of every record being failed one by one.
+    of every record being failed one by one. A :class:`RecordTimeLimit` counts only
+    after ``_BATCH_WIDE`` rows whatever the batch's size: a slow record replayed alone
+    is failed alone, not its task.
     """
 
     def __init__(self, rows: int) -> None:
@@ -269,6 +284,10 @@ class _Isolation:
         """True when the rows that raised alone so far say the whole task is failing."""
         if type(err).__name__ in POISON_ERRORS or self.succeeded:
             return False
+        if isinstance(err, RecordTimeLimit):
+            # A slow record is alone in a small batch (a replay round's): failing the task would charge the
+            # task's other records and retry the hang. Eight rows that all time out still mean a hung service.
+            return self.raised >= _BATCH_WIDE
         return self.raised >= min(self.rows, _BATCH_WIDE)
 
 

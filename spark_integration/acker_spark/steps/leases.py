@@ -116,6 +116,7 @@ class LeaseKeeper:
         self._held_columns: list[np.ndarray] = []  # a batch's roots at a time
         self._seen = (0, 0)  # how much of both lists earlier renewals took
         self._generations: list[tuple[float, np.ndarray]] = []  # (first renewal that sent them, roots)
+        self._sources: list[Callable[[], np.ndarray]] = []
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.renewals = 0  # rounds that sent resets
@@ -131,6 +132,15 @@ class LeaseKeeper:
         """The task now holds these trees (a batch's roots, uint64)."""
         if roots.size:
             self._held_columns.append(roots)
+
+    def add_source(self, new_roots: Callable[[], np.ndarray]) -> None:
+        """Before each renewal, also hold what ``new_roots()`` returns (trees the task holds but has not received).
+
+        The reader of a source pipeline's task starts trees ahead of the bolt
+        (:class:`~acker_spark.task_roots.ReaderTrees`): the bolt holds them
+        from the renewal after they were started, not from when it gets them.
+        """
+        self._sources.append(new_roots)
 
     def start(self) -> LeaseKeeper:
         """Renew on a daemon thread every ``interval`` seconds until :meth:`stop`."""
@@ -154,6 +164,11 @@ class LeaseKeeper:
 
     def renew_now(self) -> int:
         """One renewal round: reset every held root still under the cap; how many were sent."""
+        for source in self._sources:
+            try:
+                self.hold_column(source())
+            except Exception:  # noqa: BLE001 - an unreadable file costs these leases, not the task
+                log.debug("leases: reading the task's started trees failed", exc_info=True)
         now = self._clock()
         ints, columns = len(self._held), len(self._held_columns)
         fresh = self._held_columns[self._seen[1] : columns]

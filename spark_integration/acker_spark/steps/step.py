@@ -26,6 +26,7 @@ from acker_client.shared import close_shared_clients, shared_client
 from acker_protocol.credentials import ChannelSecurity
 from acker_protocol.wire import owners_without_replica
 
+from ..task_roots import ReaderTrees
 from .ids import dedup_key
 from .layout import check_layout
 from .leases import LEASE_FRACTION, LeaseKeeper, check_seconds, cluster_timeouts
@@ -197,8 +198,15 @@ class TrackedStep:
         self._refused = check_layout(client, self.name)
         return client
 
-    def start_leases(self, client: ClusterClient) -> LeaseKeeper | None:
-        """Executor side: a started keeper renewing the task's held trees, or None (leases off, timeout unknown)."""
+    def start_leases(
+        self, client: ClusterClient, task: tuple[int, int] | None = None, checkpoint: str | None = None
+    ) -> LeaseKeeper | None:
+        """Executor side: a started keeper renewing the task's held trees, or None (leases off, timeout unknown).
+
+        With ``task`` (partition, task attempt id) and the pipeline's
+        ``checkpoint``, the keeper also holds the trees the task's source
+        reader started ahead of this step (:class:`~acker_spark.task_roots.ReaderTrees`).
+        """
         if not self.leases:
             return None
         learned = cluster_timeouts(client) if self.message_timeout is None or self.lease_cap is None else None
@@ -207,7 +215,10 @@ class TrackedStep:
             return None
         # No cap of our own: the ackers' --max-tree-lifetime (renewing past it would be refused anyway).
         cap = self.lease_cap if self.lease_cap is not None else (learned.max_tree_lifetime if learned else None)
-        return LeaseKeeper(client.reset_timeout_columns, timeout * LEASE_FRACTION, cap=cap).start()
+        keeper = LeaseKeeper(client.reset_timeout_columns, timeout * LEASE_FRACTION, cap=cap)
+        if task is not None and checkpoint is not None:
+            keeper.add_source(ReaderTrees(checkpoint, *task).new_roots)
+        return keeper.start()
 
     def track_commits(self, sc: Any) -> None:
         """Create the commit and commit-error accumulators on first use (driver side)."""
