@@ -10,7 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::ledger::{BatchOutput, Ledger, LedgerError, Outcomes, TreeInfo};
+use crate::ledger::{BatchOutput, Ledger, LedgerError, Moved, Outcomes, TreeInfo};
 use crate::validate::{validate, BatchError, Limits, Refusal};
 use crate::wire::decode_apply_request;
 
@@ -33,7 +33,10 @@ fn refusal_error(py: Python<'_>, err: BatchError) -> PyErr {
         Refusal::TooLarge => "BatchTooLarge",
         Refusal::WrongShard => "WrongShard",
     };
-    match py.import("acker_service.batch").and_then(|m| m.getattr(class)) {
+    match py
+        .import("acker_service.batch")
+        .and_then(|m| m.getattr(class))
+    {
         Ok(cls) => PyErr::from_type(cls.cast_into().expect("an exception class"), err.message),
         Err(e) => e,
     }
@@ -106,8 +109,15 @@ impl NativeCore {
 impl NativeCore {
     /// A ledger with timeout `message_timeout` s and `buckets` buckets, created at clock time `now`.
     #[new]
-    fn new(py: Python<'_>, message_timeout: f64, buckets: u64, now: f64, seed: u64) -> PyResult<Self> {
-        let ledger = Ledger::new(message_timeout, buckets, now, seed).map_err(|e| ledger_error(py, e))?;
+    fn new(
+        py: Python<'_>,
+        message_timeout: f64,
+        buckets: u64,
+        now: f64,
+        seed: u64,
+    ) -> PyResult<Self> {
+        let ledger =
+            Ledger::new(message_timeout, buckets, now, seed).map_err(|e| ledger_error(py, e))?;
         Ok(NativeCore { ledger })
     }
 
@@ -162,7 +172,12 @@ impl NativeCore {
     /// Rotate as due at `now`, then collect at most `limit` expired trees (all when None), GIL
     /// released; returns (TIMED_OUT columns, whether more are due).
     #[pyo3(signature = (now, limit=None))]
-    fn advance<'py>(&mut self, py: Python<'py>, now: f64, limit: Option<usize>) -> PyResult<(Columns<'py>, bool)> {
+    fn advance<'py>(
+        &mut self,
+        py: Python<'py>,
+        now: f64,
+        limit: Option<usize>,
+    ) -> PyResult<(Columns<'py>, bool)> {
         let ledger = &mut self.ledger;
         let mut out = Outcomes::default();
         let more = py.detach(|| ledger.advance_at_most(now, limit.unwrap_or(usize::MAX), &mut out));
@@ -191,6 +206,8 @@ impl NativeCore {
             ("deduplicated", s.deduplicated),
             ("outlived", s.outlived),
             ("force_failed", s.force_failed),
+            ("moved_out", s.moved_out),
+            ("moved_in", s.moved_in),
         ] {
             d.set_item(name, value)?;
         }
@@ -242,7 +259,12 @@ impl NativeCore {
 
     /// Set the timeout mode (`progress`: every applied ack restarts the timeout) and the
     /// lifetime cap in seconds (0: none).
-    fn set_timeout_rules(&mut self, py: Python<'_>, progress: bool, max_lifetime: f64) -> PyResult<()> {
+    fn set_timeout_rules(
+        &mut self,
+        py: Python<'_>,
+        progress: bool,
+        max_lifetime: f64,
+    ) -> PyResult<()> {
         self.ledger
             .set_timeout_rules(progress, max_lifetime)
             .map_err(|e| ledger_error(py, e))
@@ -268,20 +290,127 @@ impl NativeCore {
     }
 
     /// Fail the pending trees among `roots` now; their outcome columns.
-    fn force_fail<'py>(&mut self, py: Python<'py>, roots: PyReadonlyArray1<'py, u64>, now: f64) -> PyResult<Columns<'py>> {
+    fn force_fail<'py>(
+        &mut self,
+        py: Python<'py>,
+        roots: PyReadonlyArray1<'py, u64>,
+        now: f64,
+    ) -> PyResult<Columns<'py>> {
         let mut out = Outcomes::default();
         self.ledger.force_fail(roots.as_slice()?, now, &mut out);
         columns(py, &self.ledger, out)
     }
 
     /// Fail every pending tree of `spout` now; their outcome columns.
-    fn force_fail_spout<'py>(&mut self, py: Python<'py>, spout: &str, now: f64) -> PyResult<Columns<'py>> {
+    fn force_fail_spout<'py>(
+        &mut self,
+        py: Python<'py>,
+        spout: &str,
+        now: f64,
+    ) -> PyResult<Columns<'py>> {
         let ledger = &mut self.ledger;
         let mut out = Outcomes::default();
         py.detach(|| ledger.force_fail_spout(spout, now, &mut out));
         columns(py, &self.ledger, out)
     }
+
+    /// Remove and return the live entries whose root is not `keep`'s under `count` shards
+    /// (`keep` -1: all), GIL released.
+    fn export_moving<'py>(
+        &mut self,
+        py: Python<'py>,
+        count: u64,
+        keep: i64,
+        now: f64,
+    ) -> MovedColumns<'py> {
+        let ledger = &mut self.ledger;
+        let m = py.detach(|| ledger.export_moving(count, keep, now));
+        (
+            m.roots.into_pyarray(py),
+            m.values.into_pyarray(py),
+            m.spouts,
+            m.spout_index.into_pyarray(py),
+            m.ages_us.into_pyarray(py),
+            m.generations.into_pyarray(py),
+            m.failed.into_pyarray(py),
+            m.resets.into_pyarray(py),
+            m.key_counts.into_pyarray(py),
+            m.keys.into_pyarray(py),
+        )
+    }
+
+    /// Merge moved entries in (columns as `export_moving` returns them; the caller checked
+    /// their lengths); the outcome columns of the trees the merge ended.
+    #[allow(clippy::too_many_arguments)]
+    fn import_entries<'py>(
+        &mut self,
+        py: Python<'py>,
+        roots: PyReadonlyArray1<'py, u64>,
+        values: PyReadonlyArray1<'py, u64>,
+        spouts: Vec<String>,
+        spout_index: PyReadonlyArray1<'py, i32>,
+        ages_us: PyReadonlyArray1<'py, u64>,
+        generations: PyReadonlyArray1<'py, u8>,
+        failed: PyReadonlyArray1<'py, bool>,
+        resets: PyReadonlyArray1<'py, u32>,
+        key_counts: PyReadonlyArray1<'py, u32>,
+        keys: PyReadonlyArray1<'py, u64>,
+        now: f64,
+    ) -> PyResult<Columns<'py>> {
+        let moved = Moved {
+            roots: roots.as_slice()?.to_vec(),
+            values: values.as_slice()?.to_vec(),
+            spouts,
+            spout_index: spout_index.as_slice()?.to_vec(),
+            ages_us: ages_us.as_slice()?.to_vec(),
+            generations: generations.as_slice()?.to_vec(),
+            failed: failed.as_slice()?.to_vec(),
+            resets: resets.as_slice()?.to_vec(),
+            key_counts: key_counts.as_slice()?.to_vec(),
+            keys: keys.as_slice()?.to_vec(),
+        };
+        let n = moved.roots.len();
+        let lengths = [
+            moved.values.len(),
+            moved.spout_index.len(),
+            moved.ages_us.len(),
+            moved.generations.len(),
+            moved.failed.len(),
+            moved.resets.len(),
+            moved.key_counts.len(),
+        ];
+        let total_keys: u64 = moved.key_counts.iter().map(|&c| c as u64).sum();
+        let bad_index = moved
+            .spout_index
+            .iter()
+            .any(|&i| i < -1 || i >= moved.spouts.len() as i32);
+        if lengths.iter().any(|&l| l != n) || total_keys != moved.keys.len() as u64 || bad_index {
+            return Err(PyValueError::new_err(
+                "moved entries: the columns disagree in length, key counts or spout indices",
+            ));
+        }
+        let mut out = Outcomes::default();
+        let ledger = &mut self.ledger;
+        py.detach(|| ledger.import_entries(&moved, now, &mut out))
+            .map_err(|e| ledger_error(py, e))?;
+        columns(py, &self.ledger, out)
+    }
 }
+
+/// Moved entries as Python sees them: (roots, values, spout names, spout index (-1: no
+/// init yet), ages µs, generations, failed, resets, key counts, keys); see `acker_service.handoff`.
+type MovedColumns<'py> = (
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<u64>>,
+    Vec<String>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<u8>>,
+    Bound<'py, PyArray1<bool>>,
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u64>>,
+);
 
 /// One root's state as Python sees it (see `NativeCore::inspect`).
 type TreeRow = (u64, u8, Option<String>, u64, bool, u32, u32);
@@ -289,7 +418,15 @@ type TreeRow = (u64, u8, Option<String>, u64, bool, u32, u32);
 impl NativeCore {
     fn row(&self, i: &TreeInfo) -> TreeRow {
         let spout = (i.spout != 0).then(|| self.ledger.spout_name(i.spout).to_owned());
-        (i.root, i.status as u8, spout, i.age_us, i.failed, i.resets, i.dedup_keys)
+        (
+            i.root,
+            i.status as u8,
+            spout,
+            i.age_us,
+            i.failed,
+            i.resets,
+            i.dedup_keys,
+        )
     }
 }
 
