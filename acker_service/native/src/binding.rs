@@ -33,10 +33,7 @@ fn refusal_error(py: Python<'_>, err: BatchError) -> PyErr {
         Refusal::TooLarge => "BatchTooLarge",
         Refusal::WrongShard => "WrongShard",
     };
-    match py
-        .import("acker_service.batch")
-        .and_then(|m| m.getattr(class))
-    {
+    match py.import("acker_service.batch").and_then(|m| m.getattr(class)) {
         Ok(cls) => PyErr::from_type(cls.cast_into().expect("an exception class"), err.message),
         Err(e) => e,
     }
@@ -109,15 +106,8 @@ impl NativeCore {
 impl NativeCore {
     /// A ledger with timeout `message_timeout` s and `buckets` buckets, created at clock time `now`.
     #[new]
-    fn new(
-        py: Python<'_>,
-        message_timeout: f64,
-        buckets: u64,
-        now: f64,
-        seed: u64,
-    ) -> PyResult<Self> {
-        let ledger =
-            Ledger::new(message_timeout, buckets, now, seed).map_err(|e| ledger_error(py, e))?;
+    fn new(py: Python<'_>, message_timeout: f64, buckets: u64, now: f64, seed: u64) -> PyResult<Self> {
+        let ledger = Ledger::new(message_timeout, buckets, now, seed).map_err(|e| ledger_error(py, e))?;
         Ok(NativeCore { ledger })
     }
 
@@ -172,12 +162,7 @@ impl NativeCore {
     /// Rotate as due at `now`, then collect at most `limit` expired trees (all when None), GIL
     /// released; returns (TIMED_OUT columns, whether more are due).
     #[pyo3(signature = (now, limit=None))]
-    fn advance<'py>(
-        &mut self,
-        py: Python<'py>,
-        now: f64,
-        limit: Option<usize>,
-    ) -> PyResult<(Columns<'py>, bool)> {
+    fn advance<'py>(&mut self, py: Python<'py>, now: f64, limit: Option<usize>) -> PyResult<(Columns<'py>, bool)> {
         let ledger = &mut self.ledger;
         let mut out = Outcomes::default();
         let more = py.detach(|| ledger.advance_at_most(now, limit.unwrap_or(usize::MAX), &mut out));
@@ -259,12 +244,7 @@ impl NativeCore {
 
     /// Set the timeout mode (`progress`: every applied ack restarts the timeout) and the
     /// lifetime cap in seconds (0: none).
-    fn set_timeout_rules(
-        &mut self,
-        py: Python<'_>,
-        progress: bool,
-        max_lifetime: f64,
-    ) -> PyResult<()> {
+    fn set_timeout_rules(&mut self, py: Python<'_>, progress: bool, max_lifetime: f64) -> PyResult<()> {
         self.ledger
             .set_timeout_rules(progress, max_lifetime)
             .map_err(|e| ledger_error(py, e))
@@ -290,24 +270,14 @@ impl NativeCore {
     }
 
     /// Fail the pending trees among `roots` now; their outcome columns.
-    fn force_fail<'py>(
-        &mut self,
-        py: Python<'py>,
-        roots: PyReadonlyArray1<'py, u64>,
-        now: f64,
-    ) -> PyResult<Columns<'py>> {
+    fn force_fail<'py>(&mut self, py: Python<'py>, roots: PyReadonlyArray1<'py, u64>, now: f64) -> PyResult<Columns<'py>> {
         let mut out = Outcomes::default();
         self.ledger.force_fail(roots.as_slice()?, now, &mut out);
         columns(py, &self.ledger, out)
     }
 
     /// Fail every pending tree of `spout` now; their outcome columns.
-    fn force_fail_spout<'py>(
-        &mut self,
-        py: Python<'py>,
-        spout: &str,
-        now: f64,
-    ) -> PyResult<Columns<'py>> {
+    fn force_fail_spout<'py>(&mut self, py: Python<'py>, spout: &str, now: f64) -> PyResult<Columns<'py>> {
         let ledger = &mut self.ledger;
         let mut out = Outcomes::default();
         py.detach(|| ledger.force_fail_spout(spout, now, &mut out));
@@ -418,15 +388,7 @@ type TreeRow = (u64, u8, Option<String>, u64, bool, u32, u32);
 impl NativeCore {
     fn row(&self, i: &TreeInfo) -> TreeRow {
         let spout = (i.spout != 0).then(|| self.ledger.spout_name(i.spout).to_owned());
-        (
-            i.root,
-            i.status as u8,
-            spout,
-            i.age_us,
-            i.failed,
-            i.resets,
-            i.dedup_keys,
-        )
+        (i.root, i.status as u8, spout, i.age_us, i.failed, i.resets, i.dedup_keys)
     }
 }
 

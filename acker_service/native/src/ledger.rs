@@ -190,12 +190,7 @@ fn py_floordiv(a: f64, b: f64) -> f64 {
 impl Ledger {
     /// A ledger expiring trees `message_timeout` seconds after their last put, with
     /// `buckets` rotation buckets; `now` is the clock at creation, `seed` randomises the table.
-    pub fn new(
-        message_timeout: f64,
-        buckets: u64,
-        now: f64,
-        seed: u64,
-    ) -> Result<Ledger, LedgerError> {
+    pub fn new(message_timeout: f64, buckets: u64, now: f64, seed: u64) -> Result<Ledger, LedgerError> {
         // Same checks and messages as the reference model (`not > 0` also refuses NaN).
         if message_timeout.is_nan() || message_timeout <= 0.0 {
             return Err(LedgerError::Config(format!(
@@ -307,11 +302,7 @@ impl Ledger {
         let due = py_floordiv(now - self.next_rotation, self.period) + 1.0;
         self.next_rotation += due * self.period;
         // After `buckets` rotations everything has expired; more would change nothing.
-        let steps = if due >= self.buckets as f64 {
-            self.buckets
-        } else {
-            due as u64
-        };
+        let steps = if due >= self.buckets as f64 { self.buckets } else { due as u64 };
         // The lifetime cap is judged at rotations, like the timeout, so slicing changes nothing.
         let now_us = self.micros(now);
         for step in 1..=steps {
@@ -402,11 +393,7 @@ impl Ledger {
         if self.spouts.live() + ops.spouts.len() <= MAX_SPOUTS {
             return Ok(());
         }
-        let new = ops
-            .spouts
-            .iter()
-            .filter(|n| self.spouts.lookup(n).is_none())
-            .count();
+        let new = ops.spouts.iter().filter(|n| self.spouts.lookup(n).is_none()).count();
         if self.spouts.live() + new > MAX_SPOUTS {
             return Err(LedgerError::TooManySpouts(format!(
                 "this acker already holds pending trees of {} distinct spouts and the batch names {new} more; \
@@ -472,8 +459,7 @@ impl Ledger {
                         continue;
                     }
                     // An ack or fail may overtake its init: create the entry now.
-                    self.table
-                        .insert_from(homes[i], Entry::new(root, now_us, generation))
+                    self.table.insert_from(homes[i], Entry::new(root, now_us, generation))
                 }
             };
             match kind {
@@ -532,8 +518,7 @@ impl Ledger {
                     resets += 1;
                     out.applied += 1;
                     if e.spout() != 0 {
-                        out.resets
-                            .push(e.spout(), root, TIMEOUT_RESET, Self::latency(now_us, &e));
+                        out.resets.push(e.spout(), root, TIMEOUT_RESET, Self::latency(now_us, &e));
                     }
                     continue;
                 }
@@ -553,8 +538,7 @@ impl Ledger {
                 };
                 self.table.remove_at(s);
                 self.forget_side_state(&e);
-                out.ended
-                    .push(e.spout(), root, outcome, Self::latency(now_us, &e));
+                out.ended.push(e.spout(), root, outcome, Self::latency(now_us, &e));
                 self.spouts.release(e.spout());
             }
         }
@@ -636,14 +620,7 @@ mod tests {
     }
 
     /// Apply one batch of spout "s" and check conservation (also used by `admin`'s tests).
-    pub(super) fn run(
-        l: &mut Ledger,
-        now: f64,
-        kinds: &[i32],
-        roots: &[u64],
-        values: &[u64],
-        keys: &[u64],
-    ) -> BatchOutput {
+    pub(super) fn run(l: &mut Ledger, now: f64, kinds: &[i32], roots: &[u64], values: &[u64], keys: &[u64]) -> BatchOutput {
         run_limited(l, now, kinds, roots, values, keys, usize::MAX)
     }
 
@@ -666,8 +643,7 @@ mod tests {
             spout_index: &[],
         };
         let mut out = BatchOutput::default();
-        l.apply_expiring_at_most(&ops, now, limit, &mut out)
-            .unwrap();
+        l.apply_expiring_at_most(&ops, now, limit, &mut out).unwrap();
         let s = l.stats();
         assert_eq!(
             s.inits + s.moved_in,
@@ -707,14 +683,7 @@ mod tests {
     #[test]
     fn dedup_key_drops_the_repeat() {
         let mut l = Ledger::new(30.0, 3, 0.0, 1).unwrap();
-        let out = run(
-            &mut l,
-            0.0,
-            &[INIT, ACK, ACK, ACK],
-            &[R; 4],
-            &[3, 1, 1, 2],
-            &[0, 9, 9, 8],
-        );
+        let out = run(&mut l, 0.0, &[INIT, ACK, ACK, ACK], &[R; 4], &[3, 1, 1, 2], &[0, 9, 9, 8]);
         assert_eq!((out.applied, out.deduplicated), (3, 1));
         assert_eq!(out.ended.outcome, vec![ACKED]);
         assert!(l.dedup.is_empty(), "keys leave with the tree");
@@ -725,26 +694,13 @@ mod tests {
         // First key in the flat table, the second and third in the tree's set:
         // a repeat of any of them is dropped, whichever table holds it.
         let mut l = Ledger::new(30.0, 3, 0.0, 1).unwrap();
-        let out = run(
-            &mut l,
-            0.0,
-            &[INIT, ACK, ACK, ACK, ACK, ACK],
-            &[R; 6],
-            &[15, 1, 2, 1, 2, 4],
-            &[0, 5, 6, 5, 6, 7],
-        );
+        let out = run(&mut l, 0.0, &[INIT, ACK, ACK, ACK, ACK, ACK], &[R; 6], &[15, 1, 2, 1, 2, 4], &[0, 5, 6, 5, 6, 7]);
         assert_eq!((out.applied, out.deduplicated), (4, 2));
-        assert!(
-            out.ended.outcome.is_empty(),
-            "15 ^ 1 ^ 2 ^ 4 is 8: still pending"
-        );
+        assert!(out.ended.outcome.is_empty(), "15 ^ 1 ^ 2 ^ 4 is 8: still pending");
         assert_eq!((l.dedup.first.len(), l.dedup.more.len()), (1, 1));
         let out = run(&mut l, 0.0, &[ACK], &[R], &[8], &[8]);
         assert_eq!(out.ended.outcome, vec![ACKED]);
-        assert!(
-            l.dedup.is_empty(),
-            "keys of both tables leave with the tree"
-        );
+        assert!(l.dedup.is_empty(), "keys of both tables leave with the tree");
     }
 
     #[test]
@@ -756,14 +712,8 @@ mod tests {
         l.advance(1.0 + t - 1e-6, &mut out);
         assert!(out.is_empty());
         l.advance(1.0 + t + t / (b - 1) as f64, &mut out);
-        assert_eq!(
-            (out.root.clone(), out.outcome.clone()),
-            (vec![R], vec![TIMED_OUT])
-        );
-        assert_eq!(
-            (l.stats().orphaned, l.pending_trees(), l.orphan_entries()),
-            (1, 0, 0)
-        );
+        assert_eq!((out.root.clone(), out.outcome.clone()), (vec![R], vec![TIMED_OUT]));
+        assert_eq!((l.stats().orphaned, l.pending_trees(), l.orphan_entries()), (1, 0, 0));
     }
 
     #[test]
@@ -776,11 +726,7 @@ mod tests {
         assert!(l.expire_some(10.0, 100, &mut out));
         assert_eq!(out.len(), 100);
         // An operation on a due root that the scan has not reached expires it first.
-        let pending = roots
-            .iter()
-            .copied()
-            .find(|r| !out.root.contains(r))
-            .unwrap();
+        let pending = roots.iter().copied().find(|r| !out.root.contains(r)).unwrap();
         let b = run_limited(&mut l, 10.0, &[ACK], &[pending], &[1], &[], 0);
         assert_eq!(b.ended.root, vec![pending]);
         assert_eq!(b.ended.outcome, vec![TIMED_OUT]);
@@ -794,14 +740,7 @@ mod tests {
     fn reset_moves_to_nursery_and_notifies() {
         let mut l = Ledger::new(4.0, 3, 0.0, 1).unwrap();
         run(&mut l, 0.0, &[INIT], &[R], &[3], &[]);
-        let out = run(
-            &mut l,
-            3.5,
-            &[RESET_TIMEOUT, RESET_TIMEOUT],
-            &[R, R + 1],
-            &[0, 0],
-            &[],
-        );
+        let out = run(&mut l, 3.5, &[RESET_TIMEOUT, RESET_TIMEOUT], &[R, R + 1], &[0, 0], &[]);
         assert_eq!((out.applied, out.ignored), (1, 1));
         assert_eq!(out.resets.outcome, vec![TIMEOUT_RESET]);
         let mut ended = Outcomes::default();

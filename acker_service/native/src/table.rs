@@ -299,11 +299,7 @@ impl Table {
                 break;
             }
             let k = self.home(e.root);
-            let stays = if i <= j {
-                i < k && k <= j
-            } else {
-                i < k || k <= j
-            };
+            let stays = if i <= j { i < k && k <= j } else { i < k || k <= j };
             if !stays {
                 self.slots[i] = e;
                 self.note_move(j, i);
@@ -331,11 +327,7 @@ impl Table {
 
     /// All entries' roots (diagnostics and tests; not the hot path).
     pub fn roots(&self) -> Vec<u64> {
-        self.slots
-            .iter()
-            .filter(|e| e.root != 0)
-            .map(|e| e.root)
-            .collect()
+        self.slots.iter().filter(|e| e.root != 0).map(|e| e.root).collect()
     }
 }
 
@@ -362,30 +354,19 @@ mod tests {
         e.set_spout(0xffff);
         e.set_failed();
         e.set_dedup();
-        assert_eq!(
-            (e.started(), e.spout(), e.gen(), e.failed(), e.has_dedup()),
-            (STARTED_MASK, 0xffff, 63, true, true)
-        );
-        assert!(
-            !e.has_notes(),
-            "a full start time does not spill into the notes bit"
-        );
+        assert_eq!((e.started(), e.spout(), e.gen(), e.failed(), e.has_dedup()), (STARTED_MASK, 0xffff, 63, true, true));
+        assert!(!e.has_notes(), "a full start time does not spill into the notes bit");
         e.set_notes();
         assert!(e.has_notes());
         e.set_started(5);
         e.set_gen(2);
         e.set_spout(9);
-        assert_eq!(
-            (e.started(), e.spout(), e.gen(), e.failed(), e.has_dedup()),
-            (5, 9, 2, true, true)
-        );
+        assert_eq!((e.started(), e.spout(), e.gen(), e.failed(), e.has_dedup()), (5, 9, 2, true, true));
     }
 
     #[test]
     fn insert_find_remove_many() {
-        let roots: Vec<u64> = (1..=20_000u64)
-            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-            .collect();
+        let roots: Vec<u64> = (1..=20_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1).collect();
         let mut t = table_with(roots.iter().copied());
         assert_eq!(t.len(), roots.len());
         assert!(t.capacity() * 4 >= t.len() * 5, "load above 0.8");
@@ -451,10 +432,7 @@ mod probe_stats {
             total += (i + t.capacity() - h) % t.capacity() + 1;
         }
         let mean = total as f64 / roots.len() as f64;
-        println!(
-            "load {:.3}, mean probes {mean:.2}",
-            t.len() as f64 / t.capacity() as f64
-        );
+        println!("load {:.3}, mean probes {mean:.2}", t.len() as f64 / t.capacity() as f64);
         assert!(mean < 4.0, "mean probe length {mean}");
     }
 }

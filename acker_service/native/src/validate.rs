@@ -49,11 +49,7 @@ pub struct Limits {
 
 /// Python's `repr()` of a str, for messages that quote a spout name as the reference does.
 pub fn py_repr(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') {
-        '"'
-    } else {
-        '\''
-    };
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
@@ -127,11 +123,7 @@ pub fn validate(ops: &Ops, limits: Limits) -> Result<(), BatchError> {
     if n == 0 {
         return Ok(());
     }
-    if let Some(i) = ops
-        .kinds
-        .iter()
-        .position(|&k| !(INIT..=RESET_TIMEOUT).contains(&k))
-    {
+    if let Some(i) = ops.kinds.iter().position(|&k| !(INIT..=RESET_TIMEOUT).contains(&k)) {
         return Err(invalid(format!(
             "operation {i} has unknown kind {}; expected INIT (1), ACK (2), FAIL (3) or RESET_TIMEOUT (4)",
             ops.kinds[i]
@@ -154,11 +146,7 @@ pub fn validate(ops: &Ops, limits: Limits) -> Result<(), BatchError> {
 
 /// `batch._check_ownership`: every root is owned by this shard or, with replicas 2, by the one before it.
 fn check_ownership(ops: &Ops, limits: Limits) -> Result<(), BatchError> {
-    let (count, index, replicas) = (
-        limits.shard_count,
-        limits.shard_index,
-        limits.replicas.max(1),
-    );
+    let (count, index, replicas) = (limits.shard_count, limits.shard_index, limits.replicas.max(1));
     if count <= replicas {
         return Ok(()); // every shard keeps every root
     }
@@ -217,8 +205,7 @@ fn validate_spouts(ops: &Ops) -> Result<(), BatchError> {
         )));
     }
     let named = ops.spouts.len();
-    if let Some(i) = (0..n).find(|&i| ops.kinds[i] == INIT && ops.spout_index[i] as usize >= named)
-    {
+    if let Some(i) = (0..n).find(|&i| ops.kinds[i] == INIT && ops.spout_index[i] as usize >= named) {
         return Err(invalid(format!(
             "operation {i} is INIT with spout index {}, but only {named} spouts are named",
             ops.spout_index[i]
@@ -240,13 +227,7 @@ mod tests {
         }
     }
 
-    fn check(
-        kinds: &[i32],
-        roots: &[u64],
-        values: &[u64],
-        spouts: &[String],
-        idx: &[u32],
-    ) -> Result<(), BatchError> {
+    fn check(kinds: &[i32], roots: &[u64], values: &[u64], spouts: &[String], idx: &[u32]) -> Result<(), BatchError> {
         let ops = Ops {
             kinds,
             roots,
@@ -261,10 +242,7 @@ mod tests {
     #[test]
     fn valid_batch_passes() {
         let s = vec!["s".to_owned()];
-        assert_eq!(
-            check(&[1, 2, 3, 4], &[1, 1, 1, 1], &[5, 5, 0, 0], &s, &[]),
-            Ok(())
-        );
+        assert_eq!(check(&[1, 2, 3, 4], &[1, 1, 1, 1], &[5, 5, 0, 0], &s, &[]), Ok(()));
         assert_eq!(check(&[], &[], &[], &[], &[]), Ok(()));
     }
 
@@ -272,27 +250,15 @@ mod tests {
     fn each_rule_names_the_operation() {
         let s = vec!["s".to_owned()];
         let msg = |r: Result<(), BatchError>| r.unwrap_err().message;
-        assert!(msg(check(&[1, 9], &[1, 1], &[1, 1], &s, &[]))
-            .starts_with("operation 1 has unknown kind 9"));
-        assert!(
-            msg(check(&[2, 2], &[1, 0], &[1, 1], &s, &[])).starts_with("operation 1 has root id 0")
-        );
-        assert_eq!(
-            msg(check(&[2, 4], &[1, 1], &[1, 1], &s, &[])),
-            "operation 1 is RESET_TIMEOUT with a non-zero value; send 0"
-        );
-        assert_eq!(
-            msg(check(&[1], &[1], &[1], &[], &[])),
-            "operation 0 is INIT but the request names no spout"
-        );
+        assert!(msg(check(&[1, 9], &[1, 1], &[1, 1], &s, &[])).starts_with("operation 1 has unknown kind 9"));
+        assert!(msg(check(&[2, 2], &[1, 0], &[1, 1], &s, &[])).starts_with("operation 1 has root id 0"));
+        assert_eq!(msg(check(&[2, 4], &[1, 1], &[1, 1], &s, &[])), "operation 1 is RESET_TIMEOUT with a non-zero value; send 0");
+        assert_eq!(msg(check(&[1], &[1], &[1], &[], &[])), "operation 0 is INIT but the request names no spout");
         assert_eq!(
             msg(check(&[2, 1], &[1, 1], &[1, 1], &s, &[0, 3])),
             "operation 1 is INIT with spout index 3, but only 1 spouts are named"
         );
-        assert_eq!(
-            msg(check(&[1], &[1, 2], &[1], &s, &[])),
-            "kinds has 1 entries but root_ids has 2; the arrays must be parallel"
-        );
+        assert_eq!(msg(check(&[1], &[1, 2], &[1], &s, &[])), "kinds has 1 entries but root_ids has 2; the arrays must be parallel");
     }
 
     #[test]
@@ -345,16 +311,7 @@ mod tests {
         // With replicas 1 the followed root is foreign.
         assert!(validate(&ops(&[4, 6]), Limits { replicas: 1, ..l }).is_err());
         // Two shards, two replicas: every shard keeps every root.
-        assert_eq!(
-            validate(
-                &ops(&[4, 5]),
-                Limits {
-                    shard_count: 2,
-                    ..l
-                }
-            ),
-            Ok(())
-        );
+        assert_eq!(validate(&ops(&[4, 5]), Limits { shard_count: 2, ..l }), Ok(()));
     }
 
     #[test]

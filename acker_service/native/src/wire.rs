@@ -75,17 +75,9 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        for bad in [
-            &b"\xff\xff\xff"[..],
-            b"\x12\x05\x01",
-            b"\x2a\x02\xc3\x28",
-            b"\x0a\xff\xff\xff\xff\x0f",
-        ] {
+        for bad in [&b"\xff\xff\xff"[..], b"\x12\x05\x01", b"\x2a\x02\xc3\x28", b"\x0a\xff\xff\xff\xff\x0f"] {
             let err = decode_apply_request(bad).unwrap_err();
-            assert!(
-                err.contains("not a valid acker_service.v1.ApplyRequest"),
-                "{err}"
-            );
+            assert!(err.contains("not a valid acker_service.v1.ApplyRequest"), "{err}");
         }
     }
 

@@ -63,11 +63,7 @@ pub struct TreeInfo {
 impl Ledger {
     /// Set the timeout mode and the lifetime cap in seconds (0: none). Takes effect at
     /// once: a cap judged at the next rotation, progress on the next ack.
-    pub fn set_timeout_rules(
-        &mut self,
-        progress: bool,
-        max_lifetime: f64,
-    ) -> Result<(), LedgerError> {
+    pub fn set_timeout_rules(&mut self, progress: bool, max_lifetime: f64) -> Result<(), LedgerError> {
         if max_lifetime.is_nan() || max_lifetime < 0.0 || max_lifetime.is_infinite() {
             return Err(LedgerError::Config(format!(
                 "max_tree_lifetime must be zero (no cap) or a positive number of seconds, got {max_lifetime}"
@@ -128,16 +124,8 @@ impl Ledger {
         } else {
             TreeStatus::Pending
         };
-        let resets = if e.has_notes() {
-            self.notes.get(&e.root).copied().unwrap_or(0)
-        } else {
-            0
-        };
-        let dedup_keys = if e.has_dedup() {
-            self.dedup.count(e.root)
-        } else {
-            0
-        };
+        let resets = if e.has_notes() { self.notes.get(&e.root).copied().unwrap_or(0) } else { 0 };
+        let dedup_keys = if e.has_dedup() { self.dedup.count(e.root) } else { 0 };
         TreeInfo {
             root: e.root,
             status,
@@ -170,17 +158,14 @@ impl Ledger {
     }
 
     fn pending_entries(&self) -> impl Iterator<Item = &Entry> {
-        self.table
-            .entries()
-            .filter(|e| e.spout() != 0 && !self.is_expired(e))
+        self.table.entries().filter(|e| e.spout() != 0 && !self.is_expired(e))
     }
 
     /// The `k` oldest pending trees (by time since init; ties by root), oldest first.
     pub fn oldest(&self, k: usize, now: f64) -> Vec<TreeInfo> {
         let now_us = self.micros(now);
         // A min-heap of the k oldest so far: one pass, k log k memory and time.
-        let mut heap: BinaryHeap<Reverse<(u64, Reverse<u64>)>> =
-            BinaryHeap::with_capacity(k.min(1 << 16) + 1);
+        let mut heap: BinaryHeap<Reverse<(u64, Reverse<u64>)>> = BinaryHeap::with_capacity(k.min(1 << 16) + 1);
         if k == 0 {
             return Vec::new();
         }
@@ -193,16 +178,12 @@ impl Ledger {
                 heap.push(Reverse(key));
             }
         }
-        let mut found: Vec<(u64, Reverse<u64>)> =
-            heap.into_iter().map(|Reverse(key)| key).collect();
+        let mut found: Vec<(u64, Reverse<u64>)> = heap.into_iter().map(|Reverse(key)| key).collect();
         found.sort_unstable_by(|a, b| b.cmp(a));
         found
             .into_iter()
             .map(|(_, Reverse(root))| {
-                let s = self
-                    .table
-                    .find(root)
-                    .expect("a pending entry found by the scan");
+                let s = self.table.find(root).expect("a pending entry found by the scan");
                 self.info(self.table.get(s), now_us)
             })
             .collect()
@@ -296,11 +277,7 @@ mod tests {
         let (mut a, mut b) = (Outcomes::default(), Outcomes::default());
         fixed.advance(6.5, &mut a);
         progress.advance(6.5, &mut b);
-        assert_eq!(
-            a.outcome,
-            vec![TIMED_OUT],
-            "fixed: the ack did not move the timeout"
-        );
+        assert_eq!(a.outcome, vec![TIMED_OUT], "fixed: the ack did not move the timeout");
         assert!(b.is_empty(), "progress: the ack restarted it");
         let out = apply(&mut progress, 6.6, &[ACK], &[7], &[2], &[]);
         assert_eq!(out.ended.outcome, vec![ACKED]);
@@ -321,30 +298,17 @@ mod tests {
             assert!(t < 20.0, "the cap never ended the tree");
         }
         assert_eq!(ended.outcome, vec![LIFETIME_EXCEEDED]);
-        assert!(
-            (10.0..=12.0).contains(&t),
-            "ended within a rotation period after the cap, at {t}"
-        );
+        assert!((10.0..=12.0).contains(&t), "ended within a rotation period after the cap, at {t}");
         assert_eq!((l.stats().timed_out, l.stats().outlived), (1, 1));
     }
 
     #[test]
     fn inspect_reports_resets_keys_and_status() {
         let mut l = Ledger::new(30.0, 3, 0.0, 1).unwrap();
-        apply(
-            &mut l,
-            0.0,
-            &[INIT, ACK, ACK, RESET_TIMEOUT, ACK],
-            &[7, 7, 7, 7, 9],
-            &[3, 1, 2 ^ 8, 0, 5],
-            &[0, 11, 12, 0, 0],
-        );
+        apply(&mut l, 0.0, &[INIT, ACK, ACK, RESET_TIMEOUT, ACK], &[7, 7, 7, 7, 9], &[3, 1, 2 ^ 8, 0, 5], &[0, 11, 12, 0, 0]);
         let info = l.inspect(&[7, 9, 8], 2.5);
         assert_eq!(info[0].status, TreeStatus::Pending);
-        assert_eq!(
-            (info[0].resets, info[0].dedup_keys, info[0].age_us),
-            (1, 2, 2_500_000)
-        );
+        assert_eq!((info[0].resets, info[0].dedup_keys, info[0].age_us), (1, 2, 2_500_000));
         assert_eq!(l.spout_name(info[0].spout), "s");
         assert_eq!(info[1].status, TreeStatus::AwaitingInit);
         assert_eq!(info[2].status, TreeStatus::Absent);
@@ -373,10 +337,7 @@ mod tests {
         apply(&mut l, 0.0, &[ACK], &[1000], &[1], &[]);
         let mut out = Outcomes::default();
         l.force_fail(&[3, 1000, 4242], 1.0, &mut out);
-        assert_eq!(
-            (out.root.clone(), out.outcome.clone()),
-            (vec![3], vec![FAILED])
-        );
+        assert_eq!((out.root.clone(), out.outcome.clone()), (vec![3], vec![FAILED]));
         let mut out = Outcomes::default();
         l.force_fail_spout("s", 1.0, &mut out);
         assert_eq!(out.len(), 499);
@@ -397,11 +358,7 @@ mod tests {
         let mut out = Outcomes::default();
         assert!(late.advance_at_most(3.0, 0, &mut out), "due, not collected");
         late.advance(4.0, &mut out);
-        assert_eq!(
-            out.outcome,
-            vec![TIMED_OUT],
-            "judged at the rotation that made it due"
-        );
+        assert_eq!(out.outcome, vec![TIMED_OUT], "judged at the rotation that made it due");
         assert_eq!(late.stats().outlived, 0);
     }
 
@@ -411,10 +368,6 @@ mod tests {
         assert!(l.set_timeout_rules(false, f64::NAN).is_err());
         assert!(l.set_timeout_rules(false, -1.0).is_err());
         assert!(l.set_timeout_rules(false, 400_000.0).is_err());
-        assert_eq!(
-            l.timeout_rules(),
-            TimeoutRules::default(),
-            "a refusal changes nothing"
-        );
+        assert_eq!(l.timeout_rules(), TimeoutRules::default(), "a refusal changes nothing");
     }
 }
