@@ -1,4 +1,4 @@
-"""The ``acker-ctl`` command: status, inspect, top and fail against a running acker cluster.
+"""The ``acker-ctl`` command: status, inspect, top, fail, reshard and drain against a running acker cluster.
 
 Flags fall back to ACKER_CTL_* environment variables (``ACKER_CTL_ACKERS``,
 ``ACKER_CTL_TLS_CA``, ...). Output is a table, or with ``--json`` one JSON
@@ -18,6 +18,7 @@ from typing import Any
 from acker_protocol.credentials import ChannelSecurity
 
 from .cluster import Cluster, CtlError
+from .reshard import drain_addresses, reshard
 
 __all__ = ["main", "build_parser"]
 
@@ -68,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     what = fail.add_mutually_exclusive_group(required=True)
     what.add_argument("roots", nargs="*", type=_root, default=[], metavar="ROOT")
     what.add_argument("--spout", help="fail every pending tree of this spout")
+    reshard = sub.add_parser(
+        "reshard", help="move the running cluster to M shards at --addresses (prepare, cut, commit on every acker)"
+    )
+    reshard.add_argument("--shards", type=int, required=True, metavar="M", help="the number of shards after the move")
+    reshard.add_argument(
+        "--addresses", required=True, help="comma-separated host:port of the M ackers of the new layout, in shard order"
+    )
+    drain = sub.add_parser("drain", help="move every tree off one acker (reshard to the others) so it can leave")
+    drain.add_argument("shard", type=int, metavar="SHARD", help="the shard index (position in --ackers) to drain")
+    drain.add_argument(
+        "--wait", type=float, default=0.0, metavar="SECONDS",
+        help="wait this long for the drained acker's last due trees to time out there (default: do not wait)",
+    )  # fmt: skip
     return p
 
 
@@ -112,6 +126,27 @@ def _summary(status: dict[str, Any]) -> str:
     return f"pending trees: {status['pending_trees']}\n{kept}"
 
 
+def _move(args: argparse.Namespace, addresses: list[str], security: ChannelSecurity | None) -> tuple[Any, str]:
+    """reshard / drain: (JSON-ready result, its text)."""
+    if args.command == "drain":
+        new = drain_addresses(addresses, args.shard)
+        result = reshard(addresses, new, security, max(args.deadline, 30.0), wait_leaving=args.wait)
+    else:
+        new = [a.strip() for a in args.addresses.split(",") if a.strip()]
+        if len(new) != args.shards:
+            raise CtlError(f"--shards {args.shards} but --addresses lists {len(new)} ackers; list one per shard")
+        result = reshard(addresses, new, security, max(args.deadline, 30.0))
+    text = (
+        f"layout epoch {result['epoch']}: {result['from_shards']} -> {result['to_shards']} shards; "
+        f"moved {result['moved_trees']} pending trees ({result['moved_entries']} entries) in "
+        f"{result['move_seconds']} s, Apply held {result['held_seconds']} s\n"
+        f"clients now send to: {','.join(result['addresses'])}"
+    )
+    for address, pending in result["leaving"].items():
+        text += f"\n{address} left the layout; {pending} due trees still end there (stop it when 0: acker-ctl status)"
+    return result, text
+
+
 def _run(args: argparse.Namespace, cluster: Cluster) -> tuple[Any, str]:
     """(JSON-ready result, its table) for the chosen subcommand."""
     if args.command == "status":
@@ -150,8 +185,11 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
         parser.error(str(exc))
     addresses = [a.strip() for a in args.ackers.split(",") if a.strip()]
     try:
-        with Cluster(addresses, security, args.deadline) as cluster:
-            result, text = _run(args, cluster)
+        if args.command in ("reshard", "drain"):
+            result, text = _move(args, addresses, security)
+        else:
+            with Cluster(addresses, security, args.deadline) as cluster:
+                result, text = _run(args, cluster)
     except CtlError as exc:
         print(f"acker-ctl: {exc}", file=sys.stderr)
         return 1
