@@ -152,7 +152,7 @@ impl Ledger {
                         e.set_gen(gen);
                     }
                     let incoming_init = moved.spout_index[i] >= 0;
-                    if (e.spout() == 0) == !incoming_init {
+                    if (e.spout() == 0) != incoming_init {
                         if moved.ages_us[i] > mine_age {
                             e.set_started(started);
                         }
