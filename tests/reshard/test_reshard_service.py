@@ -7,9 +7,12 @@ learns each new layout from a refusal and Describe) and the operator's
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import pytest
 from acker_client import ClusterClient
+from acker_ctl.cli import main as acker_ctl
 from acker_ctl.cluster import CtlError
 from acker_ctl.reshard import drain_addresses, reshard
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
@@ -63,6 +66,10 @@ def test_reshard_3_to_4_to_3_then_drain_keeps_every_rule(servers):
         client.flush()
         assert client.layout_epoch == 1 and client.shard_count == 4
         assert [_describe(a).layout.epoch for a in four] == [1, 1, 1, 1]
+        printed: list[str] = []
+        assert acker_ctl(["--ackers", ",".join(four), "--json", "status", "--interval", "0"], out=printed.append) == 0
+        status = json.loads(printed[0])
+        assert [(s["layout_epoch"], s["move_state"]) for s in status["shards"]] == [(1, "serving")] * 4
 
         back = reshard(four, three, None, wait_leaving=2 * TIMEOUT)
         assert back["epoch"] == 2 and back["to_shards"] == 3
