@@ -120,3 +120,24 @@ def test_drain_refuses_an_unknown_or_last_shard():
         drain_addresses(["x:1", "y:2"], 2)
     with pytest.raises(CtlError, match="last acker"):
         drain_addresses(["x:1"], 0)
+
+
+def test_a_resent_handoff_chunk_is_merged_once(servers):
+    """A Handoff whose answer was lost is sent again with the same chunk key: the second copy merges nothing."""
+    from acker_service.handoff import MovedEntries
+    from acker_service.reshard import to_request
+
+    a = servers(0, 1).address
+    with grpc.insecure_channel(a) as channel:
+        stub = acker_pb2_grpc.AckerStub(channel)
+        layout = acker_pb2.Layout(epoch=1, shard_count=1, shard_index=0, addresses=[a])
+        stub.PrepareLayout(acker_pb2.PrepareLayoutRequest(layout=layout), timeout=5)
+        request = to_request(1, MovedEntries([7], [5], ["s"], [0], [0], [0], [False], [0], [0], []))
+        request.chunk_key = 99
+        assert stub.Handoff(request, timeout=5).imported == 1
+        assert stub.Handoff(request, timeout=5).imported == 0
+        stub.CutLayout(acker_pb2.CutLayoutRequest(epoch=1), timeout=5)
+        stub.CommitLayout(acker_pb2.CommitLayoutRequest(epoch=1), timeout=5)
+        assert _describe(a).pending_trees == 1
+        done = stub.Apply(acker_pb2.ApplyRequest(kinds=[2], root_ids=[7], values=[5], spouts=["s"]), timeout=5)
+        assert done.applied == 1 and _describe(a).pending_trees == 0, "merged once: one ack of 5 completes it"
