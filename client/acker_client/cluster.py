@@ -773,7 +773,8 @@ class ClusterClient:
         for channel in st.channels:
             channel.close()
         for old in self._retired:
-            self._close_retired(old)
+            if old.pid == process.current_pid():  # a parent's states are the parent's to close
+                self._close_retired(old)
         self._closed = True
         self._proc = None
 
