@@ -75,6 +75,10 @@ def load_tokens(path: str) -> list[tuple[str, bytes]]:
     return tokens
 
 
+# The operator calls: failing trees from outside and the steps of a layout change (issue 29).
+ADMIN_METHODS = ("ForceFail", "PrepareLayout", "CutLayout", "CommitLayout", "Handoff")
+
+
 @dataclass(frozen=True)
 class Rights:
     """What one principal may do."""
@@ -249,12 +253,12 @@ class AuthInterceptor(HandlerInterceptor):
             if not rights.describe:
                 raise Refused(grpc.StatusCode.PERMISSION_DENIED, "describe", f"{clip(principal)} may not call {name}")
             return
-        if name == "ForceFail":
+        if name in ADMIN_METHODS:
             if not rights.admin:
                 raise Refused(
                     grpc.StatusCode.PERMISSION_DENIED,
                     "admin",
-                    f"{clip(principal)} may not call ForceFail (needs admin = true in the policy); nothing failed",
+                    f"{clip(principal)} may not call {name} (needs admin = true in the policy); nothing changed",
                 )
             return
         self._check_apply(principal, rights, request)

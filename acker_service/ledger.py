@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
+from .handoff import MovedEntries
 from .outcome_columns import ColumnarResult, OutcomeColumns
 from .tree_info import TreeInfo
 
@@ -63,6 +64,10 @@ class LedgerStats:
     deduplicated: int = 0
     outlived: int = 0  # trees ended LIFETIME_EXCEEDED (also in timed_out)
     force_failed: int = 0  # trees ended FAILED by force_fail (also in failed)
+    # Trees handed to another acker by a layout change, and taken from one: conservation
+    # per ledger is inits + moved_in == acked + failed + timed_out + pending + moved_out.
+    moved_out: int = 0
+    moved_in: int = 0
 
 
 @runtime_checkable
@@ -152,6 +157,17 @@ class Ledger(Protocol):
         times out instead, and roots absent or still awaiting their init are
         left alone.
         """
+        ...
+
+    def export_moving(self, shard_count: int, keep_index: int) -> MovedEntries:
+        """Remove and return the live entries whose root is not ``keep_index``'s under ``shard_count`` shards (-1: all).
+
+        Due entries stay: they time out here, as they would have without the move.
+        """
+        ...
+
+    def import_entries(self, moved: MovedEntries) -> OutcomeColumns:
+        """Merge moved entries in by XOR (failed OR, earliest start, keys united); the trees that merging ended."""
         ...
 
     def force_fail_spout(self, spout: str) -> OutcomeColumns:

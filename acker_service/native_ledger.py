@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from ._native import NativeCore
+from .handoff import MovedEntries
 from .ledger import LedgerStats, Limits
 from .outcome_columns import ColumnarResult, OutcomeColumns
 from .tree_info import TIMEOUT_MODES, TreeInfo, TreeStatus, check_timeout_rules
@@ -160,6 +161,35 @@ class NativeLedger:
     def force_fail_spout(self, spout: str) -> OutcomeColumns:
         """Fail every pending tree of ``spout`` now; its trees already due time out instead."""
         raw = self._core.force_fail_spout(spout, self._clock())
+        self._sync()
+        return _columns(raw)
+
+    # -- moving trees between ackers (issue 29; the core is native/src/ledger/handoff.rs) --
+
+    def export_moving(self, shard_count: int, keep_index: int) -> MovedEntries:
+        """Remove and return the live entries whose root is not ``keep_index``'s under ``shard_count`` shards (-1: all)."""
+        if shard_count < 1:
+            raise ValueError(f"shard_count must be at least 1, got {shard_count}")
+        raw = self._core.export_moving(int(shard_count), int(keep_index), self._clock())
+        self._sync()
+        return MovedEntries(*raw)
+
+    def import_entries(self, moved: MovedEntries) -> OutcomeColumns:
+        """Merge moved entries in by XOR (failed OR, earliest start, keys united); the trees that merging ended."""
+        m = moved
+        raw = self._core.import_entries(
+            m.roots,
+            m.values,
+            list(m.spouts),
+            m.spout_index,
+            m.ages_us,
+            m.generations,
+            m.failed,
+            m.resets,
+            m.key_counts,
+            m.keys,
+            self._clock(),
+        )
         self._sync()
         return _columns(raw)
 

@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
 from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import OpKind, Outcome
 from google.protobuf.message import DecodeError
 
 from .batch import Batch, InvalidBatch, validate_batch
+from .handoff import MovedEntries, merge_keys, owned
 from .ledger import LedgerStats, Limits
 from .outcome_columns import ColumnarResult, OutcomeColumns, Resolution
 from .rotating_map import RotatingMap
@@ -520,6 +522,126 @@ class ReferenceLedger:
                 timed_out = self._expire_touched(root, now, resolutions)
                 self._open_trees -= timed_out
                 self.stats.timed_out += timed_out
+        return OutcomeColumns.from_resolutions(resolutions)
+
+    # -- moving trees between ackers (issue 29): see acker_service.handoff --
+
+    def export_moving(self, shard_count: int, keep_index: int) -> MovedEntries:
+        """Remove and return the live entries whose root is not ``keep_index``'s under ``shard_count`` shards (-1: all).
+
+        Rotates as due first (collecting nothing); due entries stay and time out
+        here, as they would have without the move.
+        """
+        if shard_count < 1:
+            raise ValueError(f"shard_count must be at least 1, got {shard_count}")
+        self._advance_some(0)
+        now_us = self._micros(self._clock())
+        names: dict[str, int] = {}
+        roots, values, spout_index, ages, gens, failed, resets, key_counts, keys = ([] for _ in range(9))
+        trees = 0
+        for generation, bucket in enumerate(self._pending.live_buckets()):
+            for root in [r for r in bucket if not owned(r, shard_count, keep_index)]:
+                entry = bucket.pop(root)
+                roots.append(root)
+                values.append(entry.val)
+                if entry.spout is None:
+                    spout_index.append(-1)
+                else:
+                    spout_index.append(names.setdefault(entry.spout, len(names)))
+                    trees += 1
+                ages.append(max(0, now_us - self._micros(entry.started)))
+                gens.append(generation)
+                failed.append(entry.failed)
+                resets.append(entry.resets)
+                seen = entry.dedup
+                entry_keys = [] if seen is None else sorted(seen) if isinstance(seen, set) else [seen]
+                key_counts.append(len(entry_keys))
+                keys.extend(entry_keys)
+        self._open_trees -= trees
+        self.stats.moved_out += trees
+        a = np.asarray
+        return MovedEntries(
+            a(roots, np.uint64),
+            a(values, np.uint64),
+            list(names),
+            a(spout_index, np.int32),
+            a(ages, np.uint64),
+            a(gens, np.uint8),
+            a(failed, np.bool_),
+            a(resets, np.uint32),
+            a(key_counts, np.uint32),
+            a(keys, np.uint64),
+        )
+
+    def import_entries(self, moved: MovedEntries) -> OutcomeColumns:
+        """Merge moved entries in by XOR (failed OR, earliest start, keys united); the trees that merging ended.
+
+        An entry this ledger also holds adds up with it (the two hold disjoint
+        updates of one tree); a due one here expires first, as an operation on
+        it would. A merged tree whose checksum reached 0 ends ACKED (else a
+        failed one ends FAILED), Storm's order.
+        """
+        resolutions, _ = self._advance_some(0)
+        now = self._clock()
+        now_us = self._micros(now)
+        buckets = self._pending.live_buckets()
+        last = len(buckets) - 1
+        stats = self.stats
+        offsets = [0, *np.cumsum(moved.key_counts, dtype=np.int64).tolist()]
+        all_keys = moved.keys.tolist()
+        for i, (root, value, s, age, gen, failed, resets) in enumerate(
+            zip(
+                moved.roots.tolist(),
+                moved.values.tolist(),
+                moved.spout_index.tolist(),
+                moved.ages_us.tolist(),
+                moved.generations.tolist(),
+                moved.failed.tolist(),
+                moved.resets.tolist(),
+            )
+        ):
+            spout = moved.spouts[s] if s >= 0 else None
+            started = self._epoch + (now_us - age) / 1e6
+            gen = min(gen, last)
+            home_index = next((k for k, b in enumerate(buckets) if root in b), None)
+            if home_index is None:
+                if self._draining:
+                    timed_out = self._expire_touched(root, now, resolutions)
+                    self._open_trees -= timed_out
+                    stats.timed_out += timed_out
+                entry = _Entry(started)
+                home_index = gen
+                buckets[gen][root] = entry
+            else:
+                entry = buckets[home_index][root]
+                if gen < home_index:
+                    # The fresher of the two timeouts: the tree was touched then.
+                    del buckets[home_index][root]
+                    buckets[gen][root] = entry
+                    home_index = gen
+                if (entry.spout is None) == (spout is None):
+                    entry.started = min(entry.started, started)
+                elif spout is not None:
+                    entry.started = started  # latency is measured from init
+            entry.val ^= value
+            entry.failed = entry.failed or failed
+            entry.resets += resets
+            entry.dedup = merge_keys(entry.dedup, all_keys[offsets[i] : offsets[i + 1]])
+            if spout is not None:
+                stats.moved_in += 1
+                if entry.spout is None:
+                    entry.spout = spout
+                    self._open_trees += 1
+            if entry.spout is not None and (entry.val == 0 or entry.failed):
+                # Storm's order: a zero checksum wins over the failed flag.
+                outcome = _ACKED if entry.val == 0 else _FAILED
+                if outcome == _ACKED:
+                    stats.acked += 1
+                else:
+                    stats.failed += 1
+                del buckets[home_index][root]
+                self._open_trees -= 1
+                resolutions.append(Resolution(entry.spout, root, outcome, now - entry.started))
         return OutcomeColumns.from_resolutions(resolutions)
 
 

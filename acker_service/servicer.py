@@ -23,6 +23,8 @@ from acker_protocol.wire import Outcome
 from ._version import __version__
 from .apply_stream import RefusedRequest, serve_apply_stream
 from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
+from .layout import ApplyHeld, Layout, LayoutMachine, LayoutRefused
+from .reshard import HandoffFailed, from_request
 from .shard import BadSpoutName, Shard, ShardClosing, SubscribeRefused, Superseded, TooManySubscriptions
 from .tree_info import TreeInfo
 
@@ -35,6 +37,9 @@ _STATUS_OF = {
     InvalidBatch: grpc.StatusCode.INVALID_ARGUMENT,
     BatchTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     WrongShard: grpc.StatusCode.FAILED_PRECONDITION,
+    ApplyHeld: grpc.StatusCode.UNAVAILABLE,
+    LayoutRefused: grpc.StatusCode.FAILED_PRECONDITION,
+    HandoffFailed: grpc.StatusCode.UNAVAILABLE,
     BadSpoutName: grpc.StatusCode.INVALID_ARGUMENT,
     ShardClosing: grpc.StatusCode.UNAVAILABLE,
     TooManySubscriptions: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -142,9 +147,11 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
     async def Describe(self, request: acker_pb2.DescribeRequest, context: grpc.aio.ServicerContext):
         """Shard, timeouts, retention, pending trees and version."""
         c = self._shard.config
+        layout = self._shard.layout.current
         return acker_pb2.DescribeResponse(
-            shard_index=c.shard_index,
-            shard_count=c.shard_count,
+            # The current layout's place (a drained acker, index -1, keeps its last one).
+            shard_index=layout.index if layout.index >= 0 else c.shard_index,
+            shard_count=layout.count,
             message_timeout_seconds=c.message_timeout,
             buckets=c.buckets,
             pending_trees=self._shard.pending_trees,
@@ -157,7 +164,64 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             max_tree_lifetime_seconds=c.max_tree_lifetime,
             replicas=c.replicas,
             apply_stream=True,
+            layout=_layout_message(self._shard.layout.current),
+            move_state=self._shard.layout.state,
         )
+
+    # -- layout changes (issue 29; the rules are in layout.py and the ledger engines) --
+
+    async def PrepareLayout(self, request: acker_pb2.PrepareLayoutRequest, context: grpc.aio.ServicerContext):
+        """Hold Apply and learn this acker's place in the next layout."""
+        m = request.layout
+        try:
+            self._shard.prepare_layout(Layout(m.epoch, m.shard_count, m.shard_index, tuple(m.addresses)))
+        except LayoutRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return _layout_response(self._shard.layout)
+
+    async def CutLayout(self, request: acker_pb2.CutLayoutRequest, context: grpc.aio.ServicerContext):
+        """Hand the entries the next layout gives away to their new owners."""
+        # The handoffs carry the caller's credentials: an operator allowed to cut may hand over.
+        metadata = tuple((k, v) for k, v in context.invocation_metadata() or () if k == "authorization")
+        try:
+            trees, entries = await self._shard.cut_layout(request.epoch, metadata)
+        except (LayoutRefused, HandoffFailed) as exc:
+            await context.abort(_STATUS_OF[type(exc)], str(exc))
+        return acker_pb2.CutLayoutResponse(moved_trees=trees, moved_entries=entries)
+
+    async def CommitLayout(self, request: acker_pb2.CommitLayoutRequest, context: grpc.aio.ServicerContext):
+        """Take the next layout and serve again."""
+        try:
+            self._shard.commit_layout(request.epoch)
+        except LayoutRefused as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return _layout_response(self._shard.layout)
+
+    async def Handoff(self, request: acker_pb2.HandoffRequest, context: grpc.aio.ServicerContext):
+        """Merge the entries another acker hands over in a cut."""
+        try:
+            moved = from_request(request)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}; nothing merged")
+        try:
+            imported = self._shard.take_handoff(request.epoch, request.chunk_key, moved)
+        except (LayoutRefused, BatchError) as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return acker_pb2.HandoffResponse(imported=imported)
+
+
+def _layout_message(layout: Layout | None) -> acker_pb2.Layout | None:
+    if layout is None:
+        return None
+    return acker_pb2.Layout(
+        epoch=layout.epoch, shard_count=layout.count, shard_index=layout.index, addresses=list(layout.addresses)
+    )
+
+
+def _layout_response(machine: LayoutMachine) -> acker_pb2.LayoutResponse:
+    return acker_pb2.LayoutResponse(
+        layout=_layout_message(machine.current), move_state=machine.state, next_layout=_layout_message(machine.next)
+    )
 
 
 def _tree_state(info: TreeInfo) -> acker_pb2.TreeState:
@@ -218,6 +282,20 @@ def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None
             request_deserializer=acker_pb2.ForceFailRequest.FromString,
             response_serializer=acker_pb2.ForceFailResponse.SerializeToString,
         ),
+        # The steps of a layout change (issue 29), plain protobuf both ways.
+        **{
+            name: grpc.unary_unary_rpc_method_handler(
+                getattr(servicer, name),
+                request_deserializer=request.FromString,
+                response_serializer=response.SerializeToString,
+            )
+            for name, request, response in (
+                ("PrepareLayout", acker_pb2.PrepareLayoutRequest, acker_pb2.LayoutResponse),
+                ("CutLayout", acker_pb2.CutLayoutRequest, acker_pb2.CutLayoutResponse),
+                ("CommitLayout", acker_pb2.CommitLayoutRequest, acker_pb2.LayoutResponse),
+                ("Handoff", acker_pb2.HandoffRequest, acker_pb2.HandoffResponse),
+            )
+        },
     }
     service = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))

@@ -19,13 +19,17 @@ from collections.abc import AsyncGenerator, Callable
 from acker_protocol.text import clip
 from acker_protocol.wire import check_spout_name
 
+from .batch import WrongShard
 from .config import ServerConfig
 from .engines import new_ledger
+from .handoff import MovedEntries
+from .layout import ApplyHeld, Layout, LayoutMachine, LayoutRefused
 from .ledger import Limits
 from .metrics import AckerMetrics
 from .operate import AGE_BUCKETS, check_oldest, check_roots
 from .outcome_columns import ColumnarResult, OutcomeColumns
 from .outcome_hub import OutcomeChunk, OutcomeHub
+from .reshard import Chunk, HandoffFailed, plan_handoffs, send_handoffs
 from .tree_info import TreeInfo
 
 __all__ = ["EXPIRY_SLICE", "Shard", "SubscribeRefused", "BadSpoutName", "ShardClosing", "Superseded", "new_incarnation"]
@@ -87,6 +91,11 @@ class Shard:
             max_tree_lifetime=config.max_tree_lifetime,
         )
         self.limits = Limits(config.shard_index, config.shard_count, config.max_batch, config.replicas)
+        # Which roots are ours, and a layout change in progress (issue 29; see layout.py).
+        self.layout = LayoutMachine(Layout(0, config.shard_count, config.shard_index))
+        self._unsent: list[Chunk] = []  # handoff chunks a cut could not deliver yet (sent again by the next cut)
+        self._merged_chunks: set[int] = set()  # handoff chunk keys merged in the current change
+        self._cutting = False
         self.hub = OutcomeHub(
             config.retain_outcomes,
             config.retain_seconds,
@@ -116,6 +125,18 @@ class Shard:
         Raises a :class:`~acker_service.batch.BatchError` that changes nothing,
         also for bytes that are not an ``ApplyRequest``.
         """
+        if self.layout.holding:
+            # No update may land while entries move: the old owner's updates before the
+            # cut and the new owner's after it must be disjoint (docs/acker-semantics.md).
+            raise ApplyHeld(
+                f"this acker is moving trees to layout epoch {self.layout.next.epoch if self.layout.next else '?'} "
+                f"({self.layout.state}); nothing was applied, retry the same batch shortly"
+            )
+        if self.layout.current.index < 0:
+            raise WrongShard(
+                f"this acker left the cluster at layout epoch {self.layout.current.epoch} and owns no roots; "
+                "ask Describe for the layout and send to the shards it names"
+            )
         # Due trees collect in slices on the ticker, not in Apply's latency; a due
         # tree the batch touches still expires first (exactly one outcome).
         result = self.ledger.apply(data, self.limits, max_expired=0)
@@ -229,6 +250,64 @@ class Shard:
         ended = self.ledger.force_fail_spout(spout)
         self._settle(ended)
         return ended
+
+    # -- layout changes (issue 29): prepare, cut, commit, and the handoffs between ackers --
+
+    def prepare_layout(self, layout: Layout) -> None:
+        """Hold Apply and remember this acker's place in the next layout (LayoutRefused: nothing changed)."""
+        if self.config.replicas > 1:
+            raise LayoutRefused(
+                "resharding with --replicas 2 is not supported yet: a follower's copies would have to move too; "
+                "nothing changed"
+            )
+        if layout != self.layout.next:
+            self._merged_chunks.clear()
+        self.layout.prepare(layout)
+
+    async def cut_layout(self, epoch: int, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[int, int]:
+        """Hand the entries the next layout gives away to their new owners; (trees, entries) moved by this call.
+
+        Raises HandoffFailed when a new owner did not acknowledge its entries: they
+        are kept and sent again by the next call (nothing is lost or merged twice).
+        """
+        target = self.layout.start_cut(epoch)
+        if self._cutting:
+            raise LayoutRefused("a cut is already running on this acker")
+        self._cutting = True
+        try:
+            moved = self.ledger.export_moving(target.count, target.index)
+            self._settle(OutcomeColumns.empty())  # refresh the pending gauge
+            self._unsent += plan_handoffs(moved, target)
+            self._unsent = await send_handoffs(self._unsent, target, metadata)
+        finally:
+            self._cutting = False
+        if self._unsent:
+            held = sum(len(c.entries) for c in self._unsent)
+            raise HandoffFailed(
+                f"{held} moved entries could not be handed to their new owners yet; they are kept here: "
+                "call CutLayout again (acker-ctl reshard again) once every acker of the new layout is reachable"
+            )
+        self.layout.cut_done(moved.trees, len(moved))
+        return moved.trees, len(moved)
+
+    def take_handoff(self, epoch: int, key: int, moved: MovedEntries) -> int:
+        """Merge entries another acker handed over (once per chunk key); how many entries were merged."""
+        if not self.layout.accepts_handoff(epoch):
+            raise LayoutRefused(f"this acker is not prepared for layout epoch {epoch}; moved entries refused")
+        if key and key in self._merged_chunks:
+            return 0  # a resent chunk whose first answer was lost: merged already
+        self._settle(self.ledger.import_entries(moved))
+        if key:
+            self._merged_chunks.add(key)
+        return len(moved)
+
+    def commit_layout(self, epoch: int) -> Layout:
+        """Take the next layout and serve Apply again."""
+        if self._unsent:
+            raise LayoutRefused("this acker still holds moved entries it could not hand over; cut again first")
+        layout = self.layout.commit(epoch)
+        self.limits = Limits(max(layout.index, 0), layout.count, self.config.max_batch, self.config.replicas)
+        return layout
 
     def tree_ages(self) -> tuple[list[int], float, float]:
         """Pending trees counted by age over :data:`~acker_service.operate.AGE_BUCKETS`, the age sum, and the oldest's age.

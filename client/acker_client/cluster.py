@@ -24,6 +24,7 @@ from .batching import ACK, FAIL, INIT, RESET_TIMEOUT, OpBuffer
 from .columns import as_ids, as_roots, distinct, fold_xor, replica_slices
 from .errors import AckerError, ClusterMisconfigured, batch_error, connect_error, shard_failure
 from .process import ClientStats, ProcessState
+from .relayout import send_until_applied, split_request
 from .sender import Sender, undelivered
 
 __all__ = ["ClusterClient", "ClientStats", "check_address"]
@@ -144,6 +145,11 @@ class ClusterClient:
             send_when_idle=send_when_idle,
         )
         self._listeners: list[Callable[[AckerError], None]] = []
+        # The ackers' layout epoch this client routes by (0: as listed), and what follows a change (relayout.py).
+        self._epoch = 0
+        self._layout_lock = threading.Lock()
+        self._layout_listeners: list[Callable[[tuple[str, ...]], None]] = []
+        self._retired: list[ProcessState] = []  # states of earlier layouts: their last batches still re-route
         self._proc: ProcessState | None = None
         self._abandoned: list[ProcessState] = []
         self._closed = False
@@ -256,6 +262,7 @@ class ClusterClient:
                 # so that garbage collection never runs their finalizers here.
                 self._abandoned.append(st)
             st = ProcessState(self._addresses, self._channel_options, self.security, self._streams)
+            st.relayout = self._relayout
             self._proc = st
             if self._learn_replicas:
                 self._learn_replicas = False
@@ -289,6 +296,86 @@ class ClusterClient:
 
     def _stub(self, shard: int) -> acker_pb2_grpc.AckerStub:
         return self._state().stubs[shard]
+
+    # -- following a layout change (issue 29; see relayout.py) ---------------
+
+    @property
+    def layout_epoch(self) -> int:
+        """The ackers' layout epoch this client routes by (0: the addresses it was given)."""
+        return self._epoch
+
+    def add_layout_listener(self, listener: Callable[[tuple[str, ...]], None]) -> None:
+        """Call ``listener(addresses)`` after the client adopted a new layout (subscribers follow new ackers with it)."""
+        self._layout_listeners.append(listener)
+
+    def _relayout(self, st: ProcessState, shard: int, request: bytes, depth: int = 0) -> bool:
+        """A batch ``shard`` refused as not its own: adopt a newer layout from Describe and re-route it; False if none."""
+        try:
+            info = st.stubs[shard].Describe(acker_pb2.DescribeRequest(), timeout=self.deadline)
+        except grpc.RpcError:
+            return False
+        layout = info.layout
+        if not layout.addresses or depth > 3:
+            return False
+        new_state = self._adopt(layout.epoch, tuple(layout.addresses))
+        if new_state is None:
+            return False
+        give_up_at = time.monotonic() + self.wait_for_shard
+        for target, part in split_request(request, len(layout.addresses)).items():
+            call = new_state.apply_calls[target]
+
+            def send(data: bytes, timeout: float, wait_for_ready: bool, call=call) -> object:
+                return call.future(data, timeout=timeout, wait_for_ready=wait_for_ready).result()
+
+            error = send_until_applied(send, part, deadline=self.deadline, give_up_at=give_up_at, sleep=time.sleep)
+            if error is None:
+                continue
+            if error.code() == grpc.StatusCode.FAILED_PRECONDITION and self._relayout(
+                new_state, target, part, depth + 1
+            ):
+                continue  # the layout changed again meanwhile
+            return False
+        with new_state.lock:  # counted where stats are read: the current layout's state
+            new_state.stats.batches_rerouted += 1
+        return True
+
+    def _adopt(self, epoch: int, addresses: tuple[str, ...]) -> ProcessState | None:
+        """Route by layout ``epoch`` from now on (a no-op if it is not newer); the state of the current layout."""
+        with self._layout_lock:
+            if epoch < self._epoch or (epoch == self._epoch and addresses == self._addresses):
+                return self._state() if epoch == self._epoch else None
+            for address in addresses:
+                check_address(address)
+            with process.state_lock:
+                old = self._proc
+                self._addresses = addresses
+                self._n = len(addresses)
+                self._streams = [all(self._streams)] * self._n
+                self._sender.addresses = addresses
+                self._epoch = epoch
+                st = ProcessState(addresses, self._channel_options, self.security, self._streams)
+                st.relayout = self._relayout
+                self._proc = st
+                if old is not None:
+                    # Its flusher still sends what was buffered there; the ackers refuse it and it re-routes here.
+                    self._retired.append(old)
+            log.info("acker layout epoch %d: routing to %d shards %s", epoch, len(addresses), ",".join(addresses))
+        for listener in list(self._layout_listeners):
+            try:
+                listener(addresses)
+            except Exception:
+                log.exception("acker client layout listener failed")
+        return st
+
+    def subscribe_at(
+        self, address: str, spout: str, incarnation: int = 0, after_sequence: int = 0, timeout: float | None = None
+    ):
+        """Open the outcome stream of ``spout`` on the acker at ``address`` (of the current or an earlier layout)."""
+        request = acker_pb2.SubscribeRequest(spout=spout, incarnation=incarnation, after_sequence=after_sequence)
+        for st in (self._state(), *reversed(self._retired)):
+            if address in st.addresses:
+                return st.subscribe_calls[st.addresses.index(address)](request, timeout=timeout, wait_for_ready=True)
+        raise AckerError(f"{address} is not an acker of this client's layouts")
 
     # -- verification --------------------------------------------------------
 
@@ -685,8 +772,28 @@ class ClusterClient:
             st.senders.shutdown(wait=True)
         for channel in st.channels:
             channel.close()
+        for old in self._retired:
+            if old.pid == process.current_pid():  # a parent's states are the parent's to close
+                self._close_retired(old)
         self._closed = True
         self._proc = None
+
+    def _close_retired(self, old: ProcessState) -> None:
+        """Send what an earlier layout's state still buffers (it re-routes), then stop it."""
+        with old.lock:
+            batches, sending = self._sender.take(old, lambda buf: True)
+        error = self._sender.send(old, batches, sending)
+        if error is not None:
+            self._report(error, False)
+        with old.lock:
+            old.closed = True
+            old.wake.notify_all()
+        if old.flusher is not None and old.flusher is not threading.current_thread():
+            old.flusher.join(timeout=self.deadline + 1.0)
+        if old.senders is not None:
+            old.senders.shutdown(wait=True)
+        for channel in old.channels:
+            channel.close()
 
     def __enter__(self) -> ClusterClient:
         return self

@@ -278,6 +278,15 @@ def _await_or_retry(
                 response = delivery.future.result()
             except grpc.RpcError as exc:
                 failure = failure_of(delivery.shard, exc, delivery.count, delivery.buf.init_roots())
+                relayout = getattr(st, "relayout", None)
+                if (
+                    failure.code == grpc.StatusCode.FAILED_PRECONDITION
+                    and relayout is not None
+                    and relayout(st, delivery.shard, delivery.request)
+                ):
+                    # The ackers moved to a new layout: the batch went, split, to the new owners.
+                    st.connections.set(delivery.shard, ConnectionMonitor.READY)
+                    return None
                 reason = policy.should_retry(failure.code, delivery.safe)
                 now = time.monotonic()
                 if reason is None and give_up_at - now <= 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -73,6 +73,7 @@ class ClientStats:
     deduplicated: int = 0
     ignored: int = 0
     batches_retried: int = 0  # attempts repeated after a transient failure
+    batches_rerouted: int = 0  # batches refused by an acker that left their roots, sent on by a newer layout
     operations_retried: int = 0
     operations_waiting: int = 0  # now: in batches waiting for their shard's connection (a gauge)
     # Operations dropped, by reason: "refused", "timeout", "ambiguous" (acker_client.delivery).
@@ -108,6 +109,9 @@ class ProcessState:
         streams: Sequence[bool] | None = None,
     ) -> None:
         self.pid = _pid
+        self.addresses = list(addresses)
+        # Set by the client: (state, shard, refused request bytes) -> whether a newer layout took the batch.
+        self.relayout: Callable[[ProcessState, int, bytes], bool] | None = None
         options = options if options is not None else grpc_options.client_options()
         self.channels = [open_channel(a, security, options) for a in addresses]
         self.stubs = [acker_pb2_grpc.AckerStub(c) for c in self.channels]

@@ -124,7 +124,9 @@ class Sender:
         return None
 
     def _failure(self, shard: int, exc: grpc.RpcError, count: int, init_roots: tuple[int, ...]) -> ShardFailure:
-        return shard_failure(shard, self.addresses[shard], exc, count, init_roots)
+        # A batch of an earlier layout (see relayout.py) may name a shard the current one lacks.
+        address = self.addresses[shard] if shard < len(self.addresses) else f"shard {shard} of an earlier layout"
+        return shard_failure(shard, address, exc, count, init_roots)
 
     # -- background flusher --------------------------------------------------
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from acker_protocol.wire import Outcome
 
-from .columns import random_ids
+from .columns import random_ids, shard_slices
 from .errors import AckerError, SpoutFull
 from .ids import new_id
 from .pending import PendingTrees, cluster_backstop, default_backstop
@@ -143,11 +143,14 @@ class Spout:
                 self.cluster,
                 shard,
                 self.name,
-                deliver_batch=partial(self._on_outcomes, shard),
+                deliver_batch=partial(self._from_acker, shard),
                 on_dropped=self._on_dropped,
                 on_state=self._on_stream_state,
             )
             self._subscriptions.append(sub.start())
+        add_layout_listener = getattr(self.cluster, "add_layout_listener", None)
+        if add_layout_listener is not None:
+            add_layout_listener(self._follow_layout)
         self._threads.append(self._settlement.start())
         backstop = threading.Thread(target=self._backstop_loop, name="acker-spout-backstop", daemon=True)
         backstop.start()
@@ -365,6 +368,38 @@ class Spout:
             roots, outcomes = roots[ends], outcomes[ends]
         if roots.size:
             self._settlement.ends(shard, roots.tolist(), outcomes)
+
+    def _from_acker(self, shard: int, roots: np.ndarray, outcomes: np.ndarray, latency_micros: np.ndarray) -> None:
+        """Outcomes from the acker that was ``shard`` when the spout started; after a layout change, from any acker.
+
+        The pending map keeps the shard count the spout started with: once the ackers
+        moved to another layout (issue 29), an acker's outcomes are settled in the
+        tables of their roots, whichever acker reports them.
+        """
+        if not getattr(self.cluster, "layout_epoch", 0):
+            self._on_outcomes(shard, roots, outcomes, latency_micros)
+            return
+        for table, positions in shard_slices(roots, self._pending.shard_count):
+            self._on_outcomes(table, roots[positions], outcomes[positions], latency_micros[positions])
+
+    def _follow_layout(self, addresses: tuple[str, ...]) -> None:
+        """Subscribe to the ackers a new layout adds (the streams of those it drops end when they stop)."""
+        with self._cond:
+            if self._closed:
+                return
+            followed = {sub.address for sub in self._subscriptions}
+        for index, address in enumerate(addresses):
+            if address in followed:
+                continue
+            sub = OutcomeSubscription(
+                self.cluster,
+                index,
+                self.name,
+                deliver_batch=partial(self._from_acker, index),
+                on_dropped=self._on_dropped,
+            )
+            sub.address = address
+            self._subscriptions.append(sub.start())
 
     def _on_stream_state(self, shard: int, connected: bool) -> None:
         """A shard's outcome stream broke (pause its backstop clock) or is open again (resume it)."""

@@ -53,6 +53,9 @@ class OutcomeSubscription:
     ) -> None:
         self.cluster = cluster
         self.shard = shard
+        # Bound to the acker, not to a position: after a layout change shard i may be another acker.
+        addresses = getattr(cluster, "addresses", None)
+        self.address = addresses[shard] if addresses else None
         self.spout = spout
         self._deliver_batch = deliver_batch
         self._on_dropped = on_dropped
@@ -107,7 +110,11 @@ class OutcomeSubscription:
         """Open one stream and process it until it ends; True if any batch arrived."""
         received = False
         try:
-            call = self.cluster.subscribe(self.shard, self.spout, self.incarnation, self.last_sequence)
+            subscribe_at = getattr(self.cluster, "subscribe_at", None)
+            if subscribe_at is not None and self.address is not None:
+                call = subscribe_at(self.address, self.spout, self.incarnation, self.last_sequence)
+            else:  # a stand-in cluster of the tests
+                call = self.cluster.subscribe(self.shard, self.spout, self.incarnation, self.last_sequence)
         except Exception:  # e.g. the client was closed under us
             log.exception("could not subscribe to shard %d", self.shard)
             return False

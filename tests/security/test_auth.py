@@ -347,3 +347,17 @@ def test_cluster_client_streams_with_its_token_and_a_refused_batch_spares_the_ne
     assert _pending(secured) == 1
     labels = {"grpc_type": "BIDI_STREAM", "grpc_service": "acker_service.v1.Acker", "grpc_method": "ApplyStream"}
     assert secured.metrics.sample("grpc_server_started_total", labels) == 1
+
+
+def test_layout_changes_need_admin(secured, stub_for):
+    """PrepareLayout, CutLayout, CommitLayout and Handoff are operator calls: an executor is refused, the admin is not."""
+    executor, oncall = stub_for("executors"), stub_for("oncall")
+    layout = acker_pb2.Layout(epoch=1, shard_count=1, shard_index=0, addresses=["127.0.0.1:1"])
+    prepare = acker_pb2.PrepareLayoutRequest(layout=layout)
+    assert _code(lambda: executor.PrepareLayout(prepare, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    handoff = acker_pb2.HandoffRequest(epoch=1)
+    assert _code(lambda: executor.Handoff(handoff, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+    assert executor.Describe(acker_pb2.DescribeRequest(), timeout=5).move_state == "serving"
+    assert oncall.PrepareLayout(prepare, timeout=5).move_state == "prepared"
+    assert oncall.CutLayout(acker_pb2.CutLayoutRequest(epoch=1), timeout=5).moved_trees == 0
+    assert oncall.CommitLayout(acker_pb2.CommitLayoutRequest(epoch=1), timeout=5).layout.epoch == 1

@@ -60,6 +60,10 @@ def test_reflection_lists_and_describes_the_acker_service(make_server):
             "Describe",
             "Inspect",
             "ForceFail",
+            "PrepareLayout",
+            "CutLayout",
+            "CommitLayout",
+            "Handoff",
         }
 
 

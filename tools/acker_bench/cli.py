@@ -99,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=512, help="client batch size (default 512)")
     p.add_argument("--flush-interval", type=float, default=0.002, help="client flush age in s (default 0.002)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of load (default 10)")
+    p.add_argument("--from", dest="from_shards", type=int, default=3, help="reshard mode: ackers before the move")
+    p.add_argument("--to", dest="to_shards", type=int, default=4, help="reshard mode: ackers after the move")
+    p.add_argument("--back", action="store_true", help="reshard mode: then move back to --from ackers")
     p.add_argument("--processes", type=int, default=1, help="client processes (default 1)")
     p.add_argument("--max-pending", type=int, default=5_000, help="spout max pending per process")
     p.add_argument(
@@ -145,6 +148,7 @@ def _parser() -> argparse.ArgumentParser:
             "exactly-once",
             "simulate",
             "redrive",
+            "reshard",
         ),  # fmt: skip
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
@@ -158,7 +162,8 @@ def _parser() -> argparse.ArgumentParser:
         "SourcePipeline into Parquet files and a table while --faults are injected with kill -9, the output "
         "checked row by row; simulate: the seeded simulation of ackers, clients, replicas and handoffs "
         "(--seeds N, or --seed S to replay one with its trace); redrive: --records dead letters redriven "
-        "through a SourcePipeline job (--rate caps records/s), each checked to go through exactly once",
+        "through a SourcePipeline job (--rate caps records/s), each checked to go through exactly once; "
+        "reshard: --pending-trees trees moved --from N --to M ackers (and --back) under steady load",
     )
     p.add_argument(
         "--engine",
@@ -296,6 +301,8 @@ def _main(args: argparse.Namespace) -> int:
         return _ledger_mode(args)
     if args.mode == "mass-timeout":
         return _mass_timeout_mode(args)
+    if args.mode == "reshard":
+        return _reshard_mode(args)
     if args.mode == "dataframe":
         return _dataframe_mode(args)
     if args.mode == "pipeline":
@@ -481,6 +488,25 @@ def _mass_timeout_mode(args: argparse.Namespace) -> int:
             [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
         )
     return 0 if result["outcomes_delivered"] == result["trees"] else 1
+
+
+def _reshard_mode(args: argparse.Namespace) -> int:
+    """--pending-trees trees pending on --from embedded ackers moved to --to (and --back) under steady load."""
+    from .reshard import ReshardBench, run_reshard
+
+    bench = ReshardBench(
+        start=args.from_shards, to=args.to_shards, back=args.back, pending_trees=args.pending_trees,
+        steady_seconds=max(1.0, args.duration / 4), engine=args.engine,
+    )  # fmt: skip
+    result = run_reshard(bench)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_rows(
+            f"acker-bench --mode reshard: {args.from_shards} -> {args.to_shards}{' and back' if args.back else ''}",
+            [(k.replace("_", " "), str(v)) for k, v in result.items()],
+        )
+    return 0 if result["lost"] == result["replayed"] == result["false_acks"] == 0 else 1
 
 
 def _dataframe_mode(args: argparse.Namespace) -> int:

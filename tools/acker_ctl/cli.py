@@ -1,4 +1,4 @@
-"""The ``acker-ctl`` command: status, inspect, top and fail against a running acker cluster; a pipeline's progress and dead letters.
+"""The ``acker-ctl`` command: status, inspect, top, fail, reshard and drain against a running acker cluster; a pipeline's progress and dead letters.
 
 ``acker-ctl progress`` reads a running pipeline's figures from its checkpoint;
 ``acker-ctl dead-letters list|redrive|abandon`` works on a pipeline's
@@ -25,6 +25,7 @@ from . import dead_letters
 from .cluster import Cluster, CtlError
 from .progress import progress_text, read_progress
 from .records import add_records
+from .reshard import drain_addresses, reshard
 
 __all__ = ["main", "build_parser"]
 
@@ -87,6 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="a SourcePipeline's figures (read, acked, pending, replaying, dead, rate, ETA) from its checkpoint",
     )
     progress.add_argument("--checkpoint", required=True, metavar="DIR", help="the pipeline's checkpoint directory")
+    reshard = sub.add_parser(
+        "reshard", help="move the running cluster to M shards at --addresses (prepare, cut, commit on every acker)"
+    )
+    reshard.add_argument("--shards", type=int, required=True, metavar="M", help="the number of shards after the move")
+    reshard.add_argument(
+        "--addresses", required=True, help="comma-separated host:port of the M ackers of the new layout, in shard order"
+    )
+    drain = sub.add_parser("drain", help="move every tree off one acker (reshard to the others) so it can leave")
+    drain.add_argument("shard", type=int, metavar="SHARD", help="the shard index (position in --ackers) to drain")
+    drain.add_argument(
+        "--wait", type=float, default=0.0, metavar="SECONDS",
+        help="wait this long for the drained acker's last due trees to time out there (default: do not wait)",
+    )  # fmt: skip
     return p
 
 
@@ -137,6 +151,25 @@ def _tree_columns(trees: list[dict[str, Any]], checkpoint: str | None) -> Sequen
         return _TREE_COLUMNS
     add_records(trees, checkpoint)
     return ("root", "record", "attempt", "round", *_TREE_COLUMNS[1:])
+def _move(args: argparse.Namespace, addresses: list[str], security: ChannelSecurity | None) -> tuple[Any, str]:
+    """reshard / drain: (JSON-ready result, its text)."""
+    if args.command == "drain":
+        new = drain_addresses(addresses, args.shard)
+        result = reshard(addresses, new, security, max(args.deadline, 30.0), wait_leaving=args.wait)
+    else:
+        new = [a.strip() for a in args.addresses.split(",") if a.strip()]
+        if len(new) != args.shards:
+            raise CtlError(f"--shards {args.shards} but --addresses lists {len(new)} ackers; list one per shard")
+        result = reshard(addresses, new, security, max(args.deadline, 30.0))
+    text = (
+        f"layout epoch {result['epoch']}: {result['from_shards']} -> {result['to_shards']} shards; "
+        f"moved {result['moved_trees']} pending trees ({result['moved_entries']} entries) in "
+        f"{result['move_seconds']} s, Apply held {result['held_seconds']} s\n"
+        f"clients now send to: {','.join(result['addresses'])}"
+    )
+    for address, pending in result["leaving"].items():
+        text += f"\n{address} left the layout; {pending} due trees still end there (stop it when 0: acker-ctl status)"
+    return result, text
 
 
 def _run(args: argparse.Namespace, cluster: Cluster) -> tuple[Any, str]:
@@ -189,8 +222,11 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
         parser.error(str(exc))
     addresses = [a.strip() for a in args.ackers.split(",") if a.strip()]
     try:
-        with Cluster(addresses, security, args.deadline) as cluster:
-            result, text = _run(args, cluster)
+        if args.command in ("reshard", "drain"):
+            result, text = _move(args, addresses, security)
+        else:
+            with Cluster(addresses, security, args.deadline) as cluster:
+                result, text = _run(args, cluster)
     except CtlError as exc:
         print(f"acker-ctl: {exc}", file=sys.stderr)
         return 1

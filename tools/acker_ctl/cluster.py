@@ -138,6 +138,9 @@ class Cluster:
                     "timeout_mode": info.timeout_mode or "fixed",
                     "max_tree_lifetime_seconds": info.max_tree_lifetime_seconds,
                     "replicas": info.replicas or 1,  # 0: a server from before replication, which keeps one copy
+                    # The layout epoch (0: as started) and a move in progress (prepared/cut: Apply held).
+                    "layout_epoch": info.layout.epoch,
+                    "move_state": info.move_state or "serving",
                 }
             )
         replicas = sorted({int(info.replicas or 1) for info in infos})

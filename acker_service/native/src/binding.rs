@@ -10,7 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::ledger::{BatchOutput, Ledger, LedgerError, Outcomes, TreeInfo};
+use crate::ledger::{BatchOutput, Ledger, LedgerError, Moved, Outcomes, TreeInfo};
 use crate::validate::{validate, BatchError, Limits, Refusal};
 use crate::wire::decode_apply_request;
 
@@ -191,6 +191,8 @@ impl NativeCore {
             ("deduplicated", s.deduplicated),
             ("outlived", s.outlived),
             ("force_failed", s.force_failed),
+            ("moved_out", s.moved_out),
+            ("moved_in", s.moved_in),
         ] {
             d.set_item(name, value)?;
         }
@@ -281,7 +283,104 @@ impl NativeCore {
         py.detach(|| ledger.force_fail_spout(spout, now, &mut out));
         columns(py, &self.ledger, out)
     }
+
+    /// Remove and return the live entries whose root is not `keep`'s under `count` shards
+    /// (`keep` -1: all), GIL released.
+    fn export_moving<'py>(
+        &mut self,
+        py: Python<'py>,
+        count: u64,
+        keep: i64,
+        now: f64,
+    ) -> MovedColumns<'py> {
+        let ledger = &mut self.ledger;
+        let m = py.detach(|| ledger.export_moving(count, keep, now));
+        (
+            m.roots.into_pyarray(py),
+            m.values.into_pyarray(py),
+            m.spouts,
+            m.spout_index.into_pyarray(py),
+            m.ages_us.into_pyarray(py),
+            m.generations.into_pyarray(py),
+            m.failed.into_pyarray(py),
+            m.resets.into_pyarray(py),
+            m.key_counts.into_pyarray(py),
+            m.keys.into_pyarray(py),
+        )
+    }
+
+    /// Merge moved entries in (columns as `export_moving` returns them; the caller checked
+    /// their lengths); the outcome columns of the trees the merge ended.
+    #[allow(clippy::too_many_arguments)]
+    fn import_entries<'py>(
+        &mut self,
+        py: Python<'py>,
+        roots: PyReadonlyArray1<'py, u64>,
+        values: PyReadonlyArray1<'py, u64>,
+        spouts: Vec<String>,
+        spout_index: PyReadonlyArray1<'py, i32>,
+        ages_us: PyReadonlyArray1<'py, u64>,
+        generations: PyReadonlyArray1<'py, u8>,
+        failed: PyReadonlyArray1<'py, bool>,
+        resets: PyReadonlyArray1<'py, u32>,
+        key_counts: PyReadonlyArray1<'py, u32>,
+        keys: PyReadonlyArray1<'py, u64>,
+        now: f64,
+    ) -> PyResult<Columns<'py>> {
+        let moved = Moved {
+            roots: roots.as_slice()?.to_vec(),
+            values: values.as_slice()?.to_vec(),
+            spouts,
+            spout_index: spout_index.as_slice()?.to_vec(),
+            ages_us: ages_us.as_slice()?.to_vec(),
+            generations: generations.as_slice()?.to_vec(),
+            failed: failed.as_slice()?.to_vec(),
+            resets: resets.as_slice()?.to_vec(),
+            key_counts: key_counts.as_slice()?.to_vec(),
+            keys: keys.as_slice()?.to_vec(),
+        };
+        let n = moved.roots.len();
+        let lengths = [
+            moved.values.len(),
+            moved.spout_index.len(),
+            moved.ages_us.len(),
+            moved.generations.len(),
+            moved.failed.len(),
+            moved.resets.len(),
+            moved.key_counts.len(),
+        ];
+        let total_keys: u64 = moved.key_counts.iter().map(|&c| c as u64).sum();
+        let bad_index = moved
+            .spout_index
+            .iter()
+            .any(|&i| i < -1 || i >= moved.spouts.len() as i32);
+        if lengths.iter().any(|&l| l != n) || total_keys != moved.keys.len() as u64 || bad_index {
+            return Err(PyValueError::new_err(
+                "moved entries: the columns disagree in length, key counts or spout indices",
+            ));
+        }
+        let mut out = Outcomes::default();
+        let ledger = &mut self.ledger;
+        py.detach(|| ledger.import_entries(&moved, now, &mut out))
+            .map_err(|e| ledger_error(py, e))?;
+        columns(py, &self.ledger, out)
+    }
 }
+
+/// Moved entries as Python sees them: (roots, values, spout names, spout index (-1: no
+/// init yet), ages µs, generations, failed, resets, key counts, keys); see `acker_service.handoff`.
+type MovedColumns<'py> = (
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<u64>>,
+    Vec<String>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<u8>>,
+    Bound<'py, PyArray1<bool>>,
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u64>>,
+);
 
 /// One root's state as Python sees it (see `NativeCore::inspect`).
 type TreeRow = (u64, u8, Option<String>, u64, bool, u32, u32);

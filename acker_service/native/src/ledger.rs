@@ -16,7 +16,9 @@ use crate::spouts::{Spouts, MAX_SPOUTS};
 use crate::table::{Entry, Table, GEN_MASK, STARTED_MASK};
 
 mod admin;
+mod handoff;
 pub use admin::{TimeoutRules, TreeInfo, TreeStatus};
+pub use handoff::Moved;
 
 /// Operation kinds (the proto enum's wire values).
 pub const INIT: i32 = 1;
@@ -129,6 +131,10 @@ pub struct Stats {
     pub outlived: u64,
     /// Trees ended FAILED by `force_fail` (also counted in `failed`).
     pub force_failed: u64,
+    /// Trees handed to another acker by a layout change (see `handoff`).
+    pub moved_out: u64,
+    /// Trees taken from another acker by a layout change.
+    pub moved_in: u64,
 }
 
 /// Why a ledger refuses a whole call.
@@ -639,7 +645,11 @@ mod tests {
         let mut out = BatchOutput::default();
         l.apply_expiring_at_most(&ops, now, limit, &mut out).unwrap();
         let s = l.stats();
-        assert_eq!(s.inits, s.acked + s.failed + s.timed_out + l.pending_trees(), "conservation");
+        assert_eq!(
+            s.inits + s.moved_in,
+            s.acked + s.failed + s.timed_out + l.pending_trees() + s.moved_out,
+            "conservation"
+        );
         out
     }
 

@@ -155,6 +155,242 @@ TREE_STATUS_EXPIRING: TreeStatus.ValueType  # 4
 Global___TreeStatus: _TypeAlias = TreeStatus  # noqa: Y015
 
 @_typing.final
+class Layout(_message.Message):
+    """Which roots an acker owns: root % shard_count == shard_index, in layout
+    `epoch` (0: the one it was started with). shard_index -1: leaving (drained).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    SHARD_COUNT_FIELD_NUMBER: _builtins.int
+    SHARD_INDEX_FIELD_NUMBER: _builtins.int
+    ADDRESSES_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    shard_count: _builtins.int
+    shard_index: _builtins.int
+    @_builtins.property
+    def addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The addresses of shards 0..shard_count-1 in this layout (empty for epoch 0:
+        the clients' own list).
+        """
+
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        shard_count: _builtins.int = ...,
+        shard_index: _builtins.int = ...,
+        addresses: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "epoch", b"epoch", "shard_count", b"shard_count", "shard_index", b"shard_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Layout: _TypeAlias = Layout  # noqa: Y015
+
+@_typing.final
+class PrepareLayoutRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAYOUT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def layout(self) -> Global___Layout: ...
+    def __init__(
+        self,
+        *,
+        layout: Global___Layout | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PrepareLayoutRequest: _TypeAlias = PrepareLayoutRequest  # noqa: Y015
+
+@_typing.final
+class CutLayoutRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CutLayoutRequest: _TypeAlias = CutLayoutRequest  # noqa: Y015
+
+@_typing.final
+class CutLayoutResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MOVED_TREES_FIELD_NUMBER: _builtins.int
+    MOVED_ENTRIES_FIELD_NUMBER: _builtins.int
+    moved_trees: _builtins.int
+    """Pending trees (entries with their init) and all entries handed over."""
+    moved_entries: _builtins.int
+    def __init__(
+        self,
+        *,
+        moved_trees: _builtins.int = ...,
+        moved_entries: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["moved_entries", b"moved_entries", "moved_trees", b"moved_trees"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CutLayoutResponse: _TypeAlias = CutLayoutResponse  # noqa: Y015
+
+@_typing.final
+class CommitLayoutRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitLayoutRequest: _TypeAlias = CommitLayoutRequest  # noqa: Y015
+
+@_typing.final
+class LayoutResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAYOUT_FIELD_NUMBER: _builtins.int
+    MOVE_STATE_FIELD_NUMBER: _builtins.int
+    NEXT_LAYOUT_FIELD_NUMBER: _builtins.int
+    move_state: _builtins.str
+    """serving, prepared (Apply held), cut (entries handed over, Apply held)."""
+    @_builtins.property
+    def layout(self) -> Global___Layout: ...
+    @_builtins.property
+    def next_layout(self) -> Global___Layout:
+        """The layout being moved to while prepared or cut."""
+
+    def __init__(
+        self,
+        *,
+        layout: Global___Layout | None = ...,
+        move_state: _builtins.str = ...,
+        next_layout: Global___Layout | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "next_layout", b"next_layout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "move_state", b"move_state", "next_layout", b"next_layout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LayoutResponse: _TypeAlias = LayoutResponse  # noqa: Y015
+
+@_typing.final
+class HandoffRequest(_message.Message):
+    """Moved entries as columns (acker_service/handoff.py says what each means)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    ROOT_IDS_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    SPOUTS_FIELD_NUMBER: _builtins.int
+    SPOUT_INDEX_FIELD_NUMBER: _builtins.int
+    AGES_MICROS_FIELD_NUMBER: _builtins.int
+    GENERATIONS_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    RESETS_FIELD_NUMBER: _builtins.int
+    KEY_COUNTS_FIELD_NUMBER: _builtins.int
+    DEDUP_KEYS_FIELD_NUMBER: _builtins.int
+    CHUNK_KEY_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    chunk_key: _builtins.int
+    """Names this chunk: a retried Handoff with a key already merged is
+    acknowledged without merging again (XOR would cancel a second copy).
+    """
+    @_builtins.property
+    def root_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def spouts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def spout_index(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Index into spouts; -1: the init has not arrived."""
+
+    @_builtins.property
+    def ages_micros(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def generations(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def failed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
+    @_builtins.property
+    def resets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def key_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def dedup_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        root_ids: _abc.Iterable[_builtins.int] | None = ...,
+        values: _abc.Iterable[_builtins.int] | None = ...,
+        spouts: _abc.Iterable[_builtins.str] | None = ...,
+        spout_index: _abc.Iterable[_builtins.int] | None = ...,
+        ages_micros: _abc.Iterable[_builtins.int] | None = ...,
+        generations: _abc.Iterable[_builtins.int] | None = ...,
+        failed: _abc.Iterable[_builtins.bool] | None = ...,
+        resets: _abc.Iterable[_builtins.int] | None = ...,
+        key_counts: _abc.Iterable[_builtins.int] | None = ...,
+        dedup_keys: _abc.Iterable[_builtins.int] | None = ...,
+        chunk_key: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ages_micros", b"ages_micros", "chunk_key", b"chunk_key", "dedup_keys", b"dedup_keys", "epoch", b"epoch", "failed", b"failed", "generations", b"generations", "key_counts", b"key_counts", "resets", b"resets", "root_ids", b"root_ids", "spout_index", b"spout_index", "spouts", b"spouts", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HandoffRequest: _TypeAlias = HandoffRequest  # noqa: Y015
+
+@_typing.final
+class HandoffResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IMPORTED_FIELD_NUMBER: _builtins.int
+    imported: _builtins.int
+    def __init__(
+        self,
+        *,
+        imported: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["imported", b"imported"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HandoffResponse: _TypeAlias = HandoffResponse  # noqa: Y015
+
+@_typing.final
 class ApplyRequest(_message.Message):
     """A batch of operations as parallel packed arrays: operation i is
     (kinds[i], root_ids[i], values[i], dedup_keys[i], spouts[spout_index[i]]).
@@ -428,6 +664,8 @@ class DescribeResponse(_message.Message):
     MAX_TREE_LIFETIME_SECONDS_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
     APPLY_STREAM_FIELD_NUMBER: _builtins.int
+    LAYOUT_FIELD_NUMBER: _builtins.int
+    MOVE_STATE_FIELD_NUMBER: _builtins.int
     shard_index: _builtins.int
     shard_count: _builtins.int
     message_timeout_seconds: _builtins.float
@@ -453,6 +691,11 @@ class DescribeResponse(_message.Message):
     """
     apply_stream: _builtins.bool
     """The acker serves ApplyStream (false from an older acker: use Apply)."""
+    move_state: _builtins.str
+    @_builtins.property
+    def layout(self) -> Global___Layout:
+        """The current layout (epoch 0: as started) and the state of a layout change."""
+
     def __init__(
         self,
         *,
@@ -470,10 +713,12 @@ class DescribeResponse(_message.Message):
         max_tree_lifetime_seconds: _builtins.float = ...,
         replicas: _builtins.int = ...,
         apply_stream: _builtins.bool = ...,
+        layout: Global___Layout | None = ...,
+        move_state: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_stream", b"apply_stream", "buckets", b"buckets", "incarnation", b"incarnation", "max_batch", b"max_batch", "max_tree_lifetime_seconds", b"max_tree_lifetime_seconds", "message_timeout_seconds", b"message_timeout_seconds", "pending_trees", b"pending_trees", "replicas", b"replicas", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "timeout_mode", b"timeout_mode", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_stream", b"apply_stream", "buckets", b"buckets", "incarnation", b"incarnation", "layout", b"layout", "max_batch", b"max_batch", "max_tree_lifetime_seconds", b"max_tree_lifetime_seconds", "message_timeout_seconds", b"message_timeout_seconds", "move_state", b"move_state", "pending_trees", b"pending_trees", "replicas", b"replicas", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "timeout_mode", b"timeout_mode", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -65,6 +65,26 @@ class AckerStub:
                 request_serializer=acker__protocol_dot_v1_dot_acker__pb2.ForceFailRequest.SerializeToString,
                 response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.ForceFailResponse.FromString,
                 _registered_method=True)
+        self.PrepareLayout = channel.unary_unary(
+                '/acker_service.v1.Acker/PrepareLayout',
+                request_serializer=acker__protocol_dot_v1_dot_acker__pb2.PrepareLayoutRequest.SerializeToString,
+                response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.LayoutResponse.FromString,
+                _registered_method=True)
+        self.CutLayout = channel.unary_unary(
+                '/acker_service.v1.Acker/CutLayout',
+                request_serializer=acker__protocol_dot_v1_dot_acker__pb2.CutLayoutRequest.SerializeToString,
+                response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.CutLayoutResponse.FromString,
+                _registered_method=True)
+        self.CommitLayout = channel.unary_unary(
+                '/acker_service.v1.Acker/CommitLayout',
+                request_serializer=acker__protocol_dot_v1_dot_acker__pb2.CommitLayoutRequest.SerializeToString,
+                response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.LayoutResponse.FromString,
+                _registered_method=True)
+        self.Handoff = channel.unary_unary(
+                '/acker_service.v1.Acker/Handoff',
+                request_serializer=acker__protocol_dot_v1_dot_acker__pb2.HandoffRequest.SerializeToString,
+                response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.HandoffResponse.FromString,
+                _registered_method=True)
 
 
 class AckerServicer:
@@ -149,6 +169,43 @@ class AckerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareLayout(self, request, context):
+        """For operators (admin permission), the three steps of a layout change
+        (docs/operations.md, "Resharding and draining"; why it keeps every rule:
+        docs/acker-semantics.md, "Moving trees"). PrepareLayout tells an acker its
+        place in the next layout and holds its Apply calls (UNAVAILABLE, retry);
+        CutLayout hands the entries the new layout gives away to their new owners
+        (Handoff); CommitLayout switches to the new layout and serves again. Every
+        acker of the old and the new layout is prepared before any is cut, and
+        every one is cut before any commits.
+
+        Errors: FAILED_PRECONDITION (an epoch not above the current one, a step
+        out of order, replicas 2), UNAVAILABLE (a new owner could not be reached:
+        CutLayout may be called again, nothing moved twice).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CutLayout(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitLayout(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Handoff(self, request, context):
+        """Between ackers during CutLayout: merge these moved entries (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AckerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -181,6 +238,26 @@ def add_AckerServicer_to_server(servicer, server):
                     servicer.ForceFail,
                     request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.ForceFailRequest.FromString,
                     response_serializer=acker__protocol_dot_v1_dot_acker__pb2.ForceFailResponse.SerializeToString,
+            ),
+            'PrepareLayout': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareLayout,
+                    request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.PrepareLayoutRequest.FromString,
+                    response_serializer=acker__protocol_dot_v1_dot_acker__pb2.LayoutResponse.SerializeToString,
+            ),
+            'CutLayout': grpc.unary_unary_rpc_method_handler(
+                    servicer.CutLayout,
+                    request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.CutLayoutRequest.FromString,
+                    response_serializer=acker__protocol_dot_v1_dot_acker__pb2.CutLayoutResponse.SerializeToString,
+            ),
+            'CommitLayout': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitLayout,
+                    request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.CommitLayoutRequest.FromString,
+                    response_serializer=acker__protocol_dot_v1_dot_acker__pb2.LayoutResponse.SerializeToString,
+            ),
+            'Handoff': grpc.unary_unary_rpc_method_handler(
+                    servicer.Handoff,
+                    request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.HandoffRequest.FromString,
+                    response_serializer=acker__protocol_dot_v1_dot_acker__pb2.HandoffResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -346,6 +423,114 @@ class Acker:
             '/acker_service.v1.Acker/ForceFail',
             acker__protocol_dot_v1_dot_acker__pb2.ForceFailRequest.SerializeToString,
             acker__protocol_dot_v1_dot_acker__pb2.ForceFailResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareLayout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acker_service.v1.Acker/PrepareLayout',
+            acker__protocol_dot_v1_dot_acker__pb2.PrepareLayoutRequest.SerializeToString,
+            acker__protocol_dot_v1_dot_acker__pb2.LayoutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CutLayout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acker_service.v1.Acker/CutLayout',
+            acker__protocol_dot_v1_dot_acker__pb2.CutLayoutRequest.SerializeToString,
+            acker__protocol_dot_v1_dot_acker__pb2.CutLayoutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitLayout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acker_service.v1.Acker/CommitLayout',
+            acker__protocol_dot_v1_dot_acker__pb2.CommitLayoutRequest.SerializeToString,
+            acker__protocol_dot_v1_dot_acker__pb2.LayoutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Handoff(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/acker_service.v1.Acker/Handoff',
+            acker__protocol_dot_v1_dot_acker__pb2.HandoffRequest.SerializeToString,
+            acker__protocol_dot_v1_dot_acker__pb2.HandoffResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -89,6 +89,24 @@ class AckerStub:
     Errors: INVALID_ARGUMENT (neither or both of root_ids and spout, a zero
     root id, a bad spout name), FAILED_PRECONDITION (a root this shard does not own).
     """
+    PrepareLayout: _grpc.UnaryUnaryMultiCallable[_acker_pb2.PrepareLayoutRequest, _acker_pb2.LayoutResponse]
+    """For operators (admin permission), the three steps of a layout change
+    (docs/operations.md, "Resharding and draining"; why it keeps every rule:
+    docs/acker-semantics.md, "Moving trees"). PrepareLayout tells an acker its
+    place in the next layout and holds its Apply calls (UNAVAILABLE, retry);
+    CutLayout hands the entries the new layout gives away to their new owners
+    (Handoff); CommitLayout switches to the new layout and serves again. Every
+    acker of the old and the new layout is prepared before any is cut, and
+    every one is cut before any commits.
+
+    Errors: FAILED_PRECONDITION (an epoch not above the current one, a step
+    out of order, replicas 2), UNAVAILABLE (a new owner could not be reached:
+    CutLayout may be called again, nothing moved twice).
+    """
+    CutLayout: _grpc.UnaryUnaryMultiCallable[_acker_pb2.CutLayoutRequest, _acker_pb2.CutLayoutResponse]
+    CommitLayout: _grpc.UnaryUnaryMultiCallable[_acker_pb2.CommitLayoutRequest, _acker_pb2.LayoutResponse]
+    Handoff: _grpc.UnaryUnaryMultiCallable[_acker_pb2.HandoffRequest, _acker_pb2.HandoffResponse]
+    """Between ackers during CutLayout: merge these moved entries (admin)."""
 
 @_typing.type_check_only
 class AckerAsyncStub(AckerStub):
@@ -148,6 +166,24 @@ class AckerAsyncStub(AckerStub):
     Errors: INVALID_ARGUMENT (neither or both of root_ids and spout, a zero
     root id, a bad spout name), FAILED_PRECONDITION (a root this shard does not own).
     """
+    PrepareLayout: _aio.UnaryUnaryMultiCallable[_acker_pb2.PrepareLayoutRequest, _acker_pb2.LayoutResponse]  # type: ignore[assignment]
+    """For operators (admin permission), the three steps of a layout change
+    (docs/operations.md, "Resharding and draining"; why it keeps every rule:
+    docs/acker-semantics.md, "Moving trees"). PrepareLayout tells an acker its
+    place in the next layout and holds its Apply calls (UNAVAILABLE, retry);
+    CutLayout hands the entries the new layout gives away to their new owners
+    (Handoff); CommitLayout switches to the new layout and serves again. Every
+    acker of the old and the new layout is prepared before any is cut, and
+    every one is cut before any commits.
+
+    Errors: FAILED_PRECONDITION (an epoch not above the current one, a step
+    out of order, replicas 2), UNAVAILABLE (a new owner could not be reached:
+    CutLayout may be called again, nothing moved twice).
+    """
+    CutLayout: _aio.UnaryUnaryMultiCallable[_acker_pb2.CutLayoutRequest, _acker_pb2.CutLayoutResponse]  # type: ignore[assignment]
+    CommitLayout: _aio.UnaryUnaryMultiCallable[_acker_pb2.CommitLayoutRequest, _acker_pb2.LayoutResponse]  # type: ignore[assignment]
+    Handoff: _aio.UnaryUnaryMultiCallable[_acker_pb2.HandoffRequest, _acker_pb2.HandoffResponse]  # type: ignore[assignment]
+    """Between ackers during CutLayout: merge these moved entries (admin)."""
 
 class AckerServicer(metaclass=_abc_1.ABCMeta):
     """One acker shard."""
@@ -240,5 +276,47 @@ class AckerServicer(metaclass=_abc_1.ABCMeta):
         Errors: INVALID_ARGUMENT (neither or both of root_ids and spout, a zero
         root id, a bad spout name), FAILED_PRECONDITION (a root this shard does not own).
         """
+
+    @_abc_1.abstractmethod
+    def PrepareLayout(
+        self,
+        request: _acker_pb2.PrepareLayoutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_acker_pb2.LayoutResponse, _abc.Awaitable[_acker_pb2.LayoutResponse]]:
+        """For operators (admin permission), the three steps of a layout change
+        (docs/operations.md, "Resharding and draining"; why it keeps every rule:
+        docs/acker-semantics.md, "Moving trees"). PrepareLayout tells an acker its
+        place in the next layout and holds its Apply calls (UNAVAILABLE, retry);
+        CutLayout hands the entries the new layout gives away to their new owners
+        (Handoff); CommitLayout switches to the new layout and serves again. Every
+        acker of the old and the new layout is prepared before any is cut, and
+        every one is cut before any commits.
+
+        Errors: FAILED_PRECONDITION (an epoch not above the current one, a step
+        out of order, replicas 2), UNAVAILABLE (a new owner could not be reached:
+        CutLayout may be called again, nothing moved twice).
+        """
+
+    @_abc_1.abstractmethod
+    def CutLayout(
+        self,
+        request: _acker_pb2.CutLayoutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_acker_pb2.CutLayoutResponse, _abc.Awaitable[_acker_pb2.CutLayoutResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CommitLayout(
+        self,
+        request: _acker_pb2.CommitLayoutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_acker_pb2.LayoutResponse, _abc.Awaitable[_acker_pb2.LayoutResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Handoff(
+        self,
+        request: _acker_pb2.HandoffRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_acker_pb2.HandoffResponse, _abc.Awaitable[_acker_pb2.HandoffResponse]]:
+        """Between ackers during CutLayout: merge these moved entries (admin)."""
 
 def add_AckerServicer_to_server(servicer: AckerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

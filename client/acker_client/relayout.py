@@ -1,0 +1,63 @@
+"""Following a layout change of the ackers (issue 29): learn the new layout, re-route a refused batch.
+
+After ``acker-ctl reshard`` or ``drain``, an acker refuses a batch holding a
+root it no longer owns (FAILED_PRECONDITION; nothing of it was applied). The
+client then asks that acker's Describe for the current layout (epoch, shard
+addresses); when it is newer than the one the client routes by, the client
+adopts it and sends the refused batch's operations again, split by
+``root % new count``, each with the dedup key it already carried, so an
+operation applied before the move (and moved with its tree) is dropped as a
+repeat, never applied twice. While the ackers hold Apply during the move they
+answer UNAVAILABLE, which the client retries as it retries any blip.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+from acker_protocol.v1 import acker_pb2
+
+__all__ = ["split_request", "send_until_applied"]
+
+
+def split_request(request: bytes, shard_count: int) -> dict[int, bytes]:
+    """A serialized ApplyRequest's operations regrouped by ``root % shard_count``, every field of each kept."""
+    message = acker_pb2.ApplyRequest.FromString(request)
+    roots = np.array(message.root_ids, dtype=np.uint64)
+    owners = (roots % np.uint64(shard_count)).astype(np.int64)
+    columns: dict[str, Sequence[Any]] = {
+        "kinds": message.kinds,
+        "root_ids": message.root_ids,
+        "values": message.values,
+        "dedup_keys": message.dedup_keys,
+        "spout_index": message.spout_index,
+    }
+    out = {}
+    for shard in np.unique(owners).tolist():
+        at = np.flatnonzero(owners == shard)
+        part = acker_pb2.ApplyRequest(spouts=list(message.spouts))
+        for name, values in columns.items():
+            if len(values):  # empty: the field is absent in the original too (defaults apply)
+                getattr(part, name).extend(np.asarray(values)[at].tolist())
+        out[shard] = part.SerializeToString()
+    return out
+
+
+def send_until_applied(
+    call: Callable[..., Any], request: bytes, *, deadline: float, give_up_at: float, sleep: Callable[[float], None]
+) -> grpc.RpcError | None:
+    """Send until applied, retrying UNAVAILABLE (an acker holding Apply mid-move) until ``give_up_at``; the last error or None."""
+    pause = 0.05
+    while True:
+        try:
+            call(request, timeout=max(0.01, min(deadline, give_up_at - time.monotonic())), wait_for_ready=True)
+            return None
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= give_up_at:
+                return exc
+            sleep(pause)
+            pause = min(pause * 2, 1.0)

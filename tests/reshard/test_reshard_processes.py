@@ -1,0 +1,92 @@
+"""acker-ctl reshard and drain against real acker processes under a running workload (issue 29).
+
+Three acker processes (and a fourth that joins) serve a client that keeps
+starting and finishing trees while the operator runs ``acker-ctl reshard
+--shards 4``, back to 3, then ``acker-ctl drain 1``. Every tree must end with
+exactly one outcome: the complete ones ACKED (0 replayed), the incomplete
+ones never ACKED (0 false acks), none without an outcome (0 lost). Marked
+chaos: the incomplete trees' real timeout is waited out.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from acker_client import ClusterClient
+from acker_ctl.cli import main as acker_ctl
+
+from acker_service.process_cluster import ProcessCluster
+
+from .workload import Outcomes, Trees
+
+TIMEOUT = 3.0
+
+
+def _ctl(*args: str) -> dict:
+    printed: list[str] = []
+    assert acker_ctl(["--json", *args], out=printed.append) == 0
+    return json.loads(printed[0])
+
+
+@pytest.mark.chaos
+def test_acker_ctl_reshard_3_4_3_and_drain_under_load():
+    """0 lost, 0 replayed, 0 false acks and one outcome per emit through three layout changes of real processes."""
+    with (
+        ProcessCluster(count=3, message_timeout=TIMEOUT) as three,
+        ProcessCluster(count=1, message_timeout=TIMEOUT) as extra,
+    ):
+        old = list(three.addresses)
+        four = [*old, extra.addresses[0]]
+        client = ClusterClient(old, flush_interval=0.001)
+        outcomes = Outcomes(client)
+        trees = Trees(client)
+        stop = threading.Event()
+        progress = threading.Condition()
+        rounds = [0]
+
+        def workload() -> None:
+            while not stop.is_set():
+                trees.start(20)
+                trees.finish(15)
+                client.flush()
+                with progress:
+                    rounds[0] += 1
+                    progress.notify_all()
+
+        def after_more_rounds(k: int = 3) -> None:
+            # The next step starts only once the workload made progress since the last one.
+            with progress:
+                target = rounds[0] + k
+                assert progress.wait_for(lambda: rounds[0] >= target, timeout=60)
+
+        worker = threading.Thread(target=workload)
+        worker.start()
+        try:
+            after_more_rounds()
+            grow = _ctl("--ackers", ",".join(old), "reshard", "--shards", "4", "--addresses", ",".join(four))
+            after_more_rounds()
+            shrink = _ctl("--ackers", ",".join(four), "reshard", "--shards", "3", "--addresses", ",".join(old))
+            after_more_rounds()
+            drain = _ctl("--ackers", ",".join(old), "drain", "1", "--wait", str(3 * TIMEOUT))
+            after_more_rounds()
+        finally:
+            stop.set()
+            worker.join()
+        trees.finish()
+        client.flush()
+        assert (grow["epoch"], shrink["epoch"], drain["epoch"]) == (1, 2, 3)
+        assert grow["moved_trees"] > 0 and shrink["moved_trees"] > 0 and drain["moved_trees"] > 0
+        assert drain["leaving"] == {old[1]: 0}, "the drained acker ended its last due trees"
+        assert client.shard_count == 2 and client.stats.batches_rerouted > 0
+        try:
+            assert outcomes.wait_for(trees.done | trees.incomplete, timeout=6 * TIMEOUT)
+            verdict = trees.verdict(outcomes)
+        finally:
+            outcomes.close()
+            client.close()
+        assert verdict["emitted"] > 0
+        assert (verdict["lost"], verdict["replayed"], verdict["false_acks"], verdict["more_than_one_outcome"]) == (
+            0, 0, 0, 0,
+        )  # fmt: skip

@@ -1,0 +1,143 @@
+"""Resharding real acker servers under a running client (issue 29): 3 -> 4 -> 3 and a drain lose, replay and false-ack nothing.
+
+In-process servers on 127.0.0.1 free ports, real gRPC, the real client (which
+learns each new layout from a refusal and Describe) and the operator's
+``reshard`` steps as acker-ctl runs them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from acker_client import ClusterClient
+from acker_ctl.cli import main as acker_ctl
+from acker_ctl.cluster import CtlError
+from acker_ctl.reshard import drain_addresses, reshard
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+from acker_protocol.wire import Outcome
+
+from acker_service.config import ServerConfig
+from acker_service.server import AckerServer
+
+from .workload import Outcomes, Trees
+
+TIMEOUT = 3.0  # incomplete trees time out within one window after the last move
+
+
+@pytest.fixture
+def servers():
+    started: list[AckerServer] = []
+
+    def make(index: int, count: int) -> AckerServer:
+        config = ServerConfig(host="127.0.0.1", port=0, grace=0.5, shard_index=index, shard_count=count,
+                              message_timeout=TIMEOUT)  # fmt: skip
+        server = AckerServer(config)
+        server.start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop(0)
+
+
+def _describe(address: str) -> acker_pb2.DescribeResponse:
+    with grpc.insecure_channel(address) as channel:
+        return acker_pb2_grpc.AckerStub(channel).Describe(acker_pb2.DescribeRequest(), timeout=5)
+
+
+def test_reshard_3_to_4_to_3_then_drain_keeps_every_rule(servers):
+    """Trees started before each move end after it: complete ones ACKED once, incomplete ones never ACKED, none lost."""
+    three = [servers(i, 3).address for i in range(3)]
+    fourth = servers(3, 4).address
+    client = ClusterClient(three, flush_interval=0.001)
+    outcomes = Outcomes(client)
+    trees = Trees(client)
+    try:
+        trees.start(300)
+        client.flush()
+        four = [*three, fourth]
+        moved = reshard(three, four, None)
+        assert moved["to_shards"] == 4 and moved["moved_trees"] > 0
+        trees.finish(120)  # routed by 3 shards until a refusal teaches the client the 4 of epoch 1
+        trees.start(200)
+        client.flush()
+        assert client.layout_epoch == 1 and client.shard_count == 4
+        assert [_describe(a).layout.epoch for a in four] == [1, 1, 1, 1]
+        printed: list[str] = []
+        assert acker_ctl(["--ackers", ",".join(four), "--json", "status", "--interval", "0"], out=printed.append) == 0
+        status = json.loads(printed[0])
+        assert [(s["layout_epoch"], s["move_state"]) for s in status["shards"]] == [(1, "serving")] * 4
+
+        back = reshard(four, three, None, wait_leaving=2 * TIMEOUT)
+        assert back["epoch"] == 2 and back["to_shards"] == 3
+        trees.finish(150)
+        client.flush()
+        drained = drain_addresses(three, 1)
+        gone = reshard(three, drained, None, wait_leaving=2 * TIMEOUT)
+        assert gone["to_shards"] == 2 and list(gone["leaving"]) == [three[1]]
+        trees.finish()
+        client.flush()
+        assert client.shard_count == 2 and client.stats.batches_rerouted > 0
+        assert outcomes.wait_for(trees.done | trees.incomplete, timeout=6 * TIMEOUT)
+        verdict = trees.verdict(outcomes)
+        assert verdict["emitted"] == 500
+        assert (verdict["lost"], verdict["replayed"], verdict["false_acks"], verdict["more_than_one_outcome"]) == (
+            0, 0, 0, 0,
+        )  # fmt: skip
+        assert all(outcomes.by_root[r] == [Outcome.TIMED_OUT] for r in trees.incomplete)
+    finally:
+        outcomes.close()
+        client.close()
+
+
+def test_reshard_refuses_a_layout_step_out_of_order(servers):
+    """Commit before cut, an old epoch and a second change mid-way are refused with the reason; Apply is held meanwhile."""
+    a, b = servers(0, 2).address, servers(1, 2).address
+    with grpc.insecure_channel(a) as channel:
+        stub = acker_pb2_grpc.AckerStub(channel)
+        layout = acker_pb2.Layout(epoch=1, shard_count=1, shard_index=0, addresses=[a])
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.CommitLayout(acker_pb2.CommitLayoutRequest(epoch=1), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        stub.PrepareLayout(acker_pb2.PrepareLayoutRequest(layout=layout), timeout=5)
+        with pytest.raises(grpc.RpcError) as held:
+            ClusterClient([a, b], verify=False, wait_for_shard=0.2).init(2, 5, "s") or None
+            stub.Apply(acker_pb2.ApplyRequest(kinds=[1], root_ids=[2], values=[5], spouts=["s"]), timeout=5)
+        assert held.value.code() == grpc.StatusCode.UNAVAILABLE and "moving trees" in held.value.details()
+        other = acker_pb2.Layout(epoch=2, shard_count=1, shard_index=0, addresses=[a])
+        with pytest.raises(grpc.RpcError) as busy:
+            stub.PrepareLayout(acker_pb2.PrepareLayoutRequest(layout=other), timeout=5)
+        assert "in progress" in busy.value.details()
+        assert _describe(a).move_state == "prepared"
+
+
+def test_drain_refuses_an_unknown_or_last_shard():
+    """drain names a listed shard and never the last acker."""
+    with pytest.raises(CtlError, match="not one of"):
+        drain_addresses(["x:1", "y:2"], 2)
+    with pytest.raises(CtlError, match="last acker"):
+        drain_addresses(["x:1"], 0)
+
+
+def test_a_resent_handoff_chunk_is_merged_once(servers):
+    """A Handoff whose answer was lost is sent again with the same chunk key: the second copy merges nothing."""
+    from acker_service.handoff import MovedEntries
+    from acker_service.reshard import to_request
+
+    a = servers(0, 1).address
+    with grpc.insecure_channel(a) as channel:
+        stub = acker_pb2_grpc.AckerStub(channel)
+        layout = acker_pb2.Layout(epoch=1, shard_count=1, shard_index=0, addresses=[a])
+        stub.PrepareLayout(acker_pb2.PrepareLayoutRequest(layout=layout), timeout=5)
+        request = to_request(1, MovedEntries([7], [5], ["s"], [0], [0], [0], [False], [0], [0], []))
+        request.chunk_key = 99
+        assert stub.Handoff(request, timeout=5).imported == 1
+        assert stub.Handoff(request, timeout=5).imported == 0
+        stub.CutLayout(acker_pb2.CutLayoutRequest(epoch=1), timeout=5)
+        stub.CommitLayout(acker_pb2.CommitLayoutRequest(epoch=1), timeout=5)
+        assert _describe(a).pending_trees == 1
+        done = stub.Apply(acker_pb2.ApplyRequest(kinds=[2], root_ids=[7], values=[5], spouts=["s"]), timeout=5)
+        assert done.applied == 1 and _describe(a).pending_trees == 0, "merged once: one ack of 5 completes it"
