@@ -185,6 +185,7 @@ class GuaranteedPipeline:
             backstop_clock=self.clock,
             cond=self._cond,
             isolation=self._isolation,
+            cause_of=self._cause_of,
         )
         spout.start()
         self.cluster.add_error_listener(self._watch)
@@ -317,10 +318,13 @@ class GuaranteedPipeline:
                 self._isolation.job_failed(deliveries, error)
                 self._dead.extend(self._isolation.take_final())
             self._fail_trees(batch)
+            self._collect_fail_reasons(batch)
         else:
+            # The bolts' reasons before the failures held meanwhile are charged: a reason the
+            # policy dead-letters at once (a ValueError) must not be replayed.
+            self._collect_fail_reasons(batch)
             self._charge_held(deliveries)
         self._collect_commit_errors(batch)
-        self._collect_fail_reasons(batch)
         with self._cond:
             self.stats.jobs += 1
 
@@ -345,7 +349,7 @@ class GuaranteedPipeline:
         with self._cond:
             held = self._isolation.job_succeeded(deliveries)
             if held:
-                finals = spout.charge([d for d, _ in held])
+                finals = spout.charge(held)
                 self._dead.extend(failure for failure, final in zip(held, finals) if final)
                 self._cond.notify_all()
 
@@ -356,12 +360,17 @@ class GuaranteedPipeline:
             reasons.update(bolt.reasons())
         if not reasons:
             return
-        for tracked in batch:
-            for root in tracked.message_id.roots:
-                reason = reasons.get(root)
-                if reason is not None:
-                    self._fail_reasons[tracked.value.key] = reason
-                    break
+        with self._cond:  # read by the spout's thread (_cause_of)
+            for tracked in batch:
+                for root in tracked.message_id.roots:
+                    reason = reasons.get(root)
+                    if reason is not None:
+                        self._fail_reasons[tracked.value.key] = reason
+                        break
+
+    def _cause_of(self, delivery: Delivery, outcome: Outcome) -> str | None:
+        """The reason a bolt gave for failing ``delivery`` (``_cond`` held): the policy decides on it."""
+        return self._fail_reasons.get(delivery.key) if outcome is Outcome.FAILED else None
 
     def _collect_commit_errors(self, batch: list[TrackedTuple]) -> None:
         """Read the bolts' commit reports (Spark accumulators, complete once the job's actions returned)."""
