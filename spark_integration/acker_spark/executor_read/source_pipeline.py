@@ -46,9 +46,11 @@ from acker_client import ClusterClient, ShardUnavailable, new_id
 from acker_client.pending import cluster_backstop
 from acker_protocol.wire import Outcome
 
+from ..budget import BudgetExceeded, FailureBudget
 from ..causes import CHECKPOINT_PROPERTY
 from ..dead_letter import DeadLetterStore
 from ..job_errors import JobError, job_error
+from ..job_group import JobGroup
 from ..output import Output, OutputCommits, OutputStager
 from ..output.stager import stager_schema
 from ..replay_policy import ReplayPolicy
@@ -70,10 +72,13 @@ from .identity import (
 )
 from .memory_source import COPY_DIR, KEY, DuplicateIdentity, is_dataframe, is_utf8, text_frame, write_records
 from .record_table import ACKED, FAILED, PENDING
+from .round_tally import RoundTally
+from .round_watch import Check, RoundWatch
 from .source_reader import ATTEMPT_COLUMN, IDENT_COLUMN, KEY_COLUMN, SourceReader, reader_schema
 
 __all__ = [
     "AcksUndelivered",
+    "BudgetExceeded",
     "DuplicateIdentity",
     "OutputNotReturned",
     "RunStopped",
@@ -119,6 +124,14 @@ class SourcePipeline:
     every started tree has settled (``"round"``). ``stall_after``: seconds after
     a successful job with none of its trees settled before the run stops,
     naming rows that no later step acked (default: half the backstop timeout).
+
+    ``budget``: the run's :class:`~acker_spark.budget.FailureBudget` (default: stop
+    once more than 5% of the records read, from 100 read, failed for good;
+    None: never stop for failed records). It is checked every
+    ``watch_interval`` seconds while a round's job runs (its Spark job group is
+    cancelled at once) and between rounds; ``run`` then raises
+    :class:`~acker_spark.budget.BudgetExceeded` naming the top causes, and the
+    records not processed yet stay in the checkpoint.
     """
 
     def __init__(
@@ -143,9 +156,13 @@ class SourcePipeline:
         output: Output | None = None,
         commit_every: Literal["round", "end"] = "end",
         stall_after: float | None = None,
+        budget: FailureBudget | None = FailureBudget(),
+        watch_interval: float = 0.1,
     ) -> None:
         if commit_every not in ("round", "end"):
             raise ValueError(f'commit_every must be "round" or "end", got {commit_every!r}')
+        self.budget = budget
+        self.watch_interval = watch_interval
         self.output = output
         self.commit_every = commit_every
         self.stall_after = stall_after
@@ -345,6 +362,7 @@ class SourcePipeline:
             if self.commit_every == "round" and not len(book.table.pending()):
                 self._commit_acked()
             book.write_dead_letters(self.dead_letters, lambda dead: self._dead_payloads(df, dead))
+            self._check_budget()
             due = book.due_replays()
             if len(due):
                 idents, attempts = book.table.idents[due], book.table.attempts[due] + 1
@@ -367,21 +385,29 @@ class SourcePipeline:
         tracked = self._frame(df, round_no, str(path), peek=False)
         ok = True
         stop: JobError | None = None
+        group = JobGroup(self.spark, f"{self._manifest.name}-r{round_no}", f"acker round {round_no}")
+        tally = self._book.round_tally(round_no, rows) if self.budget is not None else None
+        watch = RoundWatch(self._round_checks(tally), group.cancel, clock=self.clock, interval=self.watch_interval)
         try:
-            result = job(tracked)
-            if self.output is not None:
-                self._stage(result, round_no)
+            with group, watch:
+                result = job(tracked)
+                if self.output is not None:
+                    self._stage(result, round_no)
         except OutputNotReturned:
             raise  # the job is wrong, not unlucky: a replay would fail the same way
         except Exception as err:  # noqa: BLE001 - any job failure is handled the same way
             ok = False
-            self.stats.job_errors += 1
-            self._failed_jobs += 1
-            self._last_error = err
             error = job_error(err)
             stop = error if error.configuration else None
-            if stop is None:
-                log.warning("round %d's Spark job failed; its unfinished records will be replayed: %s", round_no, error)
+            if watch.verdict is None:  # a job the watch cancelled did not fail: the run stops below
+                self.stats.job_errors += 1
+                self._failed_jobs += 1
+                self._last_error = err
+                if stop is None:
+                    log.warning(
+                        "round %d's Spark job failed; its unfinished records will be replayed: %s", round_no, error
+                    )
+        job_ended = self.clock()
         self.stats.jobs += 1
         if ok:
             self._failed_jobs = 0
@@ -389,6 +415,8 @@ class SourcePipeline:
         self._add_round(round_no)
         self._book.start_deadline(round_no, backstop)
         self._collect_commit_errors()
+        if watch.verdict is not None:
+            self._stop_round(df, round_no, watch, job_ended)
         if not ok:
             self._book.fail_round(self.cluster, round_no)
             if stop is not None:
@@ -403,6 +431,51 @@ class SourcePipeline:
                 )
             self._probe_shards()
         return ok
+
+    # -- checks while a round's job runs ----------------------------------------------
+
+    def _round_checks(self, tally: RoundTally | None) -> list[Check]:
+        """What the round watch checks while a job runs: the failure budget, counted from the executors' files."""
+        checks: list[Check] = []
+        if tally is not None and self.budget is not None:
+            book, budget = self._book, self.budget
+            checks.append(lambda: book.budget_error(budget, tally))
+        return checks
+
+    def _stop_round(self, df: Any, round_no: int, watch: RoundWatch, job_ended: float) -> None:
+        """The watch cancelled the round's job: fail its unfinished trees, write the dead letters due, stop the run.
+
+        The trees the job left unfinished are failed at the ackers (their
+        records are replayed by the next run); the records it never read stay
+        unread in the checkpoint. What is settled now is dead-lettered, so the
+        error names real records; the rest settles on the next run.
+        """
+        book = self._book
+        book.fail_round(self.cluster, round_no)
+        verdict: BudgetExceeded = watch.verdict
+        assert self.budget is not None, "the budget is the only check that stops a round"
+        book.settle_feed()
+        book.write_dead_letters(self.dead_letters, lambda dead: self._dead_payloads(df, dead))
+        # The counts: the watch's (outcomes may still be on their way) or the book's, whichever saw more;
+        # the examples: the dead letters' (they name record keys), else the executors' causes.
+        dead, read = max(verdict.dead, book.dead_count), max(verdict.read, book.read_count)
+        causes = book.dead_causes.top() if len(book.dead_causes) else verdict.causes
+        error = self.budget.error(dead, read, causes)
+        error.read_after = max(0, book.read_count - verdict.read)  # records read after the budget was seen passed
+        error.seconds_after = max(0.0, job_ended - (watch.decided_at or job_ended))  # until the job had stopped
+        book.fill_stats(self.stats)
+        error.stats = self.stats
+        raise error
+
+    def _check_budget(self) -> None:
+        """Between rounds: stop the run if the records dead-lettered so far are past the budget."""
+        if self.budget is None:
+            return
+        error = self._book.budget_error(self.budget)
+        if error is not None:
+            self._book.fill_stats(self.stats)
+            error.stats = self.stats
+            raise error
 
     def _frame(self, df: Any, round_no: int, filter_path: str, *, peek: bool) -> Any:
         source = self.spec.with_columns(df)
