@@ -13,6 +13,7 @@ cause and running again continues the run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ class BudgetExceeded(RuntimeError):
         # the moment the budget was seen passed to the end of the cancelled job (0 between rounds).
         self.read_after = 0
         self.seconds_after = 0.0
+        self.dead_past = 0  # deliveries failed for good beyond the budget's bound when the job had stopped
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,13 @@ class FailureBudget:
             raise ValueError(f"fraction must be between 0 and 1, got {self.fraction}")
         if self.records is not None and self.records < 0:
             raise ValueError(f"records must be >= 0, got {self.records}")
+
+    def allowed(self, read: int) -> int | None:
+        """The most dead records the budget tolerates once ``read`` were read (None: no bound yet)."""
+        bounds = [self.records] if self.records is not None else []
+        if self.fraction is not None and read >= self.minimum:
+            bounds.append(math.floor(self.fraction * read))
+        return min(bounds) if bounds else None
 
     def exceeded(self, dead: int, read: int) -> bool:
         """True if ``dead`` of ``read`` records is past the budget."""

@@ -54,6 +54,7 @@ from ..job_group import JobGroup
 from ..output import Output, OutputCommits, OutputStager
 from ..output.stager import stager_schema
 from ..replay_policy import ReplayPolicy
+from ..round_stop import clear_stop, request_stop
 from ..run_report import AcksUndelivered, RunStopped, ShardDown, SourceStats
 from ..session import default_parallelism, spark_context_of
 from ..shard_watch import ProgressLine, ShardWatch
@@ -387,7 +388,13 @@ class SourcePipeline:
         stop: JobError | None = None
         group = JobGroup(self.spark, f"{self._manifest.name}-r{round_no}", f"acker round {round_no}")
         tally = self._book.round_tally(round_no, rows) if self.budget is not None else None
-        watch = RoundWatch(self._round_checks(tally), group.cancel, clock=self.clock, interval=self.watch_interval)
+        clear_stop(self.checkpoint.path)
+
+        def cancel() -> None:
+            request_stop(self.checkpoint.path, f"round {round_no}: {type(watch.verdict).__name__}")  # tasks, per batch
+            group.cancel()  # and Spark, for tasks not running a bolt or reader that looks
+
+        watch = RoundWatch(self._round_checks(tally), cancel, clock=self.clock, interval=self.watch_interval)
         try:
             with group, watch:
                 result = job(tracked)
@@ -416,7 +423,7 @@ class SourcePipeline:
         self._book.start_deadline(round_no, backstop)
         self._collect_commit_errors()
         if watch.verdict is not None:
-            self._stop_round(df, round_no, watch, job_ended)
+            self._stop_round(df, round_no, watch, tally, job_ended)
         if not ok:
             self._book.fail_round(self.cluster, round_no)
             if stop is not None:
@@ -442,7 +449,9 @@ class SourcePipeline:
             checks.append(lambda: book.budget_error(budget, tally))
         return checks
 
-    def _stop_round(self, df: Any, round_no: int, watch: RoundWatch, job_ended: float) -> None:
+    def _stop_round(
+        self, df: Any, round_no: int, watch: RoundWatch, tally: RoundTally | None, job_ended: float
+    ) -> None:
         """The watch cancelled the round's job: fail its unfinished trees, write the dead letters due, stop the run.
 
         The trees the job left unfinished are failed at the ackers (their
@@ -453,16 +462,21 @@ class SourcePipeline:
         book = self._book
         book.fail_round(self.cluster, round_no)
         verdict: BudgetExceeded = watch.verdict
-        assert self.budget is not None, "the budget is the only check that stops a round"
+        assert self.budget is not None and tally is not None, "the budget is the only check that stops a round"
+        # How far past its bound the round went: what its tasks had failed for good when the job stopped.
+        seen = book.dead_count + tally.failed_for_good()  # the letters of this round are not written yet
+        allowed = self.budget.allowed(verdict.read)
+        dead_past = max(0, seen - allowed) if allowed is not None else 0
         book.settle_feed()
         book.write_dead_letters(self.dead_letters, lambda dead: self._dead_payloads(df, dead))
-        # The counts: the watch's (outcomes may still be on their way) or the book's, whichever saw more;
+        # The counts: the tasks' (outcomes may still be on their way) or the book's, whichever saw more;
         # the examples: the dead letters' (they name record keys), else the executors' causes.
-        dead, read = max(verdict.dead, book.dead_count), max(verdict.read, book.read_count)
+        dead, read = max(seen, book.dead_count), max(verdict.read, book.read_count)
         causes = book.dead_causes.top() if len(book.dead_causes) else verdict.causes
         error = self.budget.error(dead, read, causes)
         error.read_after = max(0, book.read_count - verdict.read)  # records read after the budget was seen passed
         error.seconds_after = max(0.0, job_ended - (watch.decided_at or job_ended))  # until the job had stopped
+        error.dead_past = dead_past
         book.fill_stats(self.stats)
         error.stats = self.stats
         raise error

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..round_stop import StopCheck
 from ..steps.frames import TRACKING_COLUMN
 from .emission_log import EmissionWriter, read_filter
 from .identity import (
@@ -108,8 +109,10 @@ class SourceReader:
             client = client_for(self.addresses, self.security, **self.client_options)
         writer = EmissionWriter(self.checkpoint, self.round_no, partition, task_attempt) if not self.peek else None
         state = _LineState()
+        stop = StopCheck(self.checkpoint if not self.peek else None)  # the driver stopped the round: read no more
         try:
             for batch in batches:
+                stop()
                 idents, positions = self._idents(batch, state)
                 keep, attempts = rows.apply(idents)
                 if not keep.any():
