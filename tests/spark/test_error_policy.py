@@ -21,6 +21,7 @@ from acker_client import ClusterClient, TrackedTuple
 from acker_client.testing import local_cluster
 from acker_protocol.wire import Outcome
 from acker_spark import Bolt, DeadLetterStore, GuaranteedPipeline, RecordsFailed, ReplayPolicy, close_clients
+from acker_spark.budget import BudgetExceeded
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -111,3 +112,33 @@ def test_retry_on_is_a_whitelist(spark: Any, patient_ackers: Any, tmp_path: Path
         stats = pipeline.run(RECORDS, lambda rdd: bolt.apply(rdd).count())
     assert {d.key: d.attempts for d in letters.all()} == {"k07": 3, "k13": 1}
     assert stats.dead_lettered == 2
+
+
+def reject_fifth(lines: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTuple]:
+    """Every fifth record is malformed: failed with a ValueError reason."""
+    for line in lines:
+        if int(line.value.key[1:]) % 5 == 0:
+            collector.fail(line, f"ValueError: amount of {line.value.key} is not a number: 'n/a'")
+        else:
+            collector.ack(line)
+    return iter(())
+
+
+def test_the_failure_budget_stops_the_run_after_the_job_that_passed_it(
+    spark: Any, patient_ackers: Any, tmp_path: Path
+) -> None:
+    """20% of 2,000 records fail with a ValueError: the run stops after its first job of 100, naming the cause."""
+    ackers = patient_ackers
+    bolt = Bolt(reject_fifth, ackers.addresses, name="reject_fifth")
+    letters = DeadLetterStore(tmp_path / "dead.sqlite")
+    records = [(f"k{i:04d}", f"amount {i}") for i in range(2_000)]
+    with ClusterClient(ackers.addresses) as client:
+        pipeline = GuaranteedPipeline(spark, client, max_pending=100, partitions=2, policy=POLICY, dead_letters=letters)
+        with pytest.raises(BudgetExceeded) as raised:
+            pipeline.run(records, lambda rdd: bolt.apply(rdd).count())
+    error = raised.value
+    assert error.read <= 200 and error.dead == len(letters.all()) >= 6  # the source was not read further
+    (top,) = error.causes
+    assert (top.kind, top.count) == ("ValueError", error.dead)
+    assert top.example_cause == f"ValueError: amount of {top.example_key} is not a number: 'n/a'"
+    assert int(top.example_key[1:]) % 5 == 0 and error.stats.emitted == error.read

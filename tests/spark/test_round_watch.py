@@ -88,3 +88,36 @@ def test_a_replay_round_counts_every_failure_on_a_last_attempt_and_no_first_read
     causes.write({int(r): "TimeoutError: pricing service" for r in roots[:4]})
     causes.close()
     assert book.budget_counts(tally) == (4, 0)
+
+
+def test_a_round_hangs_once_every_tree_ended_one_failed_from_outside_and_none_started_for_the_grace(
+    tmp_path: Path,
+) -> None:
+    from acker_protocol.wire import Outcome
+    from acker_spark.executor_read.hung_round import HungRound, HungRoundCheck
+
+    clock = ManualClock()
+    checkpoint = tmp_path / "cp"
+    acked = np.full(9, int(Outcome.ACKED), dtype=np.int8)
+    failed = np.full(1, int(Outcome.FAILED), dtype=np.int8)
+    # Round 0: its last tree failed by the job's own bolt (a cause written): no hang.
+    check = HungRoundCheck(checkpoint, 0, clock, grace=2.0)
+    roots = write_round(checkpoint, 0, np.arange(1, 11, dtype=np.uint64), 1, partition=0)
+    check.observe(roots[:9], acked)
+    clock.advance(5.0)
+    assert check() is None  # one tree still pending: the job is working on it
+    causes = CauseWriter(checkpoint, "bolt-p0-t0")
+    causes.write({int(roots[9]): "ValueError: bad"})
+    causes.close()
+    check.observe(roots[9:], failed)
+    assert check() is None
+    # Round 1: its last tree failed at the acker (no cause): the job runs on for nothing.
+    check = HungRoundCheck(checkpoint, 1, clock, grace=2.0)
+    roots = write_round(checkpoint, 1, np.arange(21, 31, dtype=np.uint64), 1, partition=0)
+    check.observe(roots[:9], acked)
+    check.observe(roots[9:], failed)
+    assert check() is None  # it just saw the emission log: the grace starts now
+    clock.advance(2.0)
+    assert check() == HungRound(1, 10, 1)
+    write_round(checkpoint, 1, np.arange(31, 33, dtype=np.uint64), 1, partition=1)  # a task still reads
+    assert check() is None

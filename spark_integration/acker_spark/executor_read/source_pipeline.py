@@ -64,6 +64,7 @@ from ..steps.step import CommitBaseline, CommitErrors
 from .book import DeadLetterRow, ReplayBook, round_slot
 from .checkpoint import Checkpoint, Manifest, SourceSection
 from .emission_log import RoundFilter, read_round, write_filter
+from .hung_round import HungRound, HungRoundCheck
 from .identity import (
     IdentitySpec,
     UnstableIdentity,
@@ -132,7 +133,12 @@ class SourcePipeline:
     ``watch_interval`` seconds while a round's job runs (its Spark job group is
     cancelled at once) and between rounds; ``run`` then raises
     :class:`~acker_spark.budget.BudgetExceeded` naming the top causes, and the
-    records not processed yet stay in the checkpoint.
+    records not processed yet stay in the checkpoint. ``hang_grace``: a round
+    whose job runs on although every tree it started has ended, some failed
+    from outside (``acker-ctl fail``, a time limit), and no tree was started for
+    ``hang_grace`` seconds, has a hung task: its job is cancelled and the
+    failed records are replayed or dead-lettered as after a failed job (None:
+    wait for the job).
     """
 
     def __init__(
@@ -159,11 +165,13 @@ class SourcePipeline:
         stall_after: float | None = None,
         budget: FailureBudget | None = FailureBudget(),
         watch_interval: float = 0.1,
+        hang_grace: float | None = 5.0,
     ) -> None:
         if commit_every not in ("round", "end"):
             raise ValueError(f'commit_every must be "round" or "end", got {commit_every!r}')
         self.budget = budget
         self.watch_interval = watch_interval
+        self.hang_grace = hang_grace
         self.output = output
         self.commit_every = commit_every
         self.stall_after = stall_after
@@ -394,7 +402,10 @@ class SourcePipeline:
             request_stop(self.checkpoint.path, f"round {round_no}: {type(watch.verdict).__name__}")  # tasks, per batch
             group.cancel()  # and Spark, for tasks not running a bolt or reader that looks
 
-        watch = RoundWatch(self._round_checks(tally), cancel, clock=self.clock, interval=self.watch_interval)
+        hung = HungRoundCheck(self.checkpoint.path, round_no, self.clock, self.hang_grace) if self.hang_grace else None
+        watch = RoundWatch(self._round_checks(tally, hung), cancel, clock=self.clock, interval=self.watch_interval)
+        if hung is not None:
+            self._feed.taps.append(hung.observe)
         try:
             with group, watch:
                 result = job(tracked)
@@ -414,7 +425,13 @@ class SourcePipeline:
                     log.warning(
                         "round %d's Spark job failed; its unfinished records will be replayed: %s", round_no, error
                     )
+        finally:
+            if hung is not None:
+                self._feed.taps.remove(hung.observe)
         job_ended = self.clock()
+        if isinstance(watch.verdict, HungRound):
+            ok = False  # the round did not finish: what it did not read is read by the next one
+            log.warning("round %d: %s", round_no, watch.verdict)
         self.stats.jobs += 1
         if ok:
             self._failed_jobs = 0
@@ -422,7 +439,7 @@ class SourcePipeline:
         self._add_round(round_no)
         self._book.start_deadline(round_no, backstop)
         self._collect_commit_errors()
-        if watch.verdict is not None:
+        if isinstance(watch.verdict, BudgetExceeded):
             self._stop_round(df, round_no, watch, tally, job_ended)
         if not ok:
             self._book.fail_round(self.cluster, round_no)
@@ -441,12 +458,14 @@ class SourcePipeline:
 
     # -- checks while a round's job runs ----------------------------------------------
 
-    def _round_checks(self, tally: RoundTally | None) -> list[Check]:
-        """What the round watch checks while a job runs: the failure budget, counted from the executors' files."""
+    def _round_checks(self, tally: RoundTally | None, hung: HungRoundCheck | None) -> list[Check]:
+        """What the round watch checks while a job runs: the failure budget (the executors' files), a hung task."""
         checks: list[Check] = []
         if tally is not None and self.budget is not None:
             book, budget = self._book, self.budget
             checks.append(lambda: book.budget_error(budget, tally))
+        if hung is not None:
+            checks.append(hung)
         return checks
 
     def _stop_round(
