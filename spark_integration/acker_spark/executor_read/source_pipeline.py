@@ -394,18 +394,7 @@ class SourcePipeline:
         tracked = self._frame(df, round_no, str(path), peek=False)
         ok = True
         stop: JobError | None = None
-        group = JobGroup(self.spark, f"{self._manifest.name}-r{round_no}", f"acker round {round_no}")
-        tally = self._book.round_tally(round_no, rows) if self.budget is not None else None
-        clear_stop(self.checkpoint.path)
-
-        def cancel() -> None:
-            request_stop(self.checkpoint.path, f"round {round_no}: {type(watch.verdict).__name__}")  # tasks, per batch
-            group.cancel()  # and Spark, for tasks not running a bolt or reader that looks
-
-        hung = HungRoundCheck(self.checkpoint.path, round_no, self.clock, self.hang_grace) if self.hang_grace else None
-        watch = RoundWatch(self._round_checks(tally, hung), cancel, clock=self.clock, interval=self.watch_interval)
-        if hung is not None:
-            self._feed.taps.append(hung.observe)
+        group, watch, tally, hung = self._round_watch(round_no, rows)
         try:
             with group, watch:
                 result = job(tracked)
@@ -458,15 +447,33 @@ class SourcePipeline:
 
     # -- checks while a round's job runs ----------------------------------------------
 
-    def _round_checks(self, tally: RoundTally | None, hung: HungRoundCheck | None) -> list[Check]:
-        """What the round watch checks while a job runs: the failure budget (the executors' files), a hung task."""
+    def _round_watch(
+        self, round_no: int, rows: RoundFilter
+    ) -> tuple[JobGroup, RoundWatch, RoundTally | None, HungRoundCheck | None]:
+        """The round's job group and its watch: the failure budget (the executors' files) and a hung task.
+
+        The hung-task check observes the outcome feed from now on; the caller
+        removes it from the feed's taps once the job has returned.
+        """
+        group = JobGroup(self.spark, f"{self._manifest.name}-r{round_no}", f"acker round {round_no}")
         checks: list[Check] = []
-        if tally is not None and self.budget is not None:
-            book, budget = self._book, self.budget
+        tally = None
+        if self.budget is not None:
+            book, budget, tally = self._book, self.budget, self._book.round_tally(round_no, rows)
             checks.append(lambda: book.budget_error(budget, tally))
-        if hung is not None:
+        hung = None
+        if self.hang_grace is not None:
+            hung = HungRoundCheck(self.checkpoint.path, round_no, self.clock, self.hang_grace)
+            self._feed.taps.append(hung.observe)
             checks.append(hung)
-        return checks
+        clear_stop(self.checkpoint.path)  # a stopped round's marker must not stop this one
+
+        def cancel() -> None:
+            request_stop(self.checkpoint.path, f"round {round_no}: {type(watch.verdict).__name__}")  # tasks, per batch
+            group.cancel()  # and Spark, for tasks not running a bolt or reader that looks
+
+        watch = RoundWatch(checks, cancel, clock=self.clock, interval=self.watch_interval)
+        return group, watch, tally, hung
 
     def _stop_round(
         self, df: Any, round_no: int, watch: RoundWatch, tally: RoundTally | None, job_ended: float
