@@ -23,6 +23,7 @@ Structured Streaming: ``register_acker_spout(spark)``, then ``spark.readStream.f
 
 from typing import Any
 
+from .budget import BudgetExceeded, FailureBudget
 from .dead_letter import DeadLetter, DeadLetterStore
 from .driver_fed.pipeline import GuaranteedPipeline, Job, run_untracked
 from .executor_read.stream_undelivered import record_commit_errors
@@ -78,6 +79,7 @@ __all__ = [
     "ArrowFunction",
     "BatchOutput",
     "Bolt",
+    "BudgetExceeded",
     "BoltFunction",
     "CommitErrors",
     "DeadLetter",
@@ -95,6 +97,7 @@ __all__ = [
     "RunStopped",
     "ShardDown",
     "Record",
+    "FailureBudget",
     "ReplayPolicy",
     "SourcePipeline",
     "SourceStats",
