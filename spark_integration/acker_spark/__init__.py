@@ -23,6 +23,7 @@ Structured Streaming: ``register_acker_spout(spark)``, then ``spark.readStream.f
 
 from typing import Any
 
+from .budget import BudgetExceeded, FailureBudget
 from .dead_letter import DeadLetter, DeadLetterStore, Select
 from .driver_fed.pipeline import GuaranteedPipeline, Job, run_untracked
 from .executor_read.stream_undelivered import record_commit_errors
@@ -84,6 +85,7 @@ __all__ = [
     "RedriveUnfinished",
     "Select",
     "RecordTimeLimit",
+    "BudgetExceeded",
     "BoltFunction",
     "CommitErrors",
     "DeadLetter",
@@ -101,6 +103,7 @@ __all__ = [
     "RunStopped",
     "ShardDown",
     "Record",
+    "FailureBudget",
     "ReplayPolicy",
     "SourcePipeline",
     "SourceStats",

@@ -78,12 +78,14 @@ class CauseReader:
     def __init__(self, checkpoint: str | Path) -> None:
         self.folder = Path(checkpoint) / CAUSES_DIR
         self.causes: dict[int, str] = {}
+        self.fresh: dict[int, str] = {}  # the roots the last refresh added
         self._sizes: dict[Path, int] = {}
 
     def refresh(self) -> dict[int, str]:
-        """Every ``root -> cause`` written so far (the first cause of a root wins)."""
+        """Every ``root -> cause`` written so far (the first cause of a root wins); the new ones in ``fresh``."""
         from .arrow_files import read_complete_batches
 
+        self.fresh = {}
         if not self.folder.is_dir():
             return self.causes
         for path in sorted(self.folder.glob("*.arrow")):
@@ -93,7 +95,8 @@ class CauseReader:
             self._sizes[path] = size
             for batch in read_complete_batches(path):
                 for root, cause in zip(batch.column(0).to_numpy().tolist(), batch.column(1).to_pylist()):
-                    self.causes.setdefault(root, cause)
+                    if root not in self.causes:
+                        self.causes[root] = self.fresh[root] = cause
         return self.causes
 
 

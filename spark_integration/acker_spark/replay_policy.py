@@ -21,17 +21,35 @@ class ReplayPolicy:
     # with one of them as its cause is dead-lettered at once, not replayed. Every other cause
     # (timeouts, connection errors, a reason without an exception) is retried with the backoff.
     dead_letter_at_once: frozenset[str] = POISON_ERRORS
+    # A whitelist instead (None: off): only a failure whose cause names one of these exception
+    # types is retried; any other exception dead-letters at once. A failure that names no
+    # exception (a timeout at the acker, a lost tree, a free-text reason) is still retried.
+    retry_on: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.backoff_base < 0 or self.backoff_cap < 0 or self.backoff_factor < 1:
             raise ValueError("backoff_base and backoff_cap must be >= 0 and backoff_factor >= 1")
+        for name in ("dead_letter_at_once", "retry_on"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise TypeError(f"{name} takes a set of exception type names, not the string {value!r}")
+            if value is not None and not isinstance(value, frozenset):
+                # A list or set is accepted as given; frozen so the policy stays hashable.
+                object.__setattr__(self, name, frozenset(value))
 
     def retries(self, cause: str | None) -> bool:
-        """False if ``cause`` (``"Type: message ..."``) names an exception that dead-letters at once."""
+        """False if ``cause`` (``"Type: message ..."``) names an exception that dead-letters at once.
+
+        With ``retry_on``, an exception outside it dead-letters at once; else one in ``dead_letter_at_once``.
+        """
         kind = error_type(cause)
-        return kind is None or kind not in self.dead_letter_at_once
+        if kind is None:
+            return True
+        if self.retry_on is not None:
+            return kind in self.retry_on
+        return kind not in self.dead_letter_at_once
 
     def delay(self, attempts_made: int) -> float:
         """Seconds to wait before delivery number ``attempts_made + 1``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from acker_spark.driver_fed.isolation import Isolation, Verdict
 from acker_spark.job_errors import JobError, job_error
@@ -9,7 +11,9 @@ from acker_spark.replay_policy import ReplayPolicy
 from acker_spark.sources import Delivery
 
 POLICY = ReplayPolicy(max_attempts=3, backoff_base=1.0, backoff_factor=2.0)
-BOOM = JobError("ValueError", "bad record k3", "/app/job.py:12 in store")
+# A type the default policy retries: a convicted record is replayed alone until max_attempts.
+BOOM = JobError("ConnectionResetError", "store unreachable for k3", "/app/job.py:12 in store")
+POISON = JobError("ValueError", "bad record k3", "/app/job.py:12 in store")
 
 
 class Clock:
@@ -63,6 +67,18 @@ def test_a_failed_job_is_bisected_until_the_poison_runs_alone_and_is_charged_alo
     assert verdicts["k3"][-1][0] == POLICY.max_attempts
     assert iso.error_of("k3") == BOOM and iso.error_of("k2") is None
     assert jobs <= 1 + 2 * 3 + POLICY.max_attempts  # log2(8) rounds of two halves, then its own runs
+
+
+def test_a_poison_convict_is_final_at_once_and_a_whitelist_decides_otherwise() -> None:
+    """A ValueError convicts for good on its first run alone; with retry_on={"ValueError"} it is replayed."""
+    for policy, verdict in ((POLICY, Verdict.FINAL), (replace(POLICY, retry_on={"ValueError"}), Verdict.HELD)):
+        iso = Isolation(policy, Clock())
+        alone = [Delivery("k3", 3, 1)]
+        iso.emitted(alone)
+        iso.job_started(alone)
+        iso.job_failed(alone, POISON)
+        assert iso.settle([], failures(alone)) == [verdict]
+        assert iso.error_of("k3") == POISON
 
 
 def test_suspects_already_acked_are_not_replayed_and_late_outcomes_are_not_held() -> None:

@@ -99,7 +99,8 @@ def test_one_raising_record_in_306_is_dead_lettered_alone_with_its_exception(
     (dead,) = store_db.all()
     assert raised.value.causes == [dead.cause] and raised.value.stopped is None
     assert "1 records dead-lettered, because a job raised: ValueError: cannot store b.txt:2" in str(raised.value)
-    assert (dead.key, dead.reason, dead.attempts) == (POISON, Outcome.FAILED, QUICK.max_attempts)
+    # A ValueError is poison: dead-lettered on its first conviction, not replayed max_attempts times.
+    assert (dead.key, dead.reason, dead.attempts) == (POISON, Outcome.FAILED, 1)
     assert dead.cause is not None and dead.cause.startswith(f"ValueError: cannot store {POISON} (at ")
     assert "test_poison.py:" in dead.cause and dead.cause.endswith(" in store)")
     assert [(d.key, d.cause) for d in letters] == [(POISON, dead.cause)]

@@ -42,3 +42,15 @@ def test_a_pushed_back_first_delivery_waits_behind_due_replays():
     assert schedule.pop_due().key == "again"
     assert schedule.pop_due().key == "new"
     assert schedule.pop_due() is None and schedule.empty
+
+
+def test_a_cause_the_policy_dead_letters_at_once_is_not_queued():
+    """Poison causes are final with attempts left; timeouts, free text and no cause are retried; retry_on whitelists."""
+    schedule = ReplaySchedule(POLICY, ManualClock())
+    failed = [Delivery(k, "v", 1) for k in ("bad", "slow", "text", "none")]
+    causes = ["ValueError: amount 'n/a' (at job.py:3 in parse)", "TimeoutError: pricing (at job.py:9 in call)",
+              "rejected by the validator", None]  # fmt: skip
+    assert schedule.retry_many(failed, causes) == [False, True, True, True]
+    only = ReplaySchedule(ReplayPolicy(max_attempts=3, retry_on=["TimeoutError"]), ManualClock())
+    assert only.retry_many(failed, ["KeyError: x", *causes[1:]]) == [False, True, True, True]
+    assert ReplayPolicy(retry_on={"ValueError"}).retries(causes[0])

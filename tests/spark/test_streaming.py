@@ -84,6 +84,13 @@ def test_options_are_validated() -> None:
         {"ackers": "a:1, b:2", "database": "x", "path": "/d", "CHECKPOINT": "c", "MAX_PENDING": "7"}
     )
     assert (parsed.ackers, parsed.max_pending, parsed.checkpoint) == (("a:1", "b:2"), 7, "c")
+    assert parsed.budget is not None and parsed.budget.fraction == 0.05  # the failure budget's default
+    base = {"ackers": "a:1", "database": "x", "path": "/d", "checkpoint": "c"}
+    assert StreamOptions.parse({**base, "failure_budget": "off"}).budget is None
+    only = StreamOptions.parse({**base, "failure_budget": "off", "failure_budget_records": "10"}).budget
+    assert only is not None and (only.fraction, only.records) == (None, 10)
+    with pytest.raises(ValueError, match="failure_budget"):
+        StreamOptions.parse({**base, "failure_budget": "2"})
 
 
 def test_partitions_carry_coordinates_executors_start_trees_and_replays_reread(tmp_path: Path) -> None:

@@ -10,7 +10,9 @@ with no attempt counted. A half whose job succeeds is acked; a half whose job
 raises again is split again. A record whose job raises while it runs alone is
 *convicted*: that failure is charged (one attempt) and it is replayed alone,
 after the policy's backoff, until ``max_attempts`` deliveries were made; then
-its failure is final and carries the job's :class:`~acker_spark.job_errors.JobError`.
+its failure is final and carries the job's :class:`~acker_spark.job_errors.JobError`;
+a convict whose exception the policy dead-letters at once (``ValueError`` and the
+other poison types, or any type outside ``retry_on``) is final on its first conviction.
 
 A job that raises may take longer than the acker's message timeout (Spark
 retries the failing task first), so its trees can time out before it ends.
@@ -184,8 +186,8 @@ class Isolation:
         """A convicted record's failure: one attempt charged, replayed alone after the backoff or final."""
         d = failure[0]
         self._errors[d.key] = error
-        if d.attempt >= self.policy.max_attempts:
-            return Verdict.FINAL
+        if d.attempt >= self.policy.max_attempts or not self.policy.retries(str(error)):
+            return Verdict.FINAL  # out of attempts, or an exception the policy dead-letters at once (poison)
         # Alone again: a convicted record must not poison another batch.
         due = self.clock() + self.policy.delay(d.attempt)
         heapq.heappush(self._probes, (due, next(self._seq), [d._replace(attempt=d.attempt + 1)]))

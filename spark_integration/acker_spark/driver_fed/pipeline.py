@@ -25,6 +25,7 @@ from typing import Any, Literal
 from acker_client import AckerError, ClusterClient, MessageId, TrackedTuple, new_id
 from acker_protocol.wire import Outcome
 
+from ..budget import CauseTally, FailureBudget
 from ..dead_letter import DeadLetter, DeadLetterStore
 from ..job_errors import JobError, job_error
 from ..replay_policy import ReplayPolicy
@@ -78,6 +79,15 @@ class GuaranteedPipeline:
     it, see :mod:`acker_spark.driver_fed.isolation`).
     Outcomes are counted, scheduled for replay and queued for the dead-letter
     table a batch at a time.
+
+    ``policy`` decides per exception type (``ReplayPolicy.dead_letter_at_once``,
+    ``retry_on``): a record convicted by a ``ValueError`` or failed with one as
+    its reason is dead-lettered at once, a ``TimeoutError`` is replayed.
+    ``budget`` (default ``FailureBudget()``: more than 5% of the records taken
+    from the source, from 100 on, dead-lettered; None: no budget) is checked
+    after every job (at most ``max_pending`` records): past it, ``run`` writes
+    the dead letters due and raises :class:`~acker_spark.budget.BudgetExceeded`
+    naming the top causes; the source is not read further.
     """
 
     def __init__(
@@ -102,6 +112,7 @@ class GuaranteedPipeline:
         on_job_error: Literal["raise", "warn"] = "raise",
         shard_down_after: float | None = 120.0,
         log_interval: float = 10.0,
+        budget: FailureBudget | None = FailureBudget(),
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
@@ -126,6 +137,8 @@ class GuaranteedPipeline:
         self.batch_size = batch_size or max_pending
         self.partitions = partitions or default_parallelism(spark)
         self.policy = policy
+        self.budget = budget
+        self._dead_causes = CauseTally()  # the dead letters' causes by kind, for the budget's error
         self.dead_letters = dead_letters
         self.spout_timeout = spout_timeout
         self.on_progress = on_progress
@@ -185,6 +198,7 @@ class GuaranteedPipeline:
             backstop_clock=self.clock,
             cond=self._cond,
             isolation=self._isolation,
+            cause_of=self._cause_of,
         )
         spout.start()
         self.cluster.add_error_listener(self._watch)
@@ -195,14 +209,15 @@ class GuaranteedPipeline:
                 probe = self._take_probe(spout)
                 if probe:
                     self._run_job(job, probe)
-                    self._report()
+                    self._after_job()
                     continue
                 batch = self._take_batch(spout, records)
                 if batch:
                     self._run_job(job, batch)
-                    self._report()
+                    self._after_job()
                     continue
                 self._write_dead_letters()
+                self._check_budget()
                 if self._finished():
                     break
                 self._log_progress()
@@ -216,6 +231,25 @@ class GuaranteedPipeline:
         self._check_undelivered()
         self._check_job_errors()
         return self.stats
+
+    def _after_job(self) -> None:
+        """After each job (at most ``max_pending`` records): its final failures dead-lettered, the budget checked."""
+        self._write_dead_letters()
+        self._check_budget()
+        self._report()
+
+    def _check_budget(self) -> None:
+        """Stop the run (:class:`~acker_spark.budget.BudgetExceeded`) once its dead letters pass the budget."""
+        if self.budget is None or self._stopped is not None:
+            return  # a run stopped on a misconfiguration says so itself (RecordsFailed)
+        stats = self.snapshot()
+        # Records whose acks could not be delivered are the ackers' reachability, not the records':
+        # AcksUndelivered and ShardDown report those.
+        dead = stats.dead_lettered - self._dead_undelivered
+        if self.budget.exceeded(dead, stats.emitted):
+            error = self.budget.error(dead, stats.emitted, self._dead_causes.top())
+            error.stats = stats
+            raise error
 
     def _check_shards(self) -> None:
         """Raise ShardDown if a shard has been unreachable longer than ``shard_down_after``."""
@@ -317,10 +351,13 @@ class GuaranteedPipeline:
                 self._isolation.job_failed(deliveries, error)
                 self._dead.extend(self._isolation.take_final())
             self._fail_trees(batch)
+            self._collect_fail_reasons(batch)
         else:
+            # The bolts' reasons before the failures held meanwhile are charged: a reason the
+            # policy dead-letters at once (a ValueError) must not be replayed.
+            self._collect_fail_reasons(batch)
             self._charge_held(deliveries)
         self._collect_commit_errors(batch)
-        self._collect_fail_reasons(batch)
         with self._cond:
             self.stats.jobs += 1
 
@@ -345,7 +382,7 @@ class GuaranteedPipeline:
         with self._cond:
             held = self._isolation.job_succeeded(deliveries)
             if held:
-                finals = spout.charge([d for d, _ in held])
+                finals = spout.charge(held)
                 self._dead.extend(failure for failure, final in zip(held, finals) if final)
                 self._cond.notify_all()
 
@@ -356,12 +393,17 @@ class GuaranteedPipeline:
             reasons.update(bolt.reasons())
         if not reasons:
             return
-        for tracked in batch:
-            for root in tracked.message_id.roots:
-                reason = reasons.get(root)
-                if reason is not None:
-                    self._fail_reasons[tracked.value.key] = reason
-                    break
+        with self._cond:  # read by the spout's thread (_cause_of)
+            for tracked in batch:
+                for root in tracked.message_id.roots:
+                    reason = reasons.get(root)
+                    if reason is not None:
+                        self._fail_reasons[tracked.value.key] = reason
+                        break
+
+    def _cause_of(self, delivery: Delivery, outcome: Outcome) -> str | None:
+        """The reason a bolt gave for failing ``delivery`` (``_cond`` held): the policy decides on it."""
+        return self._fail_reasons.get(delivery.key) if outcome is Outcome.FAILED else None
 
     def _collect_commit_errors(self, batch: list[TrackedTuple]) -> None:
         """Read the bolts' commit reports (Spark accumulators, complete once the job's actions returned)."""
@@ -525,6 +567,9 @@ class GuaranteedPipeline:
                 )
         with self._cond:
             self.stats.dead_lettered += len(dead)
+        for letter in letters:
+            if letter.reason is not Outcome.ACKS_UNDELIVERED:
+                self._dead_causes.add(letter.key, letter.cause)
         if self.on_dead_letter is not None:
             for letter in letters:
                 try:

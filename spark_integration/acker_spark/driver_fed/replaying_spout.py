@@ -53,6 +53,10 @@ class ReplayingSpout:
     ``cond``) sees every delivery emitted and every outcome first: the failed
     deliveries it holds as suspects are not scheduled here (no attempt is
     charged); the driver emits its probes with :meth:`emit_exactly`.
+
+    ``cause_of(delivery, outcome)`` (called with ``cond`` held) gives the cause a
+    bolt reported for a failed delivery, if any: a cause the policy dead-letters
+    at once (``ReplayPolicy.retries``) makes the failure final without a replay.
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class ReplayingSpout:
         backstop_clock: Callable[[], float] = time.monotonic,
         cond: threading.Condition | None = None,
         isolation: Isolation | None = None,
+        cause_of: Callable[[Delivery, Outcome], str | None] | None = None,
     ) -> None:
         if (on_outcome is None) == (on_outcomes is None):
             raise ValueError("give exactly one of on_outcome (per delivery) and on_outcomes (per batch)")
@@ -79,6 +84,7 @@ class ReplayingSpout:
         self._unsettled = 0
         self._closing = False
         self.isolation = isolation
+        self.cause_of = cause_of
         self.spout = Spout(
             cluster,
             on_outcomes=self._take_outcomes,
@@ -194,15 +200,22 @@ class ReplayingSpout:
     def _triage(self, acked: list[Delivery], failed: list[tuple[Delivery, Outcome]]) -> list[bool]:
         """Whether each failure is final: the isolation's verdict for its suspects, the schedule's for the rest."""
         if self.isolation is None:
-            return [not queued for queued in self.schedule.retry_many([d for d, _ in failed])]
+            return [not queued for queued in self._retry(failed)]
         verdicts = self.isolation.settle(acked, failed)
-        mine = [d for (d, _), v in zip(failed, verdicts) if v is Verdict.NOT_MINE]
-        queued = iter(self.schedule.retry_many(mine))
+        mine = [f for f, v in zip(failed, verdicts) if v is Verdict.NOT_MINE]
+        queued = iter(self._retry(mine))
         return [not next(queued) if v is Verdict.NOT_MINE else bool(v) for v in verdicts]
 
-    def charge(self, failed: list[Delivery]) -> list[bool]:
+    def charge(self, failed: list[tuple[Delivery, Outcome]]) -> list[bool]:
         """Schedule the replays of failures the isolation held and handed back (caller holds ``cond``); True: final."""
-        return [not queued for queued in self.schedule.retry_many(failed)]
+        return [not queued for queued in self._retry(failed)]
+
+    def _retry(self, failed: list[tuple[Delivery, Outcome]]) -> list[bool]:
+        """Queue the replays of ``(delivery, reason)`` failures, each with its cause if one is known."""
+        deliveries = [d for d, _ in failed]
+        if self.cause_of is None:
+            return self.schedule.retry_many(deliveries)
+        return self.schedule.retry_many(deliveries, [self.cause_of(d, o) for d, o in failed])
 
     def _each(self, acked: list[Delivery], failures: list[tuple[Delivery, Outcome, bool]]) -> None:
         """The per-delivery callback for every delivery of the batch; one's error does not skip the others."""

@@ -35,10 +35,18 @@ class ReplaySchedule:
         """Queue the next delivery of ``failed`` after its backoff; False if it has used every attempt."""
         return self.retry_many([failed])[0]
 
-    def retry_many(self, failed: Sequence[Delivery]) -> list[bool]:
-        """:meth:`retry` for each of ``failed``, reading the clock once; True where a replay was queued."""
+    def retry_many(self, failed: Sequence[Delivery], causes: Sequence[str | None] | None = None) -> list[bool]:
+        """:meth:`retry` for each of ``failed``, reading the clock once; True where a replay was queued.
+
+        ``causes`` (one per delivery, None where none is known): a failure whose cause the
+        policy dead-letters at once is not queued, whatever attempts it has left.
+        """
         now, max_attempts, delay = self.clock(), self.policy.max_attempts, self.policy.delay
-        queued = [d.attempt < max_attempts for d in failed]
+        retries = self.policy.retries
+        if causes is None:
+            queued = [d.attempt < max_attempts for d in failed]
+        else:
+            queued = [d.attempt < max_attempts and retries(c) for d, c in zip(failed, causes)]
         items = [
             (now + delay(d.attempt), next(self._seq), d._replace(attempt=d.attempt + 1))
             for d, ok in zip(failed, queued)

@@ -16,7 +16,11 @@ book. It keeps:
   ``ACKS_UNDELIVERED``), journaled in the checkpoint;
 - each failed delivery's replay time (the :class:`~acker_spark.replay_policy.ReplayPolicy`
   backoff), and the deliveries that used their last attempt: their dead
-  letters are written, journaled, and they are final.
+  letters are written, journaled, and they are final;
+- the failure budget's counts for this driver's run (records first read,
+  records dead-lettered and their causes by kind), and the tally of a round
+  whose job is running (:meth:`ReplayBook.round_tally`), so both drivers stop
+  a run past its :class:`~acker_spark.budget.FailureBudget` the same way.
 
 All of it is rebuilt from the checkpoint (:meth:`ReplayBook.restore`), so a
 restarted driver continues where the last one stopped.
@@ -32,13 +36,16 @@ import numpy as np
 from acker_client import ClusterClient, ShardUnavailable
 from acker_protocol.wire import Outcome
 
+from ..budget import BudgetExceeded, CauseTally, FailureBudget
 from ..causes import CauseReader
 from ..dead_letter import DeadLetterStore
 from ..replay_policy import ReplayPolicy
 from ..run_report import RunStats
 from .checkpoint import Checkpoint
-from .emission_log import Emissions, read_round
+from .emission_log import Emissions, RoundFilter, read_round
+from .identity import derive_roots
 from .record_table import ACKED, DEAD, FAILED, PENDING, REPLAYED, RecordTable
+from .round_tally import RoundTally
 
 __all__ = ["DeadLetterRow", "ReplayBook", "round_slot"]
 
@@ -80,6 +87,14 @@ class ReplayBook:
         self._feed: Any = None
         self.causes = CauseReader(checkpoint.path)  # why deliveries failed, as the executors wrote it
         self.poisoned = _UNUSED  # roots whose cause dead-letters at once (sorted)
+        # The failure budget's counts, for this driver's run only (a rerun after a fix starts
+        # afresh): records first read, records dead-lettered, and the latter's causes by kind.
+        # A record an earlier driver read is not charged to this run's budget (a rerun after a fix
+        # must not stop on the leftovers of the run that stopped): their identities, sorted.
+        self.read_count = 0
+        self.dead_count = 0
+        self.dead_causes = CauseTally()
+        self._earlier = _UNUSED
 
     def attach(self, feed: Any) -> None:
         """The outcome feed this book takes outcomes from and journals its own LOST ends to."""
@@ -105,6 +120,7 @@ class ReplayBook:
         if len(self.undelivered):
             self.mark_undelivered()
         self.table.due[self.table.state == FAILED] = self.clock()
+        self._earlier = np.unique(self.table.idents)
 
     def fail_left_in_flight(self, cluster: ClusterClient, rounds: Iterable[int], backstop: float, by: str) -> None:
         """After :meth:`restore`: fail at the ackers the trees the previous ``by`` (driver, query) left pending.
@@ -131,9 +147,11 @@ class ReplayBook:
         A new attempt supersedes the one before it, and outcomes that came
         before their roots were read are matched now (then dropped).
         """
+        before = int((self.table.attempts == 1).sum())
         added = self.table.add(emissions, round_slot(round_no))
         if added:
             self.table.mark_replayed(self.salt, emissions.idents, emissions.attempts)
+            self.read_count += int((self.table.attempts == 1).sum()) - before
         strays_roots, strays_outcomes = self._strays
         if len(strays_roots):
             self._strays = (_UNUSED, _NO_OUTCOMES)
@@ -275,9 +293,18 @@ class ReplayBook:
         dead = np.flatnonzero((table.state == FAILED) & last)
         if not len(dead):
             return
+        # Charged to this run's budget: records it read, that failed for their own sake (acks a bolt
+        # could not deliver are the ackers' reachability: AcksUndelivered and ShardDown report those).
+        charged = ~np.isin(table.idents[dead], self._earlier) & (table.reason[dead] != int(Outcome.ACKS_UNDELIVERED))
+        self.dead_count += int(charged.sum())
         if store is not None:
-            store.add_many(payloads(dead))
+            rows = payloads(dead)
+            store.add_many(rows)
+            for row in rows:  # the causes of the dead letters this run wrote, with their keys as examples
+                self.dead_causes.add(str(row[0]), row[4] if len(row) > 4 else None)
         else:
+            for root in table.roots[dead].tolist():
+                self.dead_causes.add(f"root {root:016x}", self.cause_of(root))
             log.error(
                 "%d records failed %d times; no dead-letter store to keep them", len(dead), self.policy.max_attempts
             )
@@ -287,6 +314,34 @@ class ReplayBook:
         finally:
             journal.close()
         table.state[dead] = DEAD
+
+    # -- the failure budget -------------------------------------------------------------------
+
+    def round_tally(self, round_no: int, rows: RoundFilter) -> RoundTally:
+        """A tally of the round about to run (read by the round watch while its job runs).
+
+        Its failures are news unless their root is known already or their record is an earlier run's.
+        """
+        known = self.table.roots
+        if rows.mode == "select" and len(self._earlier):
+            earlier = np.isin(rows.idents, self._earlier)
+            replays = derive_roots(self.salt, rows.idents[earlier], rows.attempts[earlier])
+            known = np.union1d(known, replays)
+        return RoundTally(self.checkpoint.path, round_no, rows, self.salt, self.policy, np.sort(known))
+
+    def budget_counts(self, tally: RoundTally | None = None) -> tuple[int, int]:
+        """``(dead, read)`` of this run so far, with what the running round's ``tally`` saw (watch thread)."""
+        if tally is None:
+            return self.dead_count, self.read_count
+        return self.dead_count + tally.failed_for_good(), self.read_count + tally.read()
+
+    def budget_error(self, budget: FailureBudget, tally: RoundTally | None = None) -> BudgetExceeded | None:
+        """The error that stops the run if it is past ``budget`` (None if not), naming the top causes."""
+        dead, read = self.budget_counts(tally)
+        if not budget.exceeded(dead, read):
+            return None
+        causes = self.dead_causes if len(self.dead_causes) or tally is None else tally.kinds
+        return budget.error(dead, read, causes.top())
 
     def compact(self) -> None:
         """Drop settled entries once the table is large (a stream runs for ever; the table must not grow with it)."""

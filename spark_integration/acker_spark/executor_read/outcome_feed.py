@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,9 @@ class OutcomeFeed:
         self._stop = threading.Event()
         self._wake = threading.Condition()
         self._subs: list[OutcomeSubscription] = []
+        # Observers of outcomes as they arrive (the round watch), called on the subscriptions'
+        # threads with each batch's roots and outcomes: they must be quick and must not block.
+        self.taps: list[Callable[[np.ndarray, np.ndarray], None]] = []
         self._saved: dict[int, tuple[int, int]] | None = None  # the positions last written
         self._thread = threading.Thread(target=self._loop, name="acker-outcome-journal", daemon=True)
         # Totals for the progress view (read from its thread): (acked, failed) that arrived, and that take() handed out.
@@ -66,11 +70,14 @@ class OutcomeFeed:
 
     def _arrive(self, roots: np.ndarray, outcomes: np.ndarray, _micros: np.ndarray) -> None:
         keep = outcomes != _RESET  # a fresh timeout is news, not an end
-        acked = int((outcomes == _ACKED).sum())
+        roots, ends = roots[keep], outcomes[keep].astype(np.int8)
+        acked = int((ends == _ACKED).sum())
         with self._lock:
-            self._arrived.append((roots[keep], outcomes[keep].astype(np.int8)))
+            self._arrived.append((roots, ends))
             done, failed = self._arrived_counts
-            self._arrived_counts = (done + acked, failed + int(keep.sum()) - acked)
+            self._arrived_counts = (done + acked, failed + len(ends) - acked)
+        for tap in list(self.taps):
+            tap(roots, ends)
         with self._wake:
             self._wake.notify_all()
 

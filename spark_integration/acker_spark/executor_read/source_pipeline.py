@@ -47,15 +47,18 @@ from acker_client import ClusterClient, ShardUnavailable, new_id
 from acker_client.pending import cluster_backstop
 from acker_protocol.wire import Outcome
 
+from ..budget import BudgetExceeded, FailureBudget
 from ..causes import CHECKPOINT_PROPERTY
 from ..dead_letter import DeadLetterStore, Select
 from ..job_errors import JobError, job_error
+from ..job_group import JobGroup
 from ..output import FileOutput, Output, OutputCommits, OutputStager, TableOutput
 from ..output.stager import stager_schema
 from ..redrive import Redrive, RedriveReport
 from ..progress_display import ProgressMode, ProgressReporter, resolve_mode
 from ..replay_policy import ReplayPolicy
 from ..run_progress import Baseline, Live, ProgressMeter
+from ..round_stop import clear_stop, request_stop
 from ..run_report import AcksUndelivered, RunStopped, ShardDown, SourceStats
 from ..session import default_parallelism, spark_context_of
 from ..shard_watch import ProgressLine, ShardWatch
@@ -65,6 +68,7 @@ from ..steps.step import CommitBaseline, CommitErrors
 from .book import DeadLetterRow, ReplayBook, round_slot
 from .checkpoint import Checkpoint, Manifest, SourceSection
 from .emission_log import RoundFilter, RoundRows, read_round, write_filter
+from .hung_round import HungRound, HungRoundCheck
 from .identity import (
     IdentitySpec,
     UnstableIdentity,
@@ -74,10 +78,13 @@ from .identity import (
 )
 from .memory_source import COPY_DIR, KEY, DuplicateIdentity, is_dataframe, is_utf8, text_frame, write_records
 from .record_table import ACKED, FAILED, PENDING
+from .round_tally import RoundTally
+from .round_watch import Check, RoundWatch
 from .source_reader import ATTEMPT_COLUMN, IDENT_COLUMN, KEY_COLUMN, SourceReader, reader_schema
 
 __all__ = [
     "AcksUndelivered",
+    "BudgetExceeded",
     "DuplicateIdentity",
     "OutputNotReturned",
     "RunStopped",
@@ -133,6 +140,18 @@ class SourcePipeline:
     ``progress_file_interval`` seconds, which ``acker-ctl progress --checkpoint
     DIR`` shows from another terminal. ``on_progress(stats)`` is still called
     from the driver thread between rounds.
+    ``budget``: the run's :class:`~acker_spark.budget.FailureBudget` (default: stop
+    once more than 5% of the records read, from 100 read, failed for good;
+    None: never stop for failed records). It is checked every
+    ``watch_interval`` seconds while a round's job runs (its Spark job group is
+    cancelled at once) and between rounds; ``run`` then raises
+    :class:`~acker_spark.budget.BudgetExceeded` naming the top causes, and the
+    records not processed yet stay in the checkpoint. ``hang_grace``: a round
+    whose job runs on although every tree it started has ended, some failed
+    from outside (``acker-ctl fail``, a time limit), and no tree was started for
+    ``hang_grace`` seconds, has a hung task: its job is cancelled and the
+    failed records are replayed or dead-lettered as after a failed job (None:
+    wait for the job).
     """
 
     def __init__(
@@ -159,9 +178,15 @@ class SourcePipeline:
         stall_after: float | None = None,
         progress: ProgressMode = "auto",
         progress_file_interval: float = 2.0,
+        budget: FailureBudget | None = FailureBudget(),
+        watch_interval: float = 0.1,
+        hang_grace: float | None = 5.0,
     ) -> None:
         if commit_every not in ("round", "end"):
             raise ValueError(f'commit_every must be "round" or "end", got {commit_every!r}')
+        self.budget = budget
+        self.watch_interval = watch_interval
+        self.hang_grace = hang_grace
         self.output = output
         self.commit_every = commit_every
         self.stall_after = stall_after
@@ -454,6 +479,7 @@ class SourcePipeline:
             if self.commit_every == "round" and not len(book.table.pending()):
                 self._commit_acked()
             book.write_dead_letters(self.dead_letters, lambda dead: self._dead_payloads(df, dead))
+            self._check_budget()
             due = book.due_replays()
             if len(due):
                 idents, attempts = book.table.idents[due], book.table.attempts[due] + 1
@@ -478,21 +504,33 @@ class SourcePipeline:
         ok = True
         stop: JobError | None = None
         self._publish(in_job=True, round_no=round_no, first_read=rows.mode != "select")
+        group, watch, tally, hung = self._round_watch(round_no, rows)
         try:
-            result = job(tracked)
-            if self.output is not None:
-                self._stage(result, round_no)
+            with group, watch:
+                result = job(tracked)
+                if self.output is not None:
+                    self._stage(result, round_no)
         except OutputNotReturned:
             raise  # the job is wrong, not unlucky: a replay would fail the same way
         except Exception as err:  # noqa: BLE001 - any job failure is handled the same way
             ok = False
-            self.stats.job_errors += 1
-            self._failed_jobs += 1
-            self._last_error = err
             error = job_error(err)
             stop = error if error.configuration else None
-            if stop is None:
-                log.warning("round %d's Spark job failed; its unfinished records will be replayed: %s", round_no, error)
+            if watch.verdict is None:  # a job the watch cancelled did not fail: the run stops below
+                self.stats.job_errors += 1
+                self._failed_jobs += 1
+                self._last_error = err
+                if stop is None:
+                    log.warning(
+                        "round %d's Spark job failed; its unfinished records will be replayed: %s", round_no, error
+                    )
+        finally:
+            if hung is not None:
+                self._feed.taps.remove(hung.observe)
+        job_ended = self.clock()
+        if isinstance(watch.verdict, HungRound):
+            ok = False  # the round did not finish: what it did not read is read by the next one
+            log.warning("round %d: %s", round_no, watch.verdict)
         self.stats.jobs += 1
         if ok:
             self._failed_jobs = 0
@@ -501,6 +539,8 @@ class SourcePipeline:
         self._publish(in_job=False, round_no=round_no)
         self._book.start_deadline(round_no, backstop)
         self._collect_commit_errors()
+        if isinstance(watch.verdict, BudgetExceeded):
+            self._stop_round(df, round_no, watch, tally, job_ended)
         if not ok:
             self._book.fail_round(self.cluster, round_no)
             if stop is not None:
@@ -515,6 +555,78 @@ class SourcePipeline:
                 )
             self._probe_shards()
         return ok
+
+    # -- checks while a round's job runs ----------------------------------------------
+
+    def _round_watch(
+        self, round_no: int, rows: RoundFilter
+    ) -> tuple[JobGroup, RoundWatch, RoundTally | None, HungRoundCheck | None]:
+        """The round's job group and its watch: the failure budget (the executors' files) and a hung task.
+
+        The hung-task check observes the outcome feed from now on; the caller
+        removes it from the feed's taps once the job has returned.
+        """
+        group = JobGroup(self.spark, f"{self._manifest.name}-r{round_no}", f"acker round {round_no}")
+        checks: list[Check] = []
+        tally = None
+        if self.budget is not None:
+            book, budget, tally = self._book, self.budget, self._book.round_tally(round_no, rows)
+            checks.append(lambda: book.budget_error(budget, tally))
+        hung = None
+        if self.hang_grace is not None:
+            hung = HungRoundCheck(self.checkpoint.path, round_no, self.clock, self.hang_grace)
+            self._feed.taps.append(hung.observe)
+            checks.append(hung)
+        clear_stop(self.checkpoint.path)  # a stopped round's marker must not stop this one
+
+        def cancel() -> None:
+            request_stop(self.checkpoint.path, f"round {round_no}: {type(watch.verdict).__name__}")  # tasks, per batch
+            group.cancel()  # and Spark, for tasks not running a bolt or reader that looks
+
+        watch = RoundWatch(checks, cancel, clock=self.clock, interval=self.watch_interval)
+        return group, watch, tally, hung
+
+    def _stop_round(
+        self, df: Any, round_no: int, watch: RoundWatch, tally: RoundTally | None, job_ended: float
+    ) -> None:
+        """The watch cancelled the round's job: fail its unfinished trees, write the dead letters due, stop the run.
+
+        The trees the job left unfinished are failed at the ackers (their
+        records are replayed by the next run); the records it never read stay
+        unread in the checkpoint. What is settled now is dead-lettered, so the
+        error names real records; the rest settles on the next run.
+        """
+        book = self._book
+        book.fail_round(self.cluster, round_no)
+        verdict: BudgetExceeded = watch.verdict
+        assert self.budget is not None and tally is not None, "the budget is the only check that stops a round"
+        # How far past its bound the round went: what its tasks had failed for good when the job stopped.
+        seen = book.dead_count + tally.failed_for_good()  # the letters of this round are not written yet
+        allowed = self.budget.allowed(verdict.read)
+        dead_past = max(0, seen - allowed) if allowed is not None else 0
+        book.settle_feed()
+        book.write_dead_letters(self.dead_letters, lambda dead: self._dead_payloads(df, dead))
+        # The counts: the tasks' (outcomes may still be on their way) or the book's, whichever saw more;
+        # the examples: the dead letters' (they name record keys), else the executors' causes.
+        dead, read = max(seen, book.dead_count), max(verdict.read, book.read_count)
+        causes = book.dead_causes.top() if len(book.dead_causes) else verdict.causes
+        error = self.budget.error(dead, read, causes)
+        error.read_after = max(0, book.read_count - verdict.read)  # records read after the budget was seen passed
+        error.seconds_after = max(0.0, job_ended - (watch.decided_at or job_ended))  # until the job had stopped
+        error.dead_past = dead_past
+        book.fill_stats(self.stats)
+        error.stats = self.stats
+        raise error
+
+    def _check_budget(self) -> None:
+        """Between rounds: stop the run if the records dead-lettered so far are past the budget."""
+        if self.budget is None:
+            return
+        error = self._book.budget_error(self.budget)
+        if error is not None:
+            self._book.fill_stats(self.stats)
+            error.stats = self.stats
+            raise error
 
     def _frame(self, df: Any, round_no: int, filter_path: str, *, peek: bool) -> Any:
         source = self.spec.with_columns(df)

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..round_stop import StopCheck
 from ..steps.frames import TRACKING_COLUMN
 from .emission_log import EmissionWriter, read_filter
 from .identity import (
@@ -111,8 +112,10 @@ class SourceReader:
         # Each tree's record as text, for operators (acker-ctl top --checkpoint): a root names no record.
         key_writer = KeyWriter(writer.path) if writer is not None else None
         state = _LineState()
+        stop = StopCheck(self.checkpoint if not self.peek else None)  # the driver stopped the round: read no more
         try:
             for batch in batches:
+                stop()
                 idents, positions = self._idents(batch, state)
                 keep, attempts = rows.apply(idents)
                 if not keep.any():

@@ -91,6 +91,7 @@ class StreamPlanner:
             raise NotADirectoryError(f"stream source directory {self.directory} does not exist or is not a directory")
         self.checkpoint = Checkpoint(options.checkpoint)
         self.policy = options.policy
+        self.budget = options.budget
         self.dead_letters = DeadLetterStore(options.database)
         self.files: list[SourceFile] = []
         self._names: set[str] = set()
@@ -342,6 +343,10 @@ class StreamPlanner:
         self.book.settle_feed(keep_strays=False)
         self.book.expire()
         self.book.write_dead_letters(self.dead_letters, self._dead_payloads)
+        if self.budget is not None:  # the query fails with the error naming the top causes
+            error = self.book.budget_error(self.budget)
+            if error is not None:
+                raise error
         self.book.compact()
 
     def _dead_payloads(self, dead: np.ndarray) -> list[DeadLetterRow]:

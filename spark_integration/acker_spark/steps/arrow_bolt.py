@@ -35,6 +35,7 @@ from acker_protocol.credentials import ChannelSecurity
 
 from ..causes import CauseWriter, task_checkpoint
 from ..job_errors import POISON_ERRORS, job_error
+from ..round_stop import StopCheck
 from ..session import spark_context_of
 from .arrow_collector import ArrowCollector
 from .frames import TRACKING_COLUMN, PairColumn, decode_ids, require_tracking_column, tracked_schema
@@ -175,9 +176,11 @@ class ArrowBolt(TrackedStep):
         checkpoint = task_checkpoint() if self.tracking else None
         keeper = self.start_leases(client, (partition, task_attempt), checkpoint) if client is not None else None
         causes = CauseWriter(checkpoint, f"{self.uid:016x}-p{partition}-t{task_attempt}") if checkpoint else None
+        stop = StopCheck(checkpoint)  # the pipeline stopped the round (failure budget): end before the next batch
         try:
             try:
                 for batch in batches:
+                    stop()
                     yield from self._process(batch, collector, keeper)
                     if self.tracking and self.commit_every == "batch":
                         # Its output was taken downstream: the batch's work is done.

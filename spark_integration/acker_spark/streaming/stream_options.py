@@ -8,6 +8,7 @@ from typing import Any
 
 from acker_protocol.credentials import ChannelSecurity
 
+from ..budget import FailureBudget
 from ..replay_policy import ReplayPolicy
 
 __all__ = ["StreamOptions"]
@@ -28,6 +29,9 @@ class StreamOptions:
     partitions: int = 2
     policy: ReplayPolicy = ReplayPolicy()
     spout_timeout: float | None = None
+    budget: FailureBudget | None = (
+        FailureBudget()
+    )  # options failure_budget (a fraction, or "off"), failure_budget_records
     security: ChannelSecurity | None = None  # options tls_ca, tls_cert, tls_key, token_file, server_name
 
     @classmethod
@@ -66,12 +70,25 @@ class StreamOptions:
             partitions=max(1, _int(opts, "partitions", 2)),
             policy=policy,
             spout_timeout=_float(opts, "spout_timeout", None) if "spout_timeout" in opts else None,
+            budget=_budget(opts),
             security=_security(opts),
         )
         for key in ("max_pending", "max_bytes_per_batch", "split_bytes"):
             if getattr(parsed, key) < 1:
                 raise ValueError(f"option {key!r} must be at least 1, got {getattr(parsed, key)}")
         return parsed
+
+
+def _budget(opts: Mapping[str, str]) -> FailureBudget | None:
+    """The stream's failure budget: ``failure_budget`` (a fraction, default 0.05, or "off") and ``failure_budget_records``."""
+    fraction = opts.get("failure_budget", "0.05").strip().lower()
+    records = _int(opts, "failure_budget_records", 0) if "failure_budget_records" in opts else None
+    if fraction in ("off", "none", "") and records is None:
+        return None
+    try:
+        return FailureBudget(fraction=None if fraction in ("off", "none", "") else float(fraction), records=records)
+    except ValueError as err:
+        raise ValueError(f'option "failure_budget": {err}') from err
 
 
 def _security(opts: Mapping[str, str]) -> ChannelSecurity | None:

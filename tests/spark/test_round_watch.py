@@ -1,0 +1,123 @@
+"""The round watch and the running round's tally, without Spark: checks, the cancel, and what the files say.
+
+The failure budget of SourcePipeline is checked while a round's job runs, from
+the files its tasks write (the emission log, the causes); these tests write
+those files as the executors would and drive the watch by hand with an
+injected clock.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from acker_client.testing import ManualClock
+from acker_spark.budget import FailureBudget
+from acker_spark.causes import CauseWriter
+from acker_spark.executor_read.book import ReplayBook
+from acker_spark.executor_read.checkpoint import Checkpoint
+from acker_spark.executor_read.emission_log import EmissionWriter, RoundFilter
+from acker_spark.executor_read.identity import derive_roots
+from acker_spark.executor_read.round_watch import RoundWatch
+from acker_spark.replay_policy import ReplayPolicy
+
+SALT = 7
+POLICY = ReplayPolicy(max_attempts=2)
+ALL = RoundFilter("all", np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint16))
+
+
+def test_the_first_verdict_cancels_once_and_is_kept_with_its_time() -> None:
+    clock = ManualClock()
+    cancels: list[str] = []
+    verdicts: list[str | None] = [None, "past the budget"]
+    watch = RoundWatch([lambda: verdicts.pop(0)], lambda: cancels.append("cancel"), clock=clock)
+    assert watch.tick() is None and not cancels
+    clock.advance(0.3)
+    assert watch.tick() == "past the budget" and watch.decided_at == clock()
+    assert watch.tick() == "past the budget" and cancels == ["cancel"]  # checks stop; one cancel
+
+
+def test_without_checks_no_thread_runs_and_nothing_is_cancelled() -> None:
+    with RoundWatch([], lambda: (_ for _ in ()).throw(AssertionError("cancelled"))) as watch:
+        pass
+    assert watch.verdict is None
+
+
+def write_round(
+    checkpoint: Path, round_no: int, idents: np.ndarray, attempt: int, partition: int, task: int = 0
+) -> np.ndarray:
+    """What one task attempt of a round writes to the emission log; returns the roots it started."""
+    attempts = np.full(len(idents), attempt, dtype=np.uint16)
+    roots = derive_roots(SALT, idents, attempts)
+    writer = EmissionWriter(checkpoint, round_no, partition, task)
+    writer.write(roots, idents, attempts)
+    writer.close()
+    return roots
+
+
+def test_the_tally_counts_reads_and_poison_failures_as_the_tasks_write_them(tmp_path: Path) -> None:
+    """200 records read by two tasks (one re-run), 12 ValueErrors and 3 TimeoutErrors: 12 failed for good."""
+    book = ReplayBook(Checkpoint(tmp_path / "cp"), SALT, POLICY, ManualClock())
+    tally = book.round_tally(0, ALL)
+    budget = FailureBudget()  # 5% from 100 read
+    assert book.budget_counts(tally) == (0, 0) and book.budget_error(budget, tally) is None
+    first = write_round(book.checkpoint.path, 0, np.arange(1, 101, dtype=np.uint64), 1, partition=0)
+    write_round(book.checkpoint.path, 0, np.arange(1, 101, dtype=np.uint64), 1, partition=0, task=1)  # a re-run
+    second = write_round(book.checkpoint.path, 0, np.arange(101, 201, dtype=np.uint64), 1, partition=1)
+    causes = CauseWriter(book.checkpoint.path, "bolt-p0-t0")
+    causes.write(
+        {int(r): f"ValueError: bad amount in record {i} (at job.py:3 in parse)" for i, r in enumerate(first[:5])}
+    )
+    causes.write({int(r): "TimeoutError: pricing service (at job.py:9 in call)" for r in second[:3]})
+    assert book.budget_counts(tally) == (5, 200) and book.budget_error(budget, tally) is None  # 5 of 200: within
+    causes.write({int(r): "ValueError: bad amount (at job.py:3 in parse)" for r in second[10:17]})
+    causes.close()
+    error = book.budget_error(budget, tally)
+    assert error is not None and (error.dead, error.read) == (12, 200)
+    assert [(c.kind, c.count) for c in error.causes] == [("ValueError", 12)]  # timeouts are retried: not dead
+    assert error.causes[0].example_cause.startswith("ValueError: bad amount in record 0")
+
+
+def test_a_replay_round_counts_every_failure_on_a_last_attempt_and_no_first_reads(tmp_path: Path) -> None:
+    book = ReplayBook(Checkpoint(tmp_path / "cp"), SALT, POLICY, ManualClock())
+    idents = np.arange(1, 11, dtype=np.uint64)
+    rows = RoundFilter("select", idents, np.full(10, 2, dtype=np.uint16))  # their last attempt (max_attempts=2)
+    tally = book.round_tally(3, rows)
+    roots = write_round(book.checkpoint.path, 3, idents, 2, partition=0)
+    causes = CauseWriter(book.checkpoint.path, "bolt-p0-t1")
+    causes.write({int(r): "TimeoutError: pricing service" for r in roots[:4]})
+    causes.close()
+    assert book.budget_counts(tally) == (4, 0)
+
+
+def test_a_round_hangs_once_every_tree_ended_one_failed_from_outside_and_none_started_for_the_grace(
+    tmp_path: Path,
+) -> None:
+    from acker_protocol.wire import Outcome
+    from acker_spark.executor_read.hung_round import HungRound, HungRoundCheck
+
+    clock = ManualClock()
+    checkpoint = tmp_path / "cp"
+    acked = np.full(9, int(Outcome.ACKED), dtype=np.int8)
+    failed = np.full(1, int(Outcome.FAILED), dtype=np.int8)
+    # Round 0: its last tree failed by the job's own bolt (a cause written): no hang.
+    check = HungRoundCheck(checkpoint, 0, clock, grace=2.0)
+    roots = write_round(checkpoint, 0, np.arange(1, 11, dtype=np.uint64), 1, partition=0)
+    check.observe(roots[:9], acked)
+    clock.advance(5.0)
+    assert check() is None  # one tree still pending: the job is working on it
+    causes = CauseWriter(checkpoint, "bolt-p0-t0")
+    causes.write({int(roots[9]): "ValueError: bad"})
+    causes.close()
+    check.observe(roots[9:], failed)
+    assert check() is None
+    # Round 1: its last tree failed at the acker (no cause): the job runs on for nothing.
+    check = HungRoundCheck(checkpoint, 1, clock, grace=2.0)
+    roots = write_round(checkpoint, 1, np.arange(21, 31, dtype=np.uint64), 1, partition=0)
+    check.observe(roots[:9], acked)
+    check.observe(roots[9:], failed)
+    assert check() is None  # it just saw the emission log: the grace starts now
+    clock.advance(2.0)
+    assert check() == HungRound(1, 10, 1)
+    write_round(checkpoint, 1, np.arange(31, 33, dtype=np.uint64), 1, partition=1)  # a task still reads
+    assert check() is None
