@@ -370,6 +370,9 @@ class SourcePipeline:
             log_interval=self.log_interval,
             progress=self.progress,
             progress_file_interval=self.progress_file_interval,
+            budget=self.budget,
+            watch_interval=self.watch_interval,
+            hang_grace=self.hang_grace,
         )
 
     def _source_frame(self, source: Any, key: str | None) -> tuple[Any, str | None, dict[str, Any] | None]:
