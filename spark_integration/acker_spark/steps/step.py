@@ -26,7 +26,6 @@ from acker_client.shared import close_shared_clients, shared_client
 from acker_protocol.credentials import ChannelSecurity
 from acker_protocol.wire import owners_without_replica
 
-from ..task_roots import ReaderTrees
 from .ids import dedup_key
 from .layout import check_layout
 from .leases import LEASE_FRACTION, LeaseKeeper, check_seconds, cluster_timeouts
@@ -217,6 +216,9 @@ class TrackedStep:
         cap = self.lease_cap if self.lease_cap is not None else (learned.max_tree_lifetime if learned else None)
         keeper = LeaseKeeper(client.reset_timeout_columns, timeout * LEASE_FRACTION, cap=cap)
         if task is not None and checkpoint is not None:
+            # Imported here: it reads Arrow files, and an RDD bolt's executors need not have pyarrow.
+            from ..task_roots import ReaderTrees
+
             keeper.add_source(ReaderTrees(checkpoint, *task).new_roots)
         return keeper.start()
 
