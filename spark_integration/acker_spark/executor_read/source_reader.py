@@ -6,7 +6,9 @@ Per Arrow batch it hashes each record's identity, keeps the rows the round
 reads (all of them, or the replays with their attempt numbers), and starts
 their trees (:func:`~acker_spark.executor_read.tree_start.start_trees`: roots derived from
 (run, identity, attempt), logged to the task attempt's emission file, then
-initialised with ``init_columns``). A re-run or speculative attempt derives the same roots and
+initialised with ``init_columns``, sent by a thread of the task while it reads on,
+:class:`~acker_spark.executor_read.init_sender.InitSender`; the task ends only once
+they are all applied). A re-run or speculative attempt derives the same roots and
 re-sends the same set-once inits, which the ackers ignore for trees still
 pending. The rows go on with ``_record_key`` (the identity as text),
 ``_attempt`` and ``_acker_ids``, ready for the job's bolts.
@@ -34,6 +36,7 @@ from .identity import (
     hash_key_column,
     hash_strings,
 )
+from .init_sender import InitSender
 from .record_keys import KeyWriter
 from .tree_start import start_trees
 
@@ -102,12 +105,13 @@ class SourceReader:
         """Read, filter, log and init each batch, then yield it with the tracking columns; flush the inits at the end."""
         rows = read_filter(self.filter_path)
         tracking = self.addresses is not None and not self.peek
-        client = None
+        inits = None
         if tracking:
             from ..steps.step import client_for
 
             assert self.addresses is not None
-            client = client_for(self.addresses, self.security, **self.client_options)
+            # Inits go out on a thread of the task while it reads on; the log is still written first.
+            inits = InitSender(client_for(self.addresses, self.security, **self.client_options))
         writer = EmissionWriter(self.checkpoint, self.round_no, partition, task_attempt) if not self.peek else None
         # Each tree's record as text, for operators (acker-ctl top --checkpoint): a root names no record.
         key_writer = KeyWriter(writer.path) if writer is not None else None
@@ -127,13 +131,17 @@ class SourceReader:
                 if self.peek:  # read only: the identity hash names the record, no tree is started
                     yield self._output(batch, keys, attempts, IDENT_COLUMN, pa.array(idents.view(np.int64)))
                     continue
-                trees = start_trees(self.salt, idents, attempts, log=writer, client=client, spout=self.spout)
+                trees = start_trees(self.salt, idents, attempts, log=writer, client=inits, spout=self.spout)
                 if key_writer is not None:
                     key_writer.write(trees.roots, keys)
                 yield self._output(batch, keys, attempts, TRACKING_COLUMN, trees.ids)
-            if client is not None:
-                client.flush()  # a shard that cannot be reached fails the task: Spark retries it
+            if inits is not None:
+                # The task ends only once every init was applied; one that could not be
+                # delivered fails the task, and Spark retries it.
+                inits.flush()
         finally:
+            if inits is not None:
+                inits.close()  # after a flush a no-op; else the task is failing: drop what is left
             if writer is not None:
                 writer.close()
             if key_writer is not None:

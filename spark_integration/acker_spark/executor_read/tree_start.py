@@ -12,7 +12,10 @@ same four steps, in this order:
 3. append the roots to the task attempt's emission log, *before* the ackers
    hear of the trees: a tree the driver cannot find in the log would never be
    settled or replayed;
-4. send the set-once inits column-wise (``init_columns``).
+4. send the set-once inits column-wise (``init_columns``), or hand them to
+   whatever sends them: the source reader passes an
+   :class:`~acker_spark.executor_read.init_sender.InitSender`, whose thread
+   sends them while the task reads on (the log is written all the same).
 
 The rows then carry the ``_acker_ids`` column (:mod:`acker_spark.steps.frames`) that
 anchors each to its tree.
@@ -53,7 +56,9 @@ def start_trees(
 ) -> StartedTrees:
     """Start the trees of deliveries ``(idents[i], attempts[i])``: roots, first edges, emission log, inits, ids.
 
-    ``client`` None runs the rows untracked: the same columns, logged, but no
+    ``client`` is anything with ``init_columns(roots, values, spout)``: a
+    cluster client, or an :class:`~acker_spark.executor_read.init_sender.InitSender`
+    in front of one. ``client`` None runs the rows untracked: the same columns, logged, but no
     init sent and an ``_acker_ids`` column that names no tree.
     """
     roots = derive_roots(salt, idents, attempts)
