@@ -30,6 +30,7 @@ from pyspark.sql.datasource import InputPartition
 
 from ..executor_read.emission_log import EmissionWriter, read_filter
 from ..executor_read.identity import UnstableIdentity
+from ..executor_read.init_sender import InitSender
 from ..executor_read.tree_start import start_trees
 
 __all__ = [
@@ -218,18 +219,20 @@ def read_partition(partition: ChunkPartition | ReplayPartition) -> Iterator[pa.R
 
     task = TaskContext.get()
     writer = EmissionWriter(ctx.checkpoint, ctx.round_no, partition.index, task.taskAttemptId() if task else 0)
-    client = client_for(ctx.addresses, ctx.security, **ctx.client_options)
+    # Inits go out on a thread of the task while it reads on; the emission log is still written first.
+    inits = InitSender(client_for(ctx.addresses, ctx.security, **ctx.client_options))
     keys = pc.binary_join_element_wise(pa.scalar(file.name + "@"), pc.cast(pa.array(offsets), pa.string()), "").cast(
         pa.string()
     )
     try:
         for lo in range(0, len(idents), _BATCH_ROWS):
             hi = min(lo + _BATCH_ROWS, len(idents))
-            trees = start_trees(ctx.salt, idents[lo:hi], attempts[lo:hi], log=writer, client=client, spout=ctx.spout)
+            trees = start_trees(ctx.salt, idents[lo:hi], attempts[lo:hi], log=writer, client=inits, spout=ctx.spout)
             yield pa.RecordBatch.from_arrays(
                 [keys[lo:hi], values[lo:hi], pa.array(attempts[lo:hi].astype(np.int32)), trees.ids],
                 schema=ARROW_SCHEMA,
             )
-        client.flush()  # a shard that cannot be reached fails the task: Spark retries it
+        inits.flush()  # the task ends once every init was applied; a shard that cannot be reached fails it
     finally:
+        inits.close()  # after a flush a no-op; else the task is failing: drop what is left
         writer.close()
