@@ -151,6 +151,8 @@ def _tree_columns(trees: list[dict[str, Any]], checkpoint: str | None) -> Sequen
         return _TREE_COLUMNS
     add_records(trees, checkpoint)
     return ("root", "record", "attempt", "round", *_TREE_COLUMNS[1:])
+
+
 def _move(args: argparse.Namespace, addresses: list[str], security: ChannelSecurity | None) -> tuple[Any, str]:
     """reshard / drain: (JSON-ready result, its text)."""
     if args.command == "drain":

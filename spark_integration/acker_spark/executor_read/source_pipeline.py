@@ -54,11 +54,11 @@ from ..job_errors import JobError, job_error
 from ..job_group import JobGroup
 from ..output import FileOutput, Output, OutputCommits, OutputStager, TableOutput
 from ..output.stager import stager_schema
-from ..redrive import Redrive, RedriveReport
 from ..progress_display import ProgressMode, ProgressReporter, resolve_mode
+from ..redrive import Redrive, RedriveReport
 from ..replay_policy import ReplayPolicy
-from ..run_progress import Baseline, Live, ProgressMeter
 from ..round_stop import clear_stop, request_stop
+from ..run_progress import Baseline, Live, ProgressMeter
 from ..run_report import AcksUndelivered, RunStopped, ShardDown, SourceStats
 from ..session import default_parallelism, spark_context_of
 from ..shard_watch import ProgressLine, ShardWatch
