@@ -40,6 +40,7 @@ __all__ = [
     "KEY",
     "VALUE",
     "DuplicateIdentity",
+    "fsync_path",
     "is_dataframe",
     "text_frame",
     "write_records",
@@ -108,10 +109,10 @@ def write_records(records: Iterable[Any], folder: Path, files: int, *, chunk_row
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for name in os.listdir(tmp):
-        _fsync(tmp / name)
+        fsync_path(tmp / name)
     shutil.rmtree(folder, ignore_errors=True)  # a copy a driver wrote before dying, with no manifest naming it
     os.replace(tmp, folder)
-    _fsync(folder.parent)
+    fsync_path(folder.parent)
     return total
 
 
@@ -203,7 +204,8 @@ def _check_unique(hashes: list[np.ndarray]) -> None:
         )
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file or a folder (after a rename in it) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

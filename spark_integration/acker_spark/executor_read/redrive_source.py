@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from ..dead_letter import DeadLetterStore
 from ..redrive import RedriveChunk
+from .memory_source import fsync_path
 
 __all__ = ["DEAD_LETTER_KEY", "SourceChunks", "payload_table"]
 
@@ -89,15 +90,15 @@ def write_rows(table: pa.Table, column: str, folder: Path, files: int) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     (tmp / KEY_FILE).write_text(column)
-    _fsync(tmp / KEY_FILE)
+    fsync_path(tmp / KEY_FILE)
     files = max(1, min(files, table.num_rows))
     step = -(-table.num_rows // files) if table.num_rows else 1
     for part in range(files):
         path = tmp / f"part-{part:05d}.parquet"
         pq.write_table(table.slice(part * step, step), str(path))
-        _fsync(path)
+        fsync_path(path)
     os.replace(tmp, folder)
-    _fsync(folder.parent)
+    fsync_path(folder.parent)
 
 
 class SourceChunks:
@@ -152,11 +153,3 @@ def _cast(df: Any, schema: Any) -> Any:
         raise ValueError(f"schema={schema!r} is not a list of columns (e.g. 'amount double, day date')")
     types = {f.name: f.dataType.simpleString() for f in struct.fields}
     return df.selectExpr(*(f"CAST(`{c}` AS {types[c]}) AS `{c}`" if c in types else f"`{c}`" for c in df.columns))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
