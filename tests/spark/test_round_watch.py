@@ -90,7 +90,7 @@ def test_a_replay_round_counts_every_failure_on_a_last_attempt_and_no_first_read
     assert book.budget_counts(tally) == (4, 0)
 
 
-def test_a_round_hangs_once_every_tree_ended_one_failed_from_outside_and_none_started_for_the_grace(
+def test_a_round_hangs_once_one_tree_failed_from_outside_and_none_started_or_ended_for_the_grace(
     tmp_path: Path,
 ) -> None:
     from acker_protocol.wire import Outcome
@@ -121,3 +121,16 @@ def test_a_round_hangs_once_every_tree_ended_one_failed_from_outside_and_none_st
     assert check() == HungRound(1, 10, 1)
     write_round(checkpoint, 1, np.arange(31, 33, dtype=np.uint64), 1, partition=1)  # a task still reads
     assert check() is None
+    # Round 2: the hung task's record failed at the acker, the rows it read behind it still
+    # pending (its bolts lease them): the round hangs all the same once nothing moves.
+    check = HungRoundCheck(checkpoint, 2, clock, grace=2.0)
+    roots = write_round(checkpoint, 2, np.arange(41, 51, dtype=np.uint64), 1, partition=0)
+    assert check() is None  # the emission log seen: the grace starts now
+    check.observe(roots[:5], acked[:5])
+    check.observe(roots[5:6], failed)
+    clock.advance(1.5)
+    check.observe(roots[6:7], acked[:1])  # a tree still ends: the job is working
+    clock.advance(1.5)
+    assert check() is None
+    clock.advance(0.5)
+    assert check() == HungRound(2, 10, 1)

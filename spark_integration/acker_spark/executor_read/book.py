@@ -333,7 +333,12 @@ class ReplayBook:
         """``(dead, read)`` of this run so far, with what the running round's ``tally`` saw (watch thread)."""
         if tally is None:
             return self.dead_count, self.read_count
-        return self.dead_count + tally.failed_for_good(), self.read_count + tally.read()
+        dead = self.dead_count + tally.failed_for_good()
+        if not dead:
+            # No budget is past with nothing dead: skip counting the round's emission files (the
+            # watch asks ten times a second, and a healthy run has no dead records to weigh).
+            return 0, self.read_count
+        return dead, self.read_count + tally.read()
 
     def budget_error(self, budget: FailureBudget, tally: RoundTally | None = None) -> BudgetExceeded | None:
         """The error that stops the run if it is past ``budget`` (None if not), naming the top causes."""

@@ -1,16 +1,20 @@
-"""The hung-round rule: a round's job that runs on after every tree it started has ended, some failed from outside.
+"""The hung-round rule: a round's job that runs on, quiet, after some of its trees were failed from outside.
 
 A record can hang its task (a call that never returns). Failing its tree
 (``acker-ctl fail``, or a per-record time limit) ends the tree, but the Spark
 job waits for the hung task for as long as it hangs. :class:`HungRoundCheck`,
 one of the round watch's checks, says when such a round must be cancelled:
 
-- every tree the round's tasks started (its emission log so far) has an outcome
-  (the outcome feed's tap),
-- at least one of them FAILED from outside the job: no executor wrote a cause
-  for it (a force-fail at the acker), or its cause is a time limit's
+- at least one tree the round's tasks started (its emission log so far)
+  FAILED from outside the job: no executor wrote a cause for it (a
+  force-fail at the acker), or its cause is a time limit's
   (``time_limit_errors``),
-- and no new tree was started for ``grace`` seconds (a task still reading is not hung).
+- and for ``grace`` seconds no tree was started (a task still reading is not
+  hung) and none ended (a task still acking is not hung either).
+
+Trees of the round may still be pending: the rows a hung task read behind its
+hung record are leased by that task's bolts (``acker_spark.task_roots``), so
+they neither time out nor end until the task does.
 
 The driver then cancels the round's job; the failed records are replayed or
 dead-lettered by the policy as after any failed job, and the records the round
@@ -42,7 +46,7 @@ _FAILED = int(Outcome.FAILED)
 
 @dataclass(frozen=True)
 class HungRound:
-    """The verdict: ``started`` trees, all ended, ``failed`` of them failed from outside, and the job runs on."""
+    """The verdict: ``started`` trees, ``failed`` of them failed from outside, none started or ended for a while."""
 
     round_no: int
     started: int
@@ -50,8 +54,8 @@ class HungRound:
 
     def __str__(self) -> str:
         return (
-            f"every one of the {self.started} trees round {self.round_no} started has ended ({self.failed} failed"
-            " by acker-ctl fail or a time limit) but its job still runs: a task hangs; cancelling it"
+            f"round {self.round_no} started {self.started} trees, {self.failed} of them failed by acker-ctl fail or"
+            " a time limit, and none started or ended since, but its job still runs: a task hangs; cancelling it"
         )
 
 
@@ -74,29 +78,25 @@ class HungRoundCheck:
         self.time_limit_errors = time_limit_errors
         self.causes = CauseReader(checkpoint)
         self._lock = threading.Lock()
-        self._ended: list[np.ndarray] = []
         self._failed: list[np.ndarray] = []
         self._sizes: tuple[tuple[str, int], ...] = ()
         self._started = np.zeros(0, dtype=np.uint64)
         self._changed = clock()
 
     def observe(self, roots: np.ndarray, outcomes: np.ndarray) -> None:
-        """The outcome feed's tap: remember which roots ended, and which of them FAILED."""
+        """The outcome feed's tap: note that trees still end, and remember which of them FAILED."""
         with self._lock:
-            self._ended.append(roots)
             self._failed.append(roots[outcomes == _FAILED])
+            self._changed = self.clock()  # trees still end: the job is not hung
 
     def __call__(self) -> HungRound | None:
-        """The verdict if the round hangs on trees that already ended, else None."""
+        """The verdict if the round hangs after some of its trees were failed from outside, else None."""
         started = self._started_roots()
-        if not len(started) or self.clock() - self._changed < self.grace:
-            return None
         with self._lock:
-            ended = np.unique(np.concatenate(self._ended)) if self._ended else started[:0]
+            if not len(started) or self.clock() - self._changed < self.grace:
+                return None
             failed = np.unique(np.concatenate(self._failed)) if self._failed else started[:0]
-            self._ended, self._failed = [ended], [failed]
-        if not np.isin(started, ended).all():
-            return None
+            self._failed = [failed]
         causes = self.causes.refresh()
         outside = [
             r
@@ -114,5 +114,6 @@ class HungRoundCheck:
         if sizes != self._sizes:
             self._sizes = sizes
             self._started = read_round(self.checkpoint, self.round_no).roots
-            self._changed = self.clock()
+            with self._lock:
+                self._changed = self.clock()
         return self._started
