@@ -105,6 +105,23 @@ _FLAGS = (
     _Flag("metrics_tls_key", _optional_path, "PEM private key of --metrics-tls-cert"),
     _Flag("metrics_tls_client_ca", _optional_path, "PEM CA bundle: require scrapers' certificates it signed"),
     _Flag(
+        "peer_tls_ca",
+        _optional_path,
+        "PEM CA bundle that signed the other ackers' certificates, for the handoffs of a layout change "
+        "(default: --tls-client-ca, else the system's roots)",
+    ),
+    _Flag(
+        "peer_tls_cert",
+        _optional_path,
+        "PEM client certificate this acker presents to the other ackers under mutual TLS (default: --tls-cert)",
+    ),
+    _Flag("peer_tls_key", _optional_path, "PEM private key of --peer-tls-cert"),
+    _Flag(
+        "peer_server_name",
+        _optional_path,
+        "name to check the other ackers' certificates against instead of the host of their layout address",
+    ),
+    _Flag(
         "auth_tokens", _optional_path, "file of 'name sha256-hex' lines, the accepted bearer tokens; reloaded on SIGHUP"
     ),
     _Flag(

@@ -54,6 +54,11 @@ class ServerConfig:
     metrics_tls_cert: str | None = None
     metrics_tls_key: str | None = None
     metrics_tls_client_ca: str | None = None
+    # Calls to the other ackers (handoffs of a layout change; acker_service.peers). None = derived from the above.
+    peer_tls_ca: str | None = None  # CA of the other ackers' certificates (default: tls_client_ca, else system roots)
+    peer_tls_cert: str | None = None  # client certificate for peers under mTLS (default: tls_cert)
+    peer_tls_key: str | None = None
+    peer_server_name: str | None = None  # name to check the peers' certificates against instead of their host
     auth_tokens: str | None = None  # file of "name sha256-hex" lines
     auth_policy: str | None = None  # TOML: principals and their rights
     engine: str = "native"
@@ -165,6 +170,7 @@ def _security_problems(c: ServerConfig) -> list[str]:
         for path in (cert, key, ca):
             if path is not None and not os.path.isfile(path):
                 problems.append(f"{path} is not a readable file")
+    problems += _peer_problems(c)
     if c.auth_tokens is not None and c.tls_cert is None:
         problems.append(
             "--auth-tokens needs --tls-cert and --tls-key: bearer tokens must not cross the network in clear"
@@ -174,6 +180,21 @@ def _security_problems(c: ServerConfig) -> list[str]:
     if c.auth_policy is not None and c.auth_tokens is None and c.tls_client_ca is None:
         problems.append("--auth-policy needs a way to identify clients: --auth-tokens and/or --tls-client-ca")
     for path in (c.auth_tokens, c.auth_policy):
+        if path is not None and not os.path.isfile(path):
+            problems.append(f"{path} is not a readable file")
+    return problems
+
+
+def _peer_problems(c: ServerConfig) -> list[str]:
+    """Settings for calls to the other ackers: only with TLS on, the certificate with its key."""
+    problems = []
+    given = [name for name in ("peer_tls_ca", "peer_tls_cert", "peer_tls_key", "peer_server_name") if getattr(c, name)]
+    if given and c.tls_cert is None:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        problems.append(f"{flags} secure calls to the other ackers, which are plaintext without --tls-cert/--tls-key")
+    if (c.peer_tls_cert is None) != (c.peer_tls_key is None):
+        problems.append("--peer-tls-cert and --peer-tls-key go together: give both or neither")
+    for path in (c.peer_tls_ca, c.peer_tls_cert, c.peer_tls_key):
         if path is not None and not os.path.isfile(path):
             problems.append(f"{path} is not a readable file")
     return problems

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
-from acker_protocol import grpc_options
+from acker_protocol.credentials import ChannelSecurity
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from .handoff import MovedEntries
 from .layout import Layout
+from .peers import open_peer_channel
 
 __all__ = ["to_request", "from_request", "send_handoffs", "HANDOFF_DEADLINE", "HandoffFailed", "Chunk", "plan_handoffs"]
 
@@ -91,8 +92,16 @@ def plan_handoffs(moved: MovedEntries, layout: Layout) -> list[Chunk]:
     ]
 
 
-async def send_handoffs(chunks: list[Chunk], layout: Layout, metadata: tuple[tuple[str, str], ...] = ()) -> list[Chunk]:
+async def send_handoffs(
+    chunks: list[Chunk],
+    layout: Layout,
+    metadata: tuple[tuple[str, str], ...] = (),
+    security: ChannelSecurity | None = None,
+) -> list[Chunk]:
     """Send each chunk to its new owner; return the chunks not acknowledged (to be sent again by the next cut).
+
+    ``security``: how to reach the other ackers (:func:`acker_service.peers.peer_security`;
+    None: plaintext). ``metadata``: the caller's authorization, sent with each chunk.
 
     A chunk whose call failed may still have been merged (a lost answer): it is
     sent again unchanged, and its key makes the receiver acknowledge it without
@@ -106,7 +115,10 @@ async def send_handoffs(chunks: list[Chunk], layout: Layout, metadata: tuple[tup
         for chunk in chunks:
             address = layout.addresses[chunk.shard]
             if address not in channels:
-                channels[address] = grpc.aio.insecure_channel(address, options=grpc_options.client_options())
+                try:
+                    channels[address] = open_peer_channel(address, security)
+                except (OSError, ValueError) as exc:  # a peer TLS file went missing or is broken since the start
+                    raise HandoffFailed(f"cannot open a channel to {address}: {exc}; nothing was moved") from exc
             stub = acker_pb2_grpc.AckerStub(channels[address])
             request = to_request(layout.epoch, chunk.entries)
             request.chunk_key = chunk.key

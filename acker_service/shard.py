@@ -29,6 +29,7 @@ from .metrics import AckerMetrics
 from .operate import AGE_BUCKETS, check_oldest, check_roots
 from .outcome_columns import ColumnarResult, OutcomeColumns
 from .outcome_hub import OutcomeChunk, OutcomeHub
+from .peers import peer_security
 from .reshard import Chunk, HandoffFailed, plan_handoffs, send_handoffs
 from .tree_info import TreeInfo
 
@@ -278,7 +279,7 @@ class Shard:
             moved = self.ledger.export_moving(target.count, target.index)
             self._settle(OutcomeColumns.empty())  # refresh the pending gauge
             self._unsent += plan_handoffs(moved, target)
-            self._unsent = await send_handoffs(self._unsent, target, metadata)
+            self._unsent = await send_handoffs(self._unsent, target, metadata, peer_security(self.config))
         finally:
             self._cutting = False
         if self._unsent:

@@ -22,4 +22,5 @@ def pki(tmp_path_factory) -> SimpleNamespace:
         expired=ca.issue("orders-spout", expired=True),
         untrusted=rogue.issue("orders-spout"),
         folder=folder,
+        authority=ca,  # issues further certificates from the trusted CA
     )
