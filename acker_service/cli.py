@@ -26,6 +26,16 @@ def _optional_port(text: str) -> int | None:
     return None if text.strip().lower() in ("", "off", "none") else int(text)
 
 
+def _switch(text: str) -> bool:
+    """1/true/yes/on or 0/false/no/off (so an ACKER_* variable can turn an option on)."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected 1 or 0, got {text!r}")
+
+
 def _optional_path(text: str) -> str | None:
     """A file path, or '' for none (so an empty ACKER_* variable means off)."""
     return text or None
@@ -48,6 +58,12 @@ _FLAGS = (
         int,
         "replication factor, the same on every shard: 1, or 2 to keep every tree also on the next shard "
         "(an acker crash then replays nothing)",
+    ),
+    _Flag(
+        "join",
+        _switch,
+        "1: a --shard-index at or above --shard-count starts this acker outside the layout, owning no roots, "
+        "until acker-ctl reshard gives it a place (a pod added to a StatefulSet)",
     ),
     _Flag("message_timeout", float, "seconds a tree may stay pending before it times out"),
     _Flag("buckets", int, "RotatingMap buckets; trees expire within timeout + timeout/(buckets-1)"),

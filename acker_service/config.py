@@ -29,6 +29,9 @@ class ServerConfig:
     shard_index: int = 0
     shard_count: int = 1
     replicas: int = 1  # 2: every tree also lives on the next shard (see docs/acker-semantics.md)
+    # A shard index at or above the count starts the acker outside the layout, owning no roots,
+    # until `acker-ctl reshard` gives it a place (a StatefulSet pod added by scaling up).
+    join: bool = False
     message_timeout: float = 30.0
     buckets: int = 3
     # Progress timeouts (docs/operations.md): "progress" restarts a tree's timeout on every applied ack.
@@ -69,6 +72,11 @@ class ServerConfig:
             raise ConfigError("; ".join(problems))
 
     @property
+    def in_layout(self) -> bool:
+        """Whether the acker starts as a shard of the layout (False: joining, placed by a reshard)."""
+        return self.shard_index < self.shard_count
+
+    @property
     def effective_metrics_host(self) -> str:
         """The address the metrics HTTP server binds to."""
         return self.metrics_host if self.metrics_host is not None else self.host
@@ -88,9 +96,10 @@ def _problems(c: ServerConfig) -> list[str]:
         problems.append(f"port must be 0..65535 (0 = pick a free port), got {c.port}")
     if c.shard_count < 1:
         problems.append(f"shard count must be at least 1, got {c.shard_count}")
-    elif not 0 <= c.shard_index < c.shard_count:
+    elif c.shard_index < 0 or (c.shard_index >= c.shard_count and not c.join):
         problems.append(
             f"shard index must be 0..{c.shard_count - 1} for a shard count of {c.shard_count}, got {c.shard_index}"
+            + ("" if c.shard_index < 0 else " (--join 1 starts an acker outside the layout until a reshard places it)")
         )
     if not 1 <= c.replicas <= MAX_REPLICAS:
         problems.append(f"replicas must be 1 or {MAX_REPLICAS}, got {c.replicas}")

@@ -93,7 +93,8 @@ class Shard:
         )
         self.limits = Limits(config.shard_index, config.shard_count, config.max_batch, config.replicas)
         # Which roots are ours, and a layout change in progress (issue 29; see layout.py).
-        self.layout = LayoutMachine(Layout(0, config.shard_count, config.shard_index))
+        # A joining acker (--join, index >= count) starts outside the layout, as a drained one ends.
+        self.layout = LayoutMachine(Layout(0, config.shard_count, config.shard_index if config.in_layout else -1))
         self._unsent: list[Chunk] = []  # handoff chunks a cut could not deliver yet (sent again by the next cut)
         self._merged_chunks: set[int] = set()  # handoff chunk keys merged in the current change
         self._cutting = False
@@ -134,9 +135,13 @@ class Shard:
                 f"({self.layout.state}); nothing was applied, retry the same batch shortly"
             )
         if self.layout.current.index < 0:
+            place = (
+                f"left the cluster at layout epoch {self.layout.current.epoch}"
+                if self.layout.current.epoch or self.config.in_layout
+                else "joins the cluster and has no place until acker-ctl reshard gives it one"
+            )
             raise WrongShard(
-                f"this acker left the cluster at layout epoch {self.layout.current.epoch} and owns no roots; "
-                "ask Describe for the layout and send to the shards it names"
+                f"this acker {place} and owns no roots; ask Describe for the layout and send to the shards it names"
             )
         # Due trees collect in slices on the ticker, not in Apply's latency; a due
         # tree the batch touches still expires first (exactly one outcome).

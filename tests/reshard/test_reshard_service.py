@@ -30,9 +30,9 @@ TIMEOUT = 3.0  # incomplete trees time out within one window after the last move
 def servers():
     started: list[AckerServer] = []
 
-    def make(index: int, count: int) -> AckerServer:
+    def make(index: int, count: int, **more) -> AckerServer:
         config = ServerConfig(host="127.0.0.1", port=0, grace=0.5, shard_index=index, shard_count=count,
-                              message_timeout=TIMEOUT)  # fmt: skip
+                              message_timeout=TIMEOUT, **more)  # fmt: skip
         server = AckerServer(config)
         server.start()
         started.append(server)
@@ -141,3 +141,34 @@ def test_a_resent_handoff_chunk_is_merged_once(servers):
         assert _describe(a).pending_trees == 1
         done = stub.Apply(acker_pb2.ApplyRequest(kinds=[2], root_ids=[7], values=[5], spouts=["s"]), timeout=5)
         assert done.applied == 1 and _describe(a).pending_trees == 0, "merged once: one ack of 5 completes it"
+
+
+def test_a_joining_acker_owns_nothing_until_a_reshard_places_it(servers):
+    """--join with index = count (a pod added to a StatefulSet of the old count): refused Apply, then a shard after reshard."""
+    three = [servers(i, 3).address for i in range(3)]
+    joining = servers(3, 3, join=True).address
+    with grpc.insecure_channel(joining) as channel:
+        stub = acker_pb2_grpc.AckerStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Apply(acker_pb2.ApplyRequest(kinds=[1], root_ids=[3], values=[5], spouts=["s"]), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "until acker-ctl reshard gives it one" in refused.value.details()
+    with ClusterClient(three) as client:
+        for root in range(1, 101):
+            client.init(root, 5, "s")
+        client.flush()
+    moved = reshard(three, [*three, joining], None)
+    assert moved["to_shards"] == 4
+    placed = _describe(joining)
+    assert (placed.layout.shard_index, placed.layout.shard_count, placed.pending_trees) == (3, 4, 25)
+
+
+def test_join_is_needed_for_an_index_at_or_above_the_count():
+    """Without --join an index at or above the count is a mistake, refused with the way out; a negative one always."""
+    from acker_service.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--join 1 starts an acker outside the layout"):
+        ServerConfig(port=0, shard_index=3, shard_count=3)
+    with pytest.raises(ConfigError, match="shard index must be 0..2"):
+        ServerConfig(port=0, shard_index=-1, shard_count=3, join=True)
+    assert not ServerConfig(port=0, shard_index=3, shard_count=3, join=True).in_layout

@@ -231,3 +231,14 @@ def test_sigterm_delivered_to_another_thread_still_stops_the_server():
         [sys.executable, "-c", _SIGNAL_ON_ANOTHER_THREAD], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0 and "stopped" in done.stdout, done.stderr[-2000:]
+
+
+def test_join_comes_from_the_flag_or_acker_join():
+    """--join 1 or ACKER_JOIN=1 lets a StatefulSet pod beyond the shard count start outside the layout."""
+    assert config_from_args(
+        build_parser({}).parse_args(["--shard-index", "3", "--shard-count", "3", "--join", "1"])
+    ).join
+    env = {"ACKER_JOIN": "yes", "ACKER_SHARD_INDEX": "4", "ACKER_SHARD_COUNT": "3"}
+    assert not config_from_args(build_parser(env).parse_args([])).in_layout
+    with pytest.raises(SystemExit):
+        build_parser({"ACKER_JOIN": "maybe"})
