@@ -125,9 +125,13 @@ def remove_stale_projects() -> list[str]:
 class ComposeCluster:
     """The compose project: its published addresses and the operations the tests do to its containers."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, shards: int = SHARDS, replicas: int = REPLICAS, files: tuple[Path, ...] = (COMPOSE_FILE,)
+    ) -> None:
         self.project = f"{PREFIX}{os.getpid()}{secrets.token_hex(3)}"  # the owner's pid: stale_projects()
-        self.ports = [_free_port() for _ in range(SHARDS)]
+        self.shards = shards
+        self.files = files
+        self.ports = [_free_port() for _ in range(shards)]
         self.prometheus_port = _free_port()
         self.env = {
             **os.environ,
@@ -136,7 +140,7 @@ class ComposeCluster:
             "ACKER_PUBLISH_HOST": "127.0.0.1",
             "ACKER_MESSAGE_TIMEOUT": str(MESSAGE_TIMEOUT),
             # Every tree on two ackers: the node-loss case expects no record replayed because of the crash.
-            "ACKER_REPLICAS": str(REPLICAS),
+            "ACKER_REPLICAS": str(replicas),
             "PROMETHEUS_PORT": str(self.prometheus_port),
             **{f"ACKER_{i}_PORT": str(port) for i, port in enumerate(self.ports)},
         }
@@ -154,13 +158,15 @@ class ComposeCluster:
 
     def compose(self, *args: str, timeout: float = 180.0) -> str:
         """Run docker-compose on this project."""
-        cmd = ("docker-compose", "-p", self.project, "-f", str(COMPOSE_FILE), *args)
+        files = [arg for path in self.files for arg in ("-f", str(path))]
+        cmd = ("docker-compose", "-p", self.project, *files, *args)
         return _run(*cmd, timeout=timeout, env=self.env)
 
-    def up(self) -> None:
+    def up(self, prometheus: bool = True) -> None:
         """Start the ackers and Prometheus (Grafana has no image here) and wait until every acker is healthy."""
-        self.compose("up", "-d", "--no-build", *(f"acker-{i}" for i in range(SHARDS)), "prometheus")
-        for shard in range(SHARDS):
+        services = [f"acker-{i}" for i in range(self.shards)] + (["prometheus"] if prometheus else [])
+        self.compose("up", "-d", "--no-build", *services)
+        for shard in range(self.shards):
             self.wait_healthy(shard)
 
     def down(self) -> None:
@@ -191,6 +197,12 @@ class ComposeCluster:
             time.sleep(0.5)
         logs = _run("docker", "logs", "--tail", "30", self.container(shard), check=False)
         raise AssertionError(f"acker-{shard} not healthy after {timeout} s (health: {status}); logs:\n{logs}")
+
+    def network_address(self, shard: int) -> str:
+        """The shard's gRPC address on the compose network by IP: the other ackers and this host both reach it."""
+        network = f'{{{{(index .NetworkSettings.Networks "{self.network}").IPAddress}}}}'
+        ip = _run("docker", "inspect", "-f", network, self.container(shard)).strip()
+        return f"{ip}:{7100 + shard}"
 
     def crash(self, shard: int) -> None:
         """SIGKILL the shard's server process from the host: a crash, which `restart: unless-stopped` answers.
