@@ -36,6 +36,11 @@ def _switch(text: str) -> bool:
     raise ValueError(f"expected 1 or 0, got {text!r}")
 
 
+def _optional_text(text: str) -> str | None:
+    """A name, or '' for none (an empty ACKER_* variable means unset)."""
+    return text or None
+
+
 def _optional_path(text: str) -> str | None:
     """A file path, or '' for none (so an empty ACKER_* variable means off)."""
     return text or None
@@ -134,7 +139,7 @@ _FLAGS = (
     _Flag("peer_tls_key", _optional_path, "PEM private key of --peer-tls-cert"),
     _Flag(
         "peer_server_name",
-        _optional_path,
+        _optional_text,
         "name to check the other ackers' certificates against instead of the host of their layout address",
     ),
     _Flag(

@@ -144,6 +144,30 @@ def test_reshard_a_mutual_tls_cluster_with_the_ackers_peer_certificate(start, pk
     )  # fmt: skip
 
 
+def test_under_mutual_tls_an_acker_presents_its_own_certificate_by_default(start, pki, auth_files, tmp_path):
+    """No --peer-tls-cert: the acker's own certificate (serverAuth and clientAuth) identifies it to the others."""
+    both = pki.authority.issue("localhost", server=True, client=True)
+    operator = pki.authority.issue("operator")
+    policy = tmp_path / "policy-own-cert.toml"
+    policy.write_text(POLICY + '\n[principals."cert:CN=localhost,O=acker-tests"]\nadmin = true\n')
+    security = {
+        "tls_cert": both.cert, "tls_key": both.key, "tls_client_ca": pki.ca,
+        "auth_tokens": auth_files["tokens"], "auth_policy": str(policy),
+    }  # fmt: skip
+    two = [start(i, 2, **security).address for i in range(2)]
+    third = start(2, 3, **security).address
+    client_cert = pki.authority.issue("pipeline-executors")
+    client_security = ChannelSecurity(
+        tls_ca=pki.ca, tls_cert=client_cert.cert, tls_key=client_cert.key, token=TOKENS["pipeline"]
+    )
+    flags = ["--tls-ca", pki.ca, "--tls-cert", operator.cert, "--tls-key", operator.key]
+    arrived, verdict = _run_trees_across(two, [*two, third], client_security, flags)
+    assert arrived > 0
+    assert (verdict["lost"], verdict["replayed"], verdict["false_acks"], verdict["more_than_one_outcome"]) == (
+        0, 0, 0, 0,
+    )  # fmt: skip
+
+
 def test_a_peer_it_cannot_verify_keeps_the_entries_and_the_cut_can_be_called_again(start, pki, auth_files, tmp_path):
     """A peer CA that did not sign the ackers: the cut fails UNAVAILABLE, nothing leaves, and Apply stays held."""
     from acker_bench.testcerts import CertificateAuthority

@@ -67,8 +67,8 @@ class CertificateAuthority:
         )
         self.ca = _write(folder, name, self._cert, self._key).cert
 
-    def issue(self, common_name: str, *, server: bool = False, expired: bool = False) -> Issued:
-        """A certificate for ``common_name`` (servers: valid for localhost and 127.0.0.1)."""
+    def issue(self, common_name: str, *, server: bool = False, client: bool = False, expired: bool = False) -> Issued:
+        """A certificate for ``common_name`` (servers: valid for localhost and 127.0.0.1; ``client`` too: usable as both)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         start, end = (
@@ -85,7 +85,11 @@ class CertificateAuthority:
             .not_valid_before(start)
             .not_valid_after(end)
             .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                    if server and client
+                    else [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
                 critical=False,
             )
         )
