@@ -118,7 +118,11 @@ async def send_handoffs(
                 try:
                     channels[address] = open_peer_channel(address, security)
                 except (OSError, ValueError) as exc:  # a peer TLS file went missing or is broken since the start
-                    raise HandoffFailed(f"cannot open a channel to {address}: {exc}; nothing was moved") from exc
+                    # The caller keeps every chunk (resent ones merge once): nothing is lost.
+                    raise HandoffFailed(
+                        f"cannot open a channel to {address}: {exc}; the moved entries are kept here, "
+                        "fix the peer TLS files and call CutLayout again"
+                    ) from exc
             stub = acker_pb2_grpc.AckerStub(channels[address])
             request = to_request(layout.epoch, chunk.entries)
             request.chunk_key = chunk.key

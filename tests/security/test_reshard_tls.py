@@ -7,6 +7,8 @@ started before the move end correctly after it on the acker that took them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 from acker_client import ClusterClient
@@ -197,6 +199,36 @@ def test_a_peer_it_cannot_verify_keeps_the_entries_and_the_cut_can_be_called_aga
         assert "call CutLayout again" in refused.value.details()
         assert _pending(second, oncall) == 0
         assert stub.Describe(acker_pb2.DescribeRequest(), timeout=5).move_state == "prepared"
+
+
+def test_a_peer_ca_file_gone_since_the_start_fails_the_cut_and_keeps_the_entries(start, pki, auth_files, tmp_path):
+    """The peer CA is read at each cut: once removed, the cut fails UNAVAILABLE with the fix; restored, the cut succeeds."""
+    peer_ca = tmp_path / "peer-ca.crt"
+    peer_ca.write_bytes(Path(pki.ca).read_bytes())
+    security = {
+        "tls_cert": pki.server.cert, "tls_key": pki.server.key, "peer_tls_ca": str(peer_ca),
+        "auth_tokens": auth_files["tokens"], "auth_policy": auth_files["policy"],
+    }  # fmt: skip
+    first, second = start(0, 1, **security).address, start(1, 2, **security).address
+    with ClusterClient([first], security=ChannelSecurity(tls_ca=pki.ca, token=TOKENS["pipeline"])) as client:
+        for root in range(1, 21):
+            client.init(root, 5, SPOUT)
+        client.flush()
+    oncall = ChannelSecurity(tls_ca=pki.ca, token=TOKENS["oncall"])
+    with open_channel(first, oncall) as a, open_channel(second, oncall) as b:
+        stub = acker_pb2_grpc.AckerStub(a)
+        for address_stub, index in ((stub, 0), (acker_pb2_grpc.AckerStub(b), 1)):
+            layout = acker_pb2.Layout(epoch=1, shard_count=2, shard_index=index, addresses=[first, second])
+            address_stub.PrepareLayout(acker_pb2.PrepareLayoutRequest(layout=layout), timeout=5)
+        peer_ca.unlink()
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.CutLayout(acker_pb2.CutLayoutRequest(epoch=1), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "fix the peer TLS files" in refused.value.details()
+        assert _pending(second, oncall) == 0
+        peer_ca.write_bytes(Path(pki.ca).read_bytes())
+        assert stub.CutLayout(acker_pb2.CutLayoutRequest(epoch=1), timeout=10).moved_trees == 0  # counted by the first
+        assert _pending(second, oncall) == 10
 
 
 def test_peer_settings_need_tls_and_come_in_pairs(pki):
