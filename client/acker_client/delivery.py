@@ -20,13 +20,19 @@ The rules (the API docs in ``docs/client.md`` repeat them):
 - Refusals (INVALID_ARGUMENT, FAILED_PRECONDITION, ...) are never retried
   (reason ``refused``): waiting does not cure a bad request.
 - With a replication factor of 2 every operation goes to two shards, each copy
-  in that shard's own batch with its own dedup key and retries. An attempt does
-  not wait for a reconnecting channel (no ``wait_for_ready``), and a batch whose
-  shard failed a transient way while the shards that hold the other copies of
-  its trees are reachable (and dropped no batch since its operations were
-  buffered) is dropped at once (reason ``replica``) rather than retried: the live replica has the operations, and a replica that misses
-  updates can never reach a false zero (``docs/acker-semantics.md``). So an
-  unreachable replica blocks no caller. When a partner is unreachable too, the
+  in that shard's own batch and retries; both copies of an ACK carry the same
+  dedup key (given when it is buffered). An attempt does not wait for a
+  reconnecting channel (no ``wait_for_ready``), and a batch whose shard failed
+  a transient way is dropped (reason ``replica``) rather than retried only once
+  the shards that hold the other copies of its operations have *applied* them
+  (every batch they were buffered in before this one was taken has been
+  answered) and dropped no batch since its operations were buffered: the live
+  replica has the operations, and a replica that misses updates can never
+  reach a false zero (``docs/acker-semantics.md``). Until then it is retried.
+  Skipping only after the other copy applied is what lets a restarted replica
+  catch up from its partner's snapshot: every operation it missed is either in
+  the snapshot or reaches it. So an unreachable replica blocks no caller for
+  longer than its partner's round trip. When a partner is unreachable too, the
   batch is retried as with one replica.
 """
 
@@ -149,6 +155,9 @@ class ConnectionMonitor:
 
     def __init__(self, shards: int) -> None:
         self._states = [self.UNKNOWN] * shards
+        # Per shard, the buffers taken out to be sent and not yet finished, each with its
+        # delivery once it has one: what the replica skip rule asks "is it applied?" of.
+        self._unfinished: list[dict[int, tuple[OpBuffer, _Delivery | None]]] = [{} for _ in range(shards)]
         # Monotonic time each shard last had a batch dropped (any reason): a replica may skip its copy of
         # an operation only if no partner dropped a batch since that operation was buffered.
         self._dropped_at = [float("-inf")] * shards
@@ -175,6 +184,32 @@ class ConnectionMonitor:
             self._dropped_at[shard] = time.monotonic()
             if unreachable:
                 self._states[shard] = self.UNREACHABLE
+
+    def taken(self, shard: int, buf: OpBuffer) -> None:
+        """Record that ``buf`` left ``shard``'s buffer to be sent (call under the client's lock, with the swap)."""
+        with self._lock:
+            if shard < len(self._unfinished):
+                self._unfinished[shard][id(buf)] = (buf, None)
+
+    def attach(self, shard: int, buf: OpBuffer, delivery: _Delivery) -> None:
+        """Link a taken buffer to the delivery sending it (its answer tells whether it was applied)."""
+        with self._lock:
+            if shard < len(self._unfinished) and id(buf) in self._unfinished[shard]:
+                self._unfinished[shard][id(buf)] = (buf, delivery)
+
+    def finished(self, shard: int, buf: OpBuffer) -> None:
+        """Forget a taken buffer: applied, dropped (then :meth:`dropped` was called first) or folded away."""
+        with self._lock:
+            if shard < len(self._unfinished):
+                self._unfinished[shard].pop(id(buf), None)
+
+    def applied_before(self, shard: int, before: float) -> bool:
+        """Whether every batch of ``shard`` taken with operations buffered at or before ``before`` was applied."""
+        with self._lock:
+            for buf, delivery in self._unfinished[shard].values():
+                if buf.started is not None and buf.started <= before and (delivery is None or not delivery.applied()):
+                    return False
+        return True
 
     def fall_back(self, shard: int, partners: tuple[int, ...], since: float) -> bool:
         """Mark ``shard`` WAITING; True if its batch, buffered from ``since`` on, may be dropped as covered.
@@ -205,7 +240,19 @@ OnSent = Callable[[Any, OpBuffer, int, acker_pb2.ApplyResponse], None]
 class _Delivery:
     """One shard's batch on its way: the request (sent again unchanged on a retry) and its current attempt."""
 
-    __slots__ = ("shard", "buf", "request", "safe", "count", "future", "sent_at", "waiting", "buffered_since")
+    __slots__ = (
+        "shard",
+        "buf",
+        "request",
+        "safe",
+        "count",
+        "future",
+        "sent_at",
+        "waiting",
+        "buffered_since",
+        "taken_at",
+        "succeeded",
+    )
 
     def __init__(self, shard: int, buf: OpBuffer, request: bytes, count: int, safe: bool) -> None:
         self.shard = shard
@@ -219,6 +266,21 @@ class _Delivery:
         self.future: Any = None
         self.sent_at = 0.0
         self.waiting = False  # counted in the client's operations_waiting
+        # Every operation of the batch was buffered by now (a partner must have applied what it buffered until then).
+        self.taken_at = time.monotonic()
+        self.succeeded = False
+
+    def applied(self) -> bool:
+        """Whether the shard answered the current attempt with success (its future may not be read yet)."""
+        if self.succeeded:
+            return True
+        future = self.future
+        if future is None or not future.done():
+            return False
+        try:
+            return future.exception() is None
+        except Exception:  # a cancelled future
+            return False
 
 
 def deliver(
@@ -239,16 +301,64 @@ def deliver(
     """
     give_up_at = time.monotonic() + policy.wait_for_shard
     deliveries = []
-    for shard, buf in batches.items():
-        batch_key = new_id() if batch_keys else 0
-        request, count = buf.encode(batch_key)
-        if not count:
-            continue  # everything folded away to no-op acks
-        delivery = _Delivery(shard, buf, request, count, buf.retry_safe(batch_key))
-        _attempt(st, delivery, policy, give_up_at)
-        deliveries.append(delivery)
-    results = (_await_or_retry(st, d, policy, give_up_at, failure_of, on_sent) for d in deliveries)
-    return [f for f in results if f is not None]
+    try:
+        for shard, buf in batches.items():
+            batch_key = new_id() if batch_keys else 0
+            request, count = buf.encode(batch_key)
+            if not count:
+                st.connections.finished(shard, buf)
+                continue  # everything folded away to no-op acks
+            delivery = _Delivery(shard, buf, request, count, buf.retry_safe(batch_key))
+            st.connections.attach(shard, buf, delivery)
+            _attempt(st, delivery, policy, give_up_at)
+            deliveries.append(delivery)
+        results: list[ShardFailure | None] = []
+        helpers: list[threading.Thread] = []
+        last = len(deliveries) - 1
+        for i, d in enumerate(deliveries):
+            if policy.replicas > 1 and i < last and _first_attempt_failed(d):
+                # With replicas, a shard's retries wait for its partners to apply their copies: those
+                # partners' batches must see their own retries through meanwhile, so this one goes on alone.
+                helper = threading.Thread(
+                    target=lambda d=d: results.append(_await_or_retry(st, d, policy, give_up_at, failure_of, on_sent)),
+                    name="acker-client-retry",
+                    daemon=True,
+                )
+                helper.start()
+                helpers.append(helper)
+                continue
+            results.append(_await_or_retry(st, d, policy, give_up_at, failure_of, on_sent))
+        for helper in helpers:
+            helper.join()
+        return [f for f in results if f is not None]
+    finally:
+        for shard, buf in batches.items():
+            st.connections.finished(shard, buf)
+
+
+def _first_attempt_failed(delivery: _Delivery) -> bool:
+    """Wait for the first attempt's answer; True if it failed (the retry loop then reads the same answer again)."""
+    try:
+        delivery.future.result()
+    except grpc.RpcError:
+        return True
+    return False
+
+
+def _partners_applied(st: Any, partners: tuple[int, ...], before: float) -> bool:
+    """Whether every partner applied every operation buffered for it at or before ``before``.
+
+    Under the client's lock: an operation is either still in its shard's
+    buffer or in a taken one (the swap and its record are one step).
+    """
+    with st.lock:
+        for p in partners:
+            started = st.buffers[p].started
+            if started is not None and started <= before:
+                return False
+            if not st.connections.applied_before(p, before):
+                return False
+    return True
 
 
 def _attempt(st: Any, delivery: _Delivery, policy: DeliveryPolicy, give_up_at: float) -> None:
@@ -292,7 +402,12 @@ def _await_or_retry(
                 if reason is None and give_up_at - now <= 0:
                     reason = DROP_TIMEOUT
                 partners = policy.partners(delivery.shard)
-                if reason is None and st.connections.fall_back(delivery.shard, partners, delivery.buffered_since):
+                if (
+                    reason is None
+                    and partners
+                    and _partners_applied(st, partners, delivery.taken_at)
+                    and st.connections.fall_back(delivery.shard, partners, delivery.buffered_since)
+                ):
                     reason = DROP_REPLICA
                 if reason is not None:
                     st.connections.dropped(delivery.shard, unreachable=reason != DROP_REFUSED)
@@ -311,6 +426,7 @@ def _await_or_retry(
                     time.sleep(pause)
                 _attempt(st, delivery, policy, give_up_at)
                 continue
+            delivery.succeeded = True
             st.connections.set(delivery.shard, ConnectionMonitor.READY)
             on_sent(st, delivery.buf, delivery.count, response)
             return None
