@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -78,51 +79,73 @@ async def catch_up(
     install: Install,
     *,
     delay: float,
+    give_up_after: float,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
     channel: Callable[[str], grpc.aio.Channel] | None = None,
 ) -> None:
     """Copy every range of ``waiting`` (range -> partner shard) from its partner and ``install`` it, asking until one comes.
 
     Waits ``delay`` first (see ``--catchup-delay``). A partner that is down or
-    refuses is asked again after a growing pause (0.2 s doubling to 5 s). Runs
-    on the server's event loop until every range is installed or it is cancelled.
+    refuses is asked again after a growing pause (0.2 s doubling to 5 s). One
+    that stays unreachable for ``give_up_after`` seconds (the message timeout)
+    counts as having lost the range: both copies of its trees are gone, and the
+    spouts' backstop has declared them LOST by then, so holding Apply longer
+    would only delay the trees started since. Runs on the server's event loop
+    until every range is installed or it is cancelled.
     """
     open_channel = channel or (
         lambda address: grpc.aio.insecure_channel(address, options=grpc_options.client_options())
     )
     await sleep(delay)
     channels: dict[str, grpc.aio.Channel] = {}
-    try:
-        for range_index, partner in sorted(waiting.items()):
-            address = peers[partner]
-            if address not in channels:
-                channels[address] = open_channel(address)
-            stub = acker_pb2_grpc.AckerStub(channels[address])
-            pause = RETRY_INITIAL
-            attempt = 0
-            while True:
-                attempt += 1
-                try:
-                    moved = await fetch_snapshot(stub, shard_count, range_index)
-                except (grpc.aio.AioRpcError, ValueError) as exc:
+
+    async def copy_range(range_index: int, partner: int) -> None:
+        address = peers[partner]
+        if address not in channels:
+            channels[address] = open_channel(address)
+        stub = acker_pb2_grpc.AckerStub(channels[address])
+        pause = RETRY_INITIAL
+        attempt = 0
+        first_failure: float | None = None
+        while True:
+            attempt += 1
+            try:
+                moved = await fetch_snapshot(stub, shard_count, range_index)
+            except (grpc.aio.AioRpcError, ValueError) as exc:
+                first_failure = clock() if first_failure is None else first_failure
+                if clock() - first_failure >= give_up_after:
+                    log.warning(
+                        "catch-up: shard %d (%s) unreachable for %.0f s: range %d counts as lost there too",
+                        partner,
+                        address,
+                        give_up_after,
+                        range_index,
+                    )
+                    install(range_index, None)
+                    return
+                if attempt == 1 or attempt % 10 == 0:
                     reason = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                    if attempt == 1 or attempt % 10 == 0:
-                        log.warning(
-                            "catch-up: range %d not copied from shard %d (%s) yet: %s; asking again",
-                            range_index,
-                            partner,
-                            address,
-                            reason,
-                        )
-                    await sleep(pause * random.uniform(0.5, 1.0))
-                    pause = min(RETRY_MAX, pause * 2)
-                    continue
-                caught_up = install(range_index, moved)
-                what = "lost there too" if moved is None else f"{len(moved)} entries, {moved.trees} trees"
-                log.info(
-                    "catch-up: range %d copied from shard %d: %s; caught up: %s", range_index, partner, what, caught_up
-                )
-                break
+                    log.warning(
+                        "catch-up: range %d not copied from shard %d (%s) yet: %s; asking again",
+                        range_index,
+                        partner,
+                        address,
+                        reason,
+                    )
+                await sleep(pause * random.uniform(0.5, 1.0))
+                pause = min(RETRY_MAX, pause * 2)
+                continue
+            caught_up = install(range_index, moved)
+            what = "lost there too" if moved is None else f"{len(moved)} entries, {moved.trees} trees"
+            log.info(
+                "catch-up: range %d copied from shard %d: %s; caught up: %s", range_index, partner, what, caught_up
+            )
+            return
+
+    try:
+        # Both ranges at once: a partner that is down does not delay the copy of the other range.
+        await asyncio.gather(*(copy_range(r, p) for r, p in sorted(waiting.items())))
     finally:
         for ch in channels.values():
             await ch.close()

@@ -219,6 +219,7 @@ class AckerServer:
                     self.config.shard_count,
                     self.shard.install_snapshot,
                     delay=self.config.catchup_delay,
+                    give_up_after=self.config.message_timeout,
                 )
             )
         ready.set()

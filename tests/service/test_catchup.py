@@ -141,3 +141,17 @@ def test_a_restarted_acker_holds_apply_until_its_down_partner_answers(make_serve
     assert info.catchup_entries == 2  # root 3 from shard 0, root 4 from shard 2
     assert restarted.shard.metrics.sample("acker_catchup_state") == 0
     assert restarted.shard.metrics.sample("acker_catchup_entries_total") == 2
+
+
+def test_partners_unreachable_for_the_message_timeout_count_as_lost(make_server, connect):
+    """Both partners stay down: after the message timeout each range counts as lost there too, and the held
+    requests are applied (those trees' other copies are gone; the spouts' backstop has replayed them)."""
+    peers = f"127.0.0.1:{_free_port()},127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}"
+    restarted = make_server(
+        shard_index=1, shard_count=3, replicas=2, peers=peers, catchup_delay=0.0, message_timeout=0.5
+    )
+    stub = connect(restarted)
+    _apply(stub, [INIT], [7], [9])
+    wait_until(lambda: stub.Describe(acker_pb2.DescribeRequest()).catchup_state == CAUGHT_UP, timeout=60)
+    assert restarted.shard.metrics.sample("acker_catchup_lost_ranges_total") == 2
+    assert restarted.call(lambda: restarted.shard.ledger.stats.inits) == 1, "the held init was not applied"
