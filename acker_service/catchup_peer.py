@@ -10,7 +10,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import grpc
 import numpy as np
@@ -30,23 +30,25 @@ SNAPSHOT_DEADLINE = 120.0
 RETRY_INITIAL, RETRY_MAX = 0.2, 5.0
 
 
-def snapshot_chunks(moved: MovedEntries | None, incarnation: int) -> list[acker_pb2.SnapshotChunk]:
-    """A copy as chunks of at most ENTRIES_PER_MESSAGE entries, the last one marked; None (lost): one lost chunk."""
+def snapshot_chunks(moved: MovedEntries | None, incarnation: int) -> Iterator[acker_pb2.SnapshotChunk]:
+    """A copy as chunks of at most ENTRIES_PER_MESSAGE entries, the last one marked; None (lost): one lost chunk.
+
+    Built one at a time as the stream is read: between two chunks the partner's
+    event loop serves Apply again, so a large copy does not stall its clients.
+    """
     if moved is None:
-        return [acker_pb2.SnapshotChunk(last=True, lost=True, incarnation=incarnation)]
+        yield acker_pb2.SnapshotChunk(last=True, lost=True, incarnation=incarnation)
+        return
     n = len(moved)
+    if n <= ENTRIES_PER_MESSAGE:
+        yield acker_pb2.SnapshotChunk(entries=to_request(0, moved), last=True, incarnation=incarnation)
+        return
     ids = np.arange(n)
-    starts = list(range(0, n, ENTRIES_PER_MESSAGE)) or [0]
-    return [
-        acker_pb2.SnapshotChunk(
-            entries=to_request(
-                0, moved if n <= ENTRIES_PER_MESSAGE else moved.select((ids >= lo) & (ids < lo + ENTRIES_PER_MESSAGE))
-            ),
-            last=lo == starts[-1],
-            incarnation=incarnation,
+    for lo in range(0, n, ENTRIES_PER_MESSAGE):
+        part = moved.select((ids >= lo) & (ids < lo + ENTRIES_PER_MESSAGE))
+        yield acker_pb2.SnapshotChunk(
+            entries=to_request(0, part), last=lo + ENTRIES_PER_MESSAGE >= n, incarnation=incarnation
         )
-        for lo in starts
-    ]
 
 
 async def fetch_snapshot(

@@ -15,6 +15,7 @@ from acker_protocol.v1 import acker_pb2
 from acker_service.batch import Batch, WrongShard
 from acker_service.catchup import CATCHING_UP, CAUGHT_UP, OFF
 from acker_service.config import ConfigError, ServerConfig
+from acker_service.handoff import MovedEntries
 from acker_service.shard import Shard
 
 from ..client.polling import wait_until
@@ -155,3 +156,22 @@ def test_partners_unreachable_for_the_message_timeout_count_as_lost(make_server,
     wait_until(lambda: stub.Describe(acker_pb2.DescribeRequest()).catchup_state == CAUGHT_UP, timeout=60)
     assert restarted.shard.metrics.sample("acker_catchup_lost_ranges_total") == 2
     assert restarted.call(lambda: restarted.shard.ledger.stats.inits) == 1, "the held init was not applied"
+
+
+def test_a_large_copy_streams_in_chunks_that_add_up(monkeypatch):
+    """Chunks of at most ENTRIES_PER_MESSAGE entries, only the last one marked, read back as the whole copy."""
+    from acker_service import catchup_peer
+    from acker_service.reshard import from_request
+
+    monkeypatch.setattr(catchup_peer, "ENTRIES_PER_MESSAGE", 2)
+    partner = Shard(ServerConfig(shard_index=0, shard_count=1))
+    partner.apply_request(request_of(Batch.of([INIT] * 5, [1, 2, 3, 4, 5], [9] * 5, spouts=["s"])))
+    partner.apply_request(request_of(Batch.of([ACK], [3], [1], dedup_keys=[77], spouts=["s"])))
+    moved = partner.ledger.export_snapshot(1, 0)
+    chunks = list(catchup_peer.snapshot_chunks(moved, 42))
+    assert [len(c.entries.root_ids) for c in chunks] == [2, 2, 1]
+    assert [c.last for c in chunks] == [False, False, True] and {c.incarnation for c in chunks} == {42}
+    whole = MovedEntries.concat([from_request(c.entries) for c in chunks])
+    assert whole.rows() == moved.rows()
+    (lost,) = catchup_peer.snapshot_chunks(None, 42)
+    assert lost.lost and lost.last
