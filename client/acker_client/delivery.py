@@ -31,7 +31,10 @@ The rules (the API docs in ``docs/client.md`` repeat them):
   reach a false zero (``docs/acker-semantics.md``). Until then it is retried.
   Skipping only after the other copy applied is what lets a restarted replica
   catch up from its partner's snapshot: every operation it missed is either in
-  the snapshot or reaches it. So an unreachable replica blocks no caller for
+  the snapshot or reaches it. For the same reason a copy counts as delivered
+  only while its replica lives or the other copy is applied too: a batch a
+  replica applied while its partners' copies were on their way is kept and
+  sent to it again if it then fails (its crash may have lost it). So an unreachable replica blocks no caller for
   longer than its partner's round trip. When a partner is unreachable too, the
   batch is retried as with one replica.
 """
@@ -158,6 +161,9 @@ class ConnectionMonitor:
         # Per shard, the buffers taken out to be sent and not yet finished, each with its
         # delivery once it has one: what the replica skip rule asks "is it applied?" of.
         self._unfinished: list[dict[int, tuple[OpBuffer, _Delivery | None]]] = [{} for _ in range(shards)]
+        # Per shard, batches it applied while the other copies of their operations were still on their
+        # way: if it fails now (a crash loses what it applied), they are sent to it again.
+        self._retained: list[list[_Delivery]] = [[] for _ in range(shards)]
         # Monotonic time each shard last had a batch dropped (any reason): a replica may skip its copy of
         # an operation only if no partner dropped a batch since that operation was buffered.
         self._dropped_at = [float("-inf")] * shards
@@ -202,6 +208,20 @@ class ConnectionMonitor:
         with self._lock:
             if shard < len(self._unfinished):
                 self._unfinished[shard].pop(id(buf), None)
+
+    def retain(self, shard: int, deliveries: list[_Delivery]) -> None:
+        """Keep applied batches of ``shard`` whose other copies may still be on their way."""
+        with self._lock:
+            if shard < len(self._retained):
+                self._retained[shard].extend(deliveries)
+
+    def retained(self, shard: int) -> list[_Delivery]:
+        """Take every batch kept for ``shard`` (the caller keeps back those still needed)."""
+        with self._lock:
+            if shard >= len(self._retained):
+                return []
+            taken, self._retained[shard] = self._retained[shard], []
+            return taken
 
     def applied_before(self, shard: int, before: float) -> bool:
         """Whether every batch of ``shard`` taken with operations buffered at or before ``before`` was applied."""
@@ -397,6 +417,8 @@ def _await_or_retry(
                     # The ackers moved to a new layout: the batch went, split, to the new owners.
                     st.connections.set(delivery.shard, ConnectionMonitor.READY)
                     return None
+                if policy.replicas > 1 and failure.code in RETRYABLE_CODES:
+                    _put_back(st, delivery.shard, policy, failure_of, on_sent)
                 reason = policy.should_retry(failure.code, delivery.safe)
                 now = time.monotonic()
                 if reason is None and give_up_at - now <= 0:
@@ -429,9 +451,65 @@ def _await_or_retry(
             delivery.succeeded = True
             st.connections.set(delivery.shard, ConnectionMonitor.READY)
             on_sent(st, delivery.buf, delivery.count, response)
+            if policy.replicas > 1 and delivery.safe:
+                _retain(st, delivery, policy.partners(delivery.shard))
             return None
     finally:
         _set_waiting(st, delivery, False)
+
+
+def _retain(st: Any, delivery: _Delivery, partners: tuple[int, ...]) -> None:
+    """Keep an applied batch while its partners have not applied their copies (dropping those that have).
+
+    An operation counts as delivered to a replica only while that replica's
+    incarnation lives or the other copy is applied too: a replica that crashes
+    after applying it, before its partner did, may come back and copy its range
+    from the partner before the partner applied it (docs/acker-semantics.md,
+    "Replicated trees").
+    """
+    if not partners:
+        return
+    pending = [d for d in st.connections.retained(delivery.shard) if not _partners_applied(st, partners, d.taken_at)]
+    if not _partners_applied(st, partners, delivery.taken_at):
+        pending.append(delivery)
+    st.connections.retain(delivery.shard, pending)
+
+
+def _put_back(st: Any, shard: int, policy: DeliveryPolicy, failure_of: FailureOf, on_sent: OnSent) -> None:
+    """``shard`` failed a transient way: send it again what it applied while the other copies were on their way.
+
+    It may have crashed and lost them; if not, sending a retry-safe batch again
+    changes nothing. The batches go out on a thread of their own, each retried
+    (or skipped once the partners applied their copies) as any batch is.
+    """
+    partners = policy.partners(shard)
+    again = [d for d in st.connections.retained(shard) if not _partners_applied(st, partners, d.taken_at)]
+    if not again:
+        return
+    give_up_at = time.monotonic() + policy.wait_for_shard
+    for d in again:
+        d.succeeded = False
+        with st.lock:  # as the sender's take: the skip rule sees the batch unfinished again
+            st.connections.taken(shard, d.buf)
+        st.connections.attach(shard, d.buf, d)
+        _attempt(st, d, policy, give_up_at)
+    with st.lock:
+        st.stats.operations_put_back += sum(d.count for d in again)
+
+    def see_through() -> None:
+        for d in again:
+            try:
+                failure = _await_or_retry(st, d, policy, give_up_at, failure_of, on_sent)
+            finally:
+                st.connections.finished(shard, d.buf)
+            if failure is not None:
+                with st.lock:
+                    st.stats.batches_failed += 1
+                    st.stats.operations_dropped += failure.operations
+                    by_reason = st.stats.dropped_by_reason
+                    by_reason[failure.reason] = by_reason.get(failure.reason, 0) + failure.operations
+
+    threading.Thread(target=see_through, name="acker-client-put-back", daemon=True).start()
 
 
 def _set_waiting(st: Any, delivery: _Delivery, waiting: bool) -> None:

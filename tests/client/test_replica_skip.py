@@ -6,6 +6,8 @@
   *applied*, never merely while the partner is reachable: otherwise a partner
   could apply the other copy after the restarted replica's snapshot was cut,
   and the operation would be on neither copy of the range.
+- A replica that fails after applying a copy whose other copy is still on its
+  way gets that copy again (its crash may have lost it).
 """
 
 from __future__ import annotations
@@ -48,12 +50,14 @@ class _Shard:
     def __init__(self, down: bool) -> None:
         self.down = down
         self.attempts = 0
+        self.requests: list[bytes] = []
         self.release = threading.Event()
         self.tried = threading.Condition()
 
     def future(self, request: bytes, timeout: float, wait_for_ready: bool | None = None) -> _Answer:
         with self.tried:
             self.attempts += 1
+            self.requests.append(request)
             self.tried.notify_all()
         if self.down:
             answer = _Answer(StreamStatus(grpc.StatusCode.UNAVAILABLE, "connection refused"))
@@ -74,11 +78,11 @@ def _state(shards: list[_Shard]) -> SimpleNamespace:
     )
 
 
-def _taken(st: SimpleNamespace, shard: int, root: int) -> OpBuffer:
+def _taken(st: SimpleNamespace, shard: int, root: int, started: float = 1.0) -> OpBuffer:
     """A buffer as the sender takes it: one ACK in it, recorded as taken with the swap."""
     buf = OpBuffer()
     buf.ack(root, 5, dedup_key=77)
-    buf.started = 1.0
+    buf.started = started
     st.connections.taken(shard, buf)
     return buf
 
@@ -115,6 +119,54 @@ def test_a_down_replica_is_skipped_only_after_its_partner_applied_the_other_copy
     (failures,) = result
     assert [(f.shard, f.reason) for f in failures] == [(0, DROP_REPLICA)]
     assert st.connections.applied_before(1, 2.0), "shard 1's applied batch is forgotten"
+
+
+def _deliver(st: SimpleNamespace, batches: dict, policy: DeliveryPolicy) -> list:
+    return deliver(
+        st,
+        batches,
+        policy=policy,
+        batch_keys=True,
+        failure_of=lambda shard, exc, count, roots: shard_failure(shard, f"shard{shard}", exc, count, roots),
+        on_sent=lambda *args: None,
+    )
+
+
+def test_a_replica_that_fails_after_applying_gets_its_copies_again_while_the_partner_lags():
+    """Shard 0 applies a copy while shard 1's copy is still on its way; shard 0 then fails (a crash): the copy
+    it had applied is sent to it again, and goes on being tried until shard 1 applied the other copy."""
+    up, slow = _Shard(down=False), _Shard(down=False)
+    up.release.set()
+    st = _state([up, slow])
+    policy = DeliveryPolicy(attempt_deadline=5.0, wait_for_shard=30.0, replicas=2, shard_count=2)
+    partner_copy = _taken(st, 1, 4)
+    behind = threading.Thread(target=_deliver, args=(st, {1: partner_copy}, policy))
+    behind.start()  # shard 1's copy: not answered until released
+    assert _deliver(st, {0: _taken(st, 0, 4)}, policy) == []
+    (first,) = up.requests
+    up.down = True  # shard 0 is killed: its next batch fails
+    later = threading.Thread(target=_deliver, args=(st, {0: _taken(st, 0, 8, started=2.0)}, policy))
+    later.start()
+    with up.tried:
+        assert up.tried.wait_for(lambda: up.requests.count(first) >= 2, timeout=30), "the applied copy was not put back"
+    assert st.stats.operations_put_back == 1
+    slow.release.set()
+    behind.join(30)
+    later.join(30)
+
+
+def test_an_applied_copy_whose_partner_applied_too_is_not_sent_again():
+    """Both copies applied: a later failure of the replica puts nothing back."""
+    up, partner = _Shard(down=False), _Shard(down=False)
+    up.release.set()
+    partner.release.set()
+    st = _state([up, partner])
+    policy = DeliveryPolicy(attempt_deadline=5.0, wait_for_shard=1.0, replicas=2, shard_count=2)
+    assert _deliver(st, {0: _taken(st, 0, 4), 1: _taken(st, 1, 4)}, policy) == []
+    up.down = True
+    (failure,) = _deliver(st, {0: _taken(st, 0, 8, started=2.0)}, policy)
+    assert failure.reason == DROP_REPLICA
+    assert st.stats.operations_put_back == 0 and len(up.requests) == 2
 
 
 def test_a_partner_buffering_older_operations_blocks_the_skip():
