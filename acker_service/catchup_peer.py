@@ -15,12 +15,13 @@ from collections.abc import Awaitable, Callable, Iterator
 import grpc
 import numpy as np
 from acker_protocol import grpc_options
+from acker_protocol.credentials import ChannelSecurity
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from .handoff import MovedEntries
 from .reshard import ENTRIES_PER_MESSAGE, from_request, to_request
 
-__all__ = ["snapshot_chunks", "fetch_snapshot", "catch_up", "SNAPSHOT_DEADLINE"]
+__all__ = ["snapshot_chunks", "fetch_snapshot", "catch_up", "peer_channel", "SNAPSHOT_DEADLINE"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,15 @@ async def fetch_snapshot(
 Install = Callable[[int, "MovedEntries | None"], bool]
 
 
+def peer_channel(security: ChannelSecurity | None) -> Callable[[str], grpc.aio.Channel]:
+    """How to open a channel to a partner: plaintext, or TLS with the token ``security`` names."""
+    options = grpc_options.client_options()
+    creds = security.channel_credentials() if security is not None else None
+    if security is None or creds is None:
+        return lambda address: grpc.aio.insecure_channel(address, options=options)
+    return lambda address: grpc.aio.secure_channel(address, creds, options=options + security.channel_options())
+
+
 async def catch_up(
     waiting: dict[int, int],
     peers: tuple[str, ...],
@@ -96,9 +106,7 @@ async def catch_up(
     would only delay the trees started since. Runs on the server's event loop
     until every range is installed or it is cancelled.
     """
-    open_channel = channel or (
-        lambda address: grpc.aio.insecure_channel(address, options=grpc_options.client_options())
-    )
+    open_channel = channel or peer_channel(None)
     await sleep(delay)
     channels: dict[str, grpc.aio.Channel] = {}
 

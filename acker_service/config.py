@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from acker_protocol import grpc_options
+from acker_protocol.credentials import ChannelSecurity
 from acker_protocol.wire import MAX_REPLICAS
 
 from .tree_info import TIMEOUT_MODES, check_timeout_rules
@@ -64,6 +65,10 @@ class ServerConfig:
     # reconnect backoff, so that no client still skips this acker's copies (the partner applying
     # them after the copy was taken) once the copy is taken.
     catchup_delay: float = 2.0
+    # How a catching-up acker reaches partners that serve TLS and check tokens: the CA of their
+    # certificates, and a bearer token whose principal has the admin right (Snapshot is an admin call).
+    peer_tls_ca: str | None = None
+    peer_token_file: str | None = None
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -79,6 +84,19 @@ class ServerConfig:
     def peer_addresses(self) -> tuple[str, ...]:
         """The ``--peers`` addresses in shard order (empty: none given)."""
         return tuple(a.strip() for a in (self.peers or "").split(",") if a.strip())
+
+    @property
+    def peer_security(self) -> ChannelSecurity | None:
+        """How the catch-up reaches its partners: TLS (presenting this acker's certificate) and token, or None."""
+        if self.peer_tls_ca is None:
+            return None
+        return ChannelSecurity(
+            tls=True,
+            tls_ca=self.peer_tls_ca,
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+            token_file=self.peer_token_file,
+        )
 
     @property
     def rotation_period(self) -> float:
@@ -171,6 +189,11 @@ def _peer_problems(c: ServerConfig) -> list[str]:
     problems = []
     if not (c.catchup_delay >= 0 and c.catchup_delay < 3600):
         problems.append(f"catch-up delay must be 0 to 3600 seconds, got {c.catchup_delay}")
+    if c.peer_token_file is not None and c.peer_tls_ca is None:
+        problems.append("--peer-token-file needs --peer-tls-ca: a bearer token is only sent over TLS")
+    for path in (c.peer_tls_ca, c.peer_token_file):
+        if path is not None and not os.path.isfile(path):
+            problems.append(f"{path} is not a readable file")
     peers = c.peer_addresses
     if not peers:
         return problems
@@ -180,10 +203,15 @@ def _peer_problems(c: ServerConfig) -> list[str]:
         problems.append(
             f"--peers needs one address per shard in shard order ({c.shard_count}), got {len(peers)}: {c.peers}"
         )
-    if c.tls_cert is not None or c.auth_tokens is not None:
+    if c.tls_cert is not None and c.peer_tls_ca is None:
         problems.append(
-            "--peers (catch-up) does not work with --tls-cert or --auth-tokens yet: the copy between ackers "
-            "is sent in plaintext without a token; leave --peers out (a restarted acker then starts empty)"
+            "--peers with --tls-cert needs --peer-tls-ca, the CA that signed the partners' certificates "
+            "(the catch-up copies over TLS)"
+        )
+    if c.auth_tokens is not None and c.peer_token_file is None:
+        problems.append(
+            "--peers with --auth-tokens needs --peer-token-file, a token whose principal has admin = true "
+            "(the catch-up calls Snapshot, an admin call)"
         )
     for address in peers:
         host, sep, port = address.rpartition(":")

@@ -24,7 +24,7 @@ from acker_protocol.v1 import acker_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .auth import Authenticator, AuthInterceptor
-from .catchup_peer import catch_up
+from .catchup_peer import catch_up, peer_channel
 from .config import ServerConfig
 from .decode_guard import DecodeGuardInterceptor
 from .interceptors import MetricsInterceptor
@@ -220,6 +220,7 @@ class AckerServer:
                     self.shard.install_snapshot,
                     delay=self.config.catchup_delay,
                     give_up_after=self.config.message_timeout,
+                    channel=peer_channel(self.config.peer_security),
                 )
             )
         ready.set()

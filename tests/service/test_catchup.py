@@ -17,9 +17,8 @@ from acker_service.catchup import CATCHING_UP, CAUGHT_UP, OFF
 from acker_service.config import ConfigError, ServerConfig
 from acker_service.handoff import MovedEntries
 from acker_service.shard import Shard
-
-from ..client.polling import wait_until
-from ..ledger.driver import request_of
+from tests.client.polling import wait_until
+from tests.ledger.driver import request_of
 
 INIT, ACK = 1, 2
 
@@ -83,7 +82,7 @@ def test_snapshot_refuses_what_this_acker_cannot_copy(
 
 
 def test_peers_are_checked_at_start():
-    """One address per shard, only with two replicas, and not over TLS or tokens yet."""
+    """One address per shard, only with two replicas, and a token only over TLS."""
     with pytest.raises(ConfigError, match="one address per shard"):
         ServerConfig(shard_count=3, replicas=2, peers="a:1,b:2")
     with pytest.raises(ConfigError, match="--peers is for --replicas 2"):
@@ -91,6 +90,8 @@ def test_peers_are_checked_at_start():
     with pytest.raises(ConfigError, match="not host:port"):
         ServerConfig(shard_count=2, replicas=2, peers="a:1,b")
     assert ServerConfig(shard_count=2, replicas=2, peers="a:1, b:2").peer_addresses == ("a:1", "b:2")
+    with pytest.raises(ConfigError, match="--peer-token-file needs --peer-tls-ca"):
+        ServerConfig(shard_count=2, replicas=2, peers="a:1,b:2", peer_token_file=__file__)
 
 
 def test_the_shard_holds_every_request_until_both_ranges_are_installed():
