@@ -229,6 +229,7 @@ LAUNCHER_OWNED_FLAGS = {
     "--metrics-port": "--metrics-base-port",
     "--message-timeout": "--message-timeout",
     "--buckets": "--buckets",
+    "--peers": "--replicas 2 (each acker is given the others' addresses)",
 }
 
 
@@ -437,7 +438,23 @@ class ProcessCluster:
         ]  # fmt: skip
         if shard.metrics_port is not None:
             cmd += ["--metrics-port", str(shard.metrics_port)]
+        if self.replicas == 2 and shard.pids:
+            # A restarted acker copies its two ranges from its partners (catch-up) before it applies anything;
+            # at the cluster's first start there is nothing to copy, so no acker waits for its partners.
+            cmd += ["--peers", ",".join(self.addresses)]
         return cmd + list(self.extra_args)
+
+    @property
+    def replicas(self) -> int:
+        """The replication factor the children get from extra_args (``--replicas``), 1 when not given."""
+        args = list(self.extra_args)
+        for i, arg in enumerate(args):
+            if arg == "--replicas" and i + 1 < len(args):
+                return int(args[i + 1]) if args[i + 1].isdigit() else 1
+            if arg.startswith("--replicas="):
+                value = arg.split("=", 1)[1]
+                return int(value) if value.isdigit() else 1
+        return 1
 
     def _child_env(self) -> dict[str, str]:
         """The launcher's environment without the per-shard ACKER_* settings, unbuffered."""
