@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import grpc
 import numpy as np
-from acker_protocol import grpc_options
 from acker_protocol.credentials import ChannelSecurity
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from .handoff import MovedEntries
+from .peers import open_peer_channel
 from .reshard import ENTRIES_PER_MESSAGE, from_request, to_request
 
 __all__ = ["snapshot_chunks", "fetch_snapshot", "catch_up", "peer_channel", "SNAPSHOT_DEADLINE"]
@@ -77,11 +77,7 @@ Install = Callable[[int, "MovedEntries | None"], bool]
 
 def peer_channel(security: ChannelSecurity | None) -> Callable[[str], grpc.aio.Channel]:
     """How to open a channel to a partner: plaintext, or TLS with the token ``security`` names."""
-    options = grpc_options.client_options()
-    creds = security.channel_credentials() if security is not None else None
-    if security is None or creds is None:
-        return lambda address: grpc.aio.insecure_channel(address, options=options)
-    return lambda address: grpc.aio.secure_channel(address, creds, options=options + security.channel_options())
+    return lambda address: open_peer_channel(address, security)
 
 
 async def catch_up(

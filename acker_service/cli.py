@@ -131,11 +131,6 @@ _FLAGS = (
         "seconds a restarted acker holds Apply before copying its ranges (longer than the clients' reconnect backoff)",
     ),
     _Flag(
-        "peer_tls_ca",
-        _optional_path,
-        "PEM CA of the partners' certificates: the catch-up copies over TLS (presenting --tls-cert, if given)",
-    ),
-    _Flag(
         "peer_token_file",
         _optional_path,
         "file holding the bearer token the catch-up sends its partners (its principal needs admin = true)",

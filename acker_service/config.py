@@ -6,7 +6,6 @@ import os
 from dataclasses import dataclass
 
 from acker_protocol import grpc_options
-from acker_protocol.credentials import ChannelSecurity
 from acker_protocol.wire import MAX_REPLICAS
 
 from .tree_info import TIMEOUT_MODES, check_timeout_rules
@@ -73,9 +72,8 @@ class ServerConfig:
     # reconnect backoff, so that no client still skips this acker's copies (the partner applying
     # them after the copy was taken) once the copy is taken.
     catchup_delay: float = 2.0
-    # How a catching-up acker reaches partners that serve TLS and check tokens: the CA of their
-    # certificates, and a bearer token whose principal has the admin right (Snapshot is an admin call).
-    peer_tls_ca: str | None = None
+    # A bearer token for the catch-up's calls to its partners (Snapshot is an admin call); the channel's
+    # TLS is the peer_tls_* settings above (acker_service.peers).
     peer_token_file: str | None = None
 
     def __post_init__(self) -> None:
@@ -97,19 +95,6 @@ class ServerConfig:
     def peer_addresses(self) -> tuple[str, ...]:
         """The ``--peers`` addresses in shard order (empty: none given)."""
         return tuple(a.strip() for a in (self.peers or "").split(",") if a.strip())
-
-    @property
-    def peer_security(self) -> ChannelSecurity | None:
-        """How the catch-up reaches its partners: TLS (presenting this acker's certificate) and token, or None."""
-        if self.peer_tls_ca is None:
-            return None
-        return ChannelSecurity(
-            tls=True,
-            tls_ca=self.peer_tls_ca,
-            tls_cert=self.tls_cert,
-            tls_key=self.tls_key,
-            token_file=self.peer_token_file,
-        )
 
     @property
     def rotation_period(self) -> float:
@@ -165,7 +150,7 @@ def _problems(c: ServerConfig) -> list[str]:
         if getattr(c, name) < 0:
             problems.append(f"{name.replace('_', ' ')} must be 0 (no limit) or more, got {getattr(c, name)}")
     problems += _security_problems(c)
-    problems += _peer_problems(c)
+    problems += _catchup_problems(c)
     client_ping = grpc_options.KEEPALIVE_TIME_MS / 1000
     if not 0 < c.min_ping_interval <= client_ping:
         problems.append(
@@ -198,16 +183,15 @@ def _timeout_rule_problems(c: ServerConfig) -> list[str]:
     return []
 
 
-def _peer_problems(c: ServerConfig) -> list[str]:
+def _catchup_problems(c: ServerConfig) -> list[str]:
     """Peers only with two replicas, one address per shard, and a catch-up delay that is a duration."""
     problems = []
     if not (c.catchup_delay >= 0 and c.catchup_delay < 3600):
         problems.append(f"catch-up delay must be 0 to 3600 seconds, got {c.catchup_delay}")
-    if c.peer_token_file is not None and c.peer_tls_ca is None:
-        problems.append("--peer-token-file needs --peer-tls-ca: a bearer token is only sent over TLS")
-    for path in (c.peer_tls_ca, c.peer_token_file):
-        if path is not None and not os.path.isfile(path):
-            problems.append(f"{path} is not a readable file")
+    if c.peer_token_file is not None and c.tls_cert is None:
+        problems.append("--peer-token-file needs --tls-cert/--tls-key: a bearer token is only sent over TLS")
+    if c.peer_token_file is not None and not os.path.isfile(c.peer_token_file):
+        problems.append(f"{c.peer_token_file} is not a readable file")
     peers = c.peer_addresses
     if not peers:
         return problems
@@ -216,11 +200,6 @@ def _peer_problems(c: ServerConfig) -> list[str]:
     elif len(peers) != c.shard_count:
         problems.append(
             f"--peers needs one address per shard in shard order ({c.shard_count}), got {len(peers)}: {c.peers}"
-        )
-    if c.tls_cert is not None and c.peer_tls_ca is None:
-        problems.append(
-            "--peers with --tls-cert needs --peer-tls-ca, the CA that signed the partners' certificates "
-            "(the catch-up copies over TLS)"
         )
     if c.auth_tokens is not None and c.peer_token_file is None:
         problems.append(

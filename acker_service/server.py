@@ -32,6 +32,7 @@ from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
 from .operate import AGE_BUCKETS
 from .outcome_hub import OutcomeHub
+from .peers import catchup_security
 from .reflection import enable_reflection
 from .servicer import AckerServicer, add_acker_servicer
 from .shard import EXPIRY_SLICE, Shard
@@ -220,7 +221,7 @@ class AckerServer:
                     self.shard.install_snapshot,
                     delay=self.config.catchup_delay,
                     give_up_after=self.config.message_timeout,
-                    channel=peer_channel(self.config.peer_security),
+                    channel=peer_channel(catchup_security(self.config)),
                 )
             )
         ready.set()

@@ -90,7 +90,7 @@ def test_peers_are_checked_at_start():
     with pytest.raises(ConfigError, match="not host:port"):
         ServerConfig(shard_count=2, replicas=2, peers="a:1,b")
     assert ServerConfig(shard_count=2, replicas=2, peers="a:1, b:2").peer_addresses == ("a:1", "b:2")
-    with pytest.raises(ConfigError, match="--peer-token-file needs --peer-tls-ca"):
+    with pytest.raises(ConfigError, match="--peer-token-file needs --tls-cert"):
         ServerConfig(shard_count=2, replicas=2, peers="a:1,b:2", peer_token_file=__file__)
 
 
