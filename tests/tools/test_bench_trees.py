@@ -260,6 +260,7 @@ def test_load_points_report_latency_at_each_share_of_capacity(capsys):
         ["--chunk", "0"],
         ["--max-pending", "0"],
         ["--find-capacity", "--capacity-fraction", "1.5"],
+        ["--rate", "10", "--tick", "-0.001"],
     ],
 )
 def test_bench_refuses_contradicting_options(args, capsys):
