@@ -776,8 +776,7 @@ class ClusterClient:
             st.flusher.join(timeout=self.deadline + 1.0)
         if st.senders is not None:
             st.senders.shutdown(wait=True)
-        for channel in st.channels:
-            channel.close()
+        st.close_channels()
         for old in self._retired:
             if old.pid == process.current_pid():  # a parent's states are the parent's to close
                 self._close_retired(old)
@@ -798,8 +797,7 @@ class ClusterClient:
             old.flusher.join(timeout=self.deadline + 1.0)
         if old.senders is not None:
             old.senders.shutdown(wait=True)
-        for channel in old.channels:
-            channel.close()
+        old.close_channels()
 
     def __enter__(self) -> ClusterClient:
         return self

@@ -28,6 +28,9 @@ __all__ = ["ClientStats", "ProcessState", "Sending", "current_pid"]
 
 _APPLY = "/acker_service.v1.Acker/Apply"
 _SUBSCRIBE = "/acker_service.v1.Acker/Subscribe"
+# gRPC shares one connection between channels of equal options to the same address;
+# a channel with its own subchannel pool opens a connection of its own.
+_OWN_CONNECTION = ("grpc.use_local_subchannel_pool", 1)
 
 
 def _as_is(data: bytes) -> bytes:
@@ -133,13 +136,19 @@ class ProcessState:
             )
             for c, stream in zip(self.channels, streams)
         ]
+        # Outcome streams get channels (and connections) of their own. The sync gRPC
+        # client handles every call of a channel on one thread, under one channel-wide
+        # lock: on the Apply channel an outcome waited behind the ApplyStream's sends
+        # and acks, so it reached the spout with the next batches' traffic (the
+        # columnar bench's latency followed its batch interval: docs/benchmarks.md).
+        self.outcome_channels = [open_channel(a, security, [*options, _OWN_CONNECTION]) for a in addresses]
         self.subscribe_calls = [
             c.unary_stream(
                 _SUBSCRIBE,
                 request_serializer=acker_pb2.SubscribeRequest.SerializeToString,
                 response_deserializer=decode_outcome_batch,
             )
-            for c in self.channels
+            for c in self.outcome_channels
         ]
         self.connections = ConnectionMonitor(len(addresses))
         self.buffers = [OpBuffer() for _ in addresses]
@@ -156,3 +165,8 @@ class ProcessState:
         self.closed = False
         self.sending: set[Sending] = set()
         self.stats = ClientStats()
+
+    def close_channels(self) -> None:
+        """Close every channel of this state: the Apply and Describe ones and the outcome streams' ones."""
+        for channel in (*self.channels, *self.outcome_channels):
+            channel.close()

@@ -34,8 +34,7 @@ def flusher():
 
     sender.send_in_background = lambda st, shard: record(st, shard)  # type: ignore[method-assign]
     yield sender, state, sent
-    for channel in state.channels:
-        channel.close()
+    state.close_channels()
 
 
 def _buffer(state: ProcessState, shard: int, started: float) -> None:

@@ -53,6 +53,31 @@ def test_pacer_rate_holds_over_a_long_run():
     assert max(clock.pauses) <= 1 / 3333.0 + 1e-9
 
 
+def test_pacer_with_a_tick_hands_out_a_ticks_worth_at_a_time():
+    """10,000 trees/s, 1 ms ticks: after the first tree, take() sleeps until 10 are due, then hands them out."""
+    clock = SleepingClock()
+    pacer = Pacer(10_000.0, max_batch=64, tick=0.001, clock=clock, sleep=clock.sleep)
+    assert pacer.take() == 1 and clock.pauses == []  # the first tree, at once
+    batches = [pacer.take() for _ in range(100)]
+    assert batches == [10] * 100  # never a batch of one or two: the generator sleeps in between
+    assert clock.pauses == [pytest.approx(0.001)] * 100
+    assert pacer.issued == 1001
+
+
+def test_pacer_tick_keeps_the_rate_and_gives_a_backlog_at_once():
+    """A tick changes the batches, not the rate; a generator behind schedule gets what is due without sleeping."""
+    clock = SleepingClock()
+    pacer = Pacer(3333.0, max_batch=64, tick=0.002, clock=clock, sleep=clock.sleep)
+    issued, start = 0, clock()
+    while clock() - start < 10.0:
+        issued += pacer.take()
+    assert abs(issued - 3333.0 * (clock() - start)) <= pacer.min_batch
+    assert pacer.min_batch == 6
+    clock.advance(0.05)  # the generator stalled: 166 trees are due
+    pauses = len(clock.pauses)
+    assert [pacer.take() for _ in range(3)] == [64, 64, 38] and len(clock.pauses) == pauses
+
+
 def test_unpaced_pacer_never_waits():
     """rate=None: every call gets a full batch and wait() does not sleep."""
     clock = SleepingClock()
@@ -64,10 +89,18 @@ def test_unpaced_pacer_never_waits():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"rate": 0.0}, {"rate": float("inf")}, {"api": "rows"}, {"chunk": 0}, {"max_pending": 0}],
+    [
+        {"rate": 0.0},
+        {"rate": float("inf")},
+        {"api": "rows"},
+        {"chunk": 0},
+        {"max_pending": 0},
+        {"tick": -0.001},
+        {"tick": float("nan")},
+    ],
 )
 def test_bench_config_refuses_bad_settings(kwargs):
-    """A zero or infinite rate, an unknown API, an empty batch or no room for pending trees is refused."""
+    """A zero or infinite rate, an unknown API, an empty batch, no room for pending trees or a bad tick is refused."""
     with pytest.raises(ValueError):
         BenchConfig(addresses=("a:1",), **kwargs)
 
@@ -227,6 +260,7 @@ def test_load_points_report_latency_at_each_share_of_capacity(capsys):
         ["--chunk", "0"],
         ["--max-pending", "0"],
         ["--find-capacity", "--capacity-fraction", "1.5"],
+        ["--rate", "10", "--tick", "-0.001"],
     ],
 )
 def test_bench_refuses_contradicting_options(args, capsys):

@@ -119,6 +119,14 @@ def _parser() -> argparse.ArgumentParser:
         "batches, to read latency at a fixed load (default: flat out)",
     )
     p.add_argument(
+        "--tick",
+        type=float,
+        default=0.002,
+        help="trees mode, paced: start the trees due once per this many seconds, a batch at a time as a producer "
+        "would (default 0.002; 0: whatever is due, at once, so a load whose batch costs more than the gap "
+        "between two trees spins on a core)",
+    )
+    p.add_argument(
         "--find-capacity",
         action="store_true",
         help="trees mode: run flat out for --duration, then again at --capacity-fraction of the trees/s "
@@ -396,6 +404,7 @@ def _trees_config(
         addresses=addresses, fan_out=args.fan_out, depth=args.depth, batch_size=args.batch_size,
         flush_interval=args.flush_interval, duration=args.duration, processes=args.processes,
         max_pending=args.max_pending, security=security, api=args.api, rate=args.rate, chunk=args.chunk,
+        tick=args.tick,
     )  # fmt: skip
 
 

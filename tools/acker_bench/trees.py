@@ -53,6 +53,7 @@ class BenchConfig:
     security: ChannelSecurity | None = None
     api: str = "tuples"
     rate: float | None = None  # trees/s for the whole run, split evenly over the processes; None: flat out
+    tick: float = 0.002  # paced: seconds between the load's batches (Pacer); 0: whatever is due, at once
     chunk: int = 1_024  # columns: most trees started per batch (a paced batch is usually far smaller)
 
     def __post_init__(self) -> None:
@@ -64,6 +65,8 @@ class BenchConfig:
             raise ValueError(f"rate must be a positive number of trees per second, got {self.rate}")
         if self.chunk < 1 or self.max_pending < 1:
             raise ValueError("chunk and max_pending must be >= 1")
+        if not (self.tick >= 0 and math.isfinite(self.tick)):
+            raise ValueError(f"tick must be zero or a positive number of seconds, got {self.tick}")
 
     @property
     def acks_per_tree(self) -> int:
@@ -78,7 +81,14 @@ class Pacer:
     ``floor(t * rate)`` trees. A generator that falls behind gets the backlog
     in batches of ``max_batch`` (so its achieved rate shows the shortfall);
     ``rate=None`` means no pacing: every call gets ``max_batch``.
-    ``clock`` and ``sleep`` are injectable for tests.
+
+    ``tick`` (seconds) makes :meth:`take` wait until a tick's worth of trees
+    is due (``rate * tick``, at least 1, at most ``max_batch``), as a producer
+    of batches would. Without it a generator whose batch costs more than the
+    gap between two trees never sleeps: it spins on batches of one or two
+    trees and takes a whole core from the client's threads and the ackers it
+    is measuring (docs/benchmarks.md). ``clock`` and ``sleep`` are injectable
+    for tests.
     """
 
     def __init__(
@@ -86,6 +96,7 @@ class Pacer:
         rate: float | None,
         max_batch: int,
         *,
+        tick: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -93,8 +104,12 @@ class Pacer:
             raise ValueError("max_batch must be >= 1")
         if rate is not None and not rate > 0:
             raise ValueError(f"rate must be positive, got {rate}")
+        if not (tick >= 0 and math.isfinite(tick)):
+            raise ValueError(f"tick must be zero or a positive number of seconds, got {tick}")
         self.rate = rate
         self.max_batch = max_batch
+        # Trees take() waits for: a tick's worth (the fraction of a tree below one is dropped).
+        self.min_batch = 1 if rate is None else min(max_batch, max(1, math.floor(rate * tick + 1e-6)))
         self._clock = clock
         self._sleep = sleep
         self.started_at: float | None = None
@@ -115,16 +130,18 @@ class Pacer:
         return count
 
     def wait(self) -> None:
-        """Sleep until the next tree is due (at once when unpaced or behind)."""
+        """Sleep until ``min_batch`` trees are due (at once when unpaced or behind)."""
         if self.rate is None or self.started_at is None:
             return
-        next_at = self.started_at + self.issued / self.rate
+        # Tree k (from 0) is due at k / rate.
+        next_at = self.started_at + (self.issued + self.min_batch - 1) / self.rate
         pause = next_at - self._clock()
         if pause > 0:
             self._sleep(pause)
 
     def take(self) -> int:
-        """Wait for the next due tree, then return how many are due (at least 1)."""
+        """Wait until ``min_batch`` trees are due (the first call: one, at once), then return how many are (>= 1)."""
+        self.wait()
         while True:
             count = self.due()
             if count:
@@ -152,6 +169,7 @@ def summarize(config: BenchConfig, parts: list[dict], sampled_pending: list[int]
         "depth": config.depth,
         "batch_size": config.batch_size,
         "rate_requested": config.rate,
+        "tick_s": config.tick if config.rate is not None else None,
         "duration_s": round(elapsed, 3),
         "load_seconds": round(load, 3),
         "ack_ops_per_s": round(sum(p["acks"] for p in parts) / elapsed, 1),
@@ -205,7 +223,7 @@ def _tuples_worker(config: BenchConfig, worker: int, start_at: float, results) -
     with _client(config) as client:
         spout = Spout(client, on_ack=on_ack, on_fail=on_fail, max_pending=config.max_pending).start()
         bolt = BoltCollector(client)
-        pacer = Pacer(_per_process_rate(config), 64)
+        pacer = Pacer(_per_process_rate(config), 64, tick=config.tick)
         fan_out, depth = config.fan_out, config.depth
         _wait_for_start(start_at)
         began = time.perf_counter()
@@ -264,7 +282,7 @@ def _columns_worker(config: BenchConfig, worker: int, start_at: float, results) 
     with _client(config) as client:
         spout = Spout(client, on_outcomes=on_outcomes, max_pending=config.max_pending).start()
         # A batch never exceeds max_pending, so back-pressure can always admit one.
-        pacer = Pacer(_per_process_rate(config), min(config.chunk, config.max_pending))
+        pacer = Pacer(_per_process_rate(config), min(config.chunk, config.max_pending), tick=config.tick)
         _wait_for_start(start_at)
         began = time.perf_counter()
         end = began + config.duration
