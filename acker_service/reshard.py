@@ -1,12 +1,17 @@
 """The acker's side of a layout change over gRPC: moved entries as a HandoffRequest, and sending them to their new owners.
 
-The rules (what moves, when Apply is held) are in :mod:`acker_service.layout`
-and the ledger engines (``export_moving`` / ``import_entries``); this module
-only carries entries between ackers.
+The rules (what moves, what is held or refused meanwhile) are in
+:mod:`acker_service.layout` and the ledger engines (``export_moving`` /
+``import_entries``); this module only carries entries between ackers. An old
+owner hands every acker of the new layout at least one chunk, an empty one
+too: the new owner applies the operations it held for the old owner's roots
+once it has merged all of that old owner's chunks, so it must learn that
+nothing (more) comes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass
 
@@ -27,11 +32,17 @@ HANDOFF_DEADLINE = 30.0
 
 @dataclass(frozen=True)
 class Chunk:
-    """Entries for one new owner, named by ``key`` (the receiver merges each key once)."""
+    """Entries for one new owner, named by ``key`` (the receiver merges each key once).
+
+    ``source`` is the sender's shard index in the layout left, ``count`` how many
+    chunks it hands this new owner in all.
+    """
 
     shard: int
     key: int
     entries: MovedEntries
+    source: int
+    count: int
 
 
 class HandoffFailed(Exception):
@@ -79,42 +90,54 @@ def _chunks(moved: MovedEntries) -> list[MovedEntries]:
     return [moved.select((ids >= lo) & (ids < lo + ENTRIES_PER_MESSAGE)) for lo in range(0, n, ENTRIES_PER_MESSAGE)]
 
 
-def plan_handoffs(moved: MovedEntries, layout: Layout) -> list[Chunk]:
-    """Split moved entries by new owner (``root % layout.count``) into named chunks, ready to send and to resend."""
-    if not len(moved):
-        return []
+def plan_handoffs(moved: MovedEntries, layout: Layout, source: int) -> list[Chunk]:
+    """Split moved entries by new owner (``root % layout.count``) into named chunks, ready to send and to resend.
+
+    Every shard of ``layout`` but the sender's own place in it gets at least one
+    chunk (an empty one when nothing moves there).
+    """
     owners = (moved.roots % np.uint64(layout.count)).astype(np.int64)
-    return [
-        Chunk(shard, secrets.randbits(64) or 1, chunk)
-        for shard in np.unique(owners).tolist()
-        for chunk in _chunks(moved.select(owners == shard))
-    ]
+    chunks = []
+    for shard in range(layout.count):
+        if shard == layout.index:
+            continue
+        pieces = _chunks(moved.select(owners == shard))
+        chunks += [Chunk(shard, secrets.randbits(64) or 1, piece, source, len(pieces)) for piece in pieces]
+    return chunks
 
 
 async def send_handoffs(chunks: list[Chunk], layout: Layout, metadata: tuple[tuple[str, str], ...] = ()) -> list[Chunk]:
-    """Send each chunk to its new owner; return the chunks not acknowledged (to be sent again by the next cut).
+    """Send each chunk to its new owner (the new owners at once); return the chunks not acknowledged.
 
     A chunk whose call failed may still have been merged (a lost answer): it is
-    sent again unchanged, and its key makes the receiver acknowledge it without
-    merging twice.
+    sent again unchanged by the next cut, and its key makes the receiver
+    acknowledge it without merging twice.
     """
     if chunks and not layout.addresses:
         raise HandoffFailed("the new layout names no addresses; PrepareLayout must carry every shard's address")
-    left: list[Chunk] = []
-    channels: dict[str, grpc.aio.Channel] = {}
-    try:
-        for chunk in chunks:
-            address = layout.addresses[chunk.shard]
-            if address not in channels:
-                channels[address] = grpc.aio.insecure_channel(address, options=grpc_options.client_options())
-            stub = acker_pb2_grpc.AckerStub(channels[address])
+    by_shard: dict[int, list[Chunk]] = {}
+    for chunk in chunks:
+        by_shard.setdefault(chunk.shard, []).append(chunk)
+    channels = {
+        shard: grpc.aio.insecure_channel(layout.addresses[shard], options=grpc_options.client_options())
+        for shard in by_shard
+    }
+
+    async def send(shard: int, mine: list[Chunk]) -> list[Chunk]:
+        stub = acker_pb2_grpc.AckerStub(channels[shard])
+        left = []
+        for chunk in mine:
             request = to_request(layout.epoch, chunk.entries)
-            request.chunk_key = chunk.key
+            request.chunk_key, request.source, request.chunks = chunk.key, chunk.source, chunk.count
             try:
                 await stub.Handoff(request, timeout=HANDOFF_DEADLINE, metadata=metadata)
             except grpc.aio.AioRpcError:
                 left.append(chunk)
+        return left
+
+    try:
+        results = await asyncio.gather(*(send(shard, mine) for shard, mine in by_shard.items()))
     finally:
         for channel in channels.values():
             await channel.close()
-    return left
+    return [chunk for left in results for chunk in left]

@@ -62,7 +62,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             status, message = _STATUS_OF[type(exc)], str(exc)
         else:
             return acker_pb2.ApplyResponse(
-                applied=result.applied, deduplicated=result.deduplicated, ignored=result.ignored
+                applied=result.applied, deduplicated=result.deduplicated, ignored=result.ignored, held=result.held
             )
         await context.abort(status, message)
 
@@ -166,21 +166,23 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             apply_stream=True,
             layout=_layout_message(self._shard.layout.current),
             move_state=self._shard.layout.state,
+            next_layout=_layout_message(self._shard.layout.next),
         )
 
     # -- layout changes (issue 29; the rules are in layout.py and the ledger engines) --
 
     async def PrepareLayout(self, request: acker_pb2.PrepareLayoutRequest, context: grpc.aio.ServicerContext):
-        """Hold Apply and learn this acker's place in the next layout."""
-        m = request.layout
+        """Learn this acker's place in the next layout (and in the one left): hold the roots moving here."""
+        m, p = request.layout, request.previous
+        previous = Layout(p.epoch, p.shard_count, p.shard_index, tuple(p.addresses)) if request.HasField("previous") else None
         try:
-            self._shard.prepare_layout(Layout(m.epoch, m.shard_count, m.shard_index, tuple(m.addresses)))
+            self._shard.prepare_layout(Layout(m.epoch, m.shard_count, m.shard_index, tuple(m.addresses)), previous)
         except LayoutRefused as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return _layout_response(self._shard.layout)
 
     async def CutLayout(self, request: acker_pb2.CutLayoutRequest, context: grpc.aio.ServicerContext):
-        """Hand the entries the next layout gives away to their new owners."""
+        """Take out the entries the next layout gives away, refuse their roots, and hand them to their new owners."""
         # The handoffs carry the caller's credentials: an operator allowed to cut may hand over.
         metadata = tuple((k, v) for k, v in context.invocation_metadata() or () if k == "authorization")
         try:
@@ -190,7 +192,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
         return acker_pb2.CutLayoutResponse(moved_trees=trees, moved_entries=entries)
 
     async def CommitLayout(self, request: acker_pb2.CommitLayoutRequest, context: grpc.aio.ServicerContext):
-        """Take the next layout and serve again."""
+        """Make the next layout the current one."""
         try:
             self._shard.commit_layout(request.epoch)
         except LayoutRefused as exc:
@@ -204,9 +206,9 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}; nothing merged")
         try:
-            imported = self._shard.take_handoff(request.epoch, request.chunk_key, moved)
+            imported = self._shard.take_handoff(request.epoch, request.source, request.chunks, request.chunk_key, moved)
         except (LayoutRefused, BatchError) as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            await context.abort(_STATUS_OF.get(type(exc), grpc.StatusCode.FAILED_PRECONDITION), str(exc))
         return acker_pb2.HandoffResponse(imported=imported)
 
 

@@ -314,7 +314,9 @@ class ClusterClient:
             info = st.stubs[shard].Describe(acker_pb2.DescribeRequest(), timeout=self.deadline)
         except grpc.RpcError:
             return False
-        layout = info.layout
+        # During a change the refusing acker names the layout being moved to: route by it now.
+        moving = info.HasField("next_layout") and info.next_layout.epoch > info.layout.epoch
+        layout = info.next_layout if moving else info.layout
         if not layout.addresses or depth > 3:
             return False
         new_state = self._adopt(layout.epoch, tuple(layout.addresses))
@@ -325,7 +327,14 @@ class ClusterClient:
             call = new_state.apply_calls[target]
 
             def send(data: bytes, timeout: float, wait_for_ready: bool, call=call) -> object:
-                return call.future(data, timeout=timeout, wait_for_ready=wait_for_ready).result()
+                response = call.future(data, timeout=timeout, wait_for_ready=wait_for_ready).result()
+                with new_state.lock:  # counted as any batch's answer (a held part applies at the new owner later)
+                    stats = new_state.stats
+                    stats.applied += response.applied
+                    stats.deduplicated += response.deduplicated
+                    stats.ignored += response.ignored
+                    stats.held += response.held
+                return response
 
             error = send_until_applied(send, part, deadline=self.deadline, give_up_at=give_up_at, sleep=time.sleep)
             if error is None:
