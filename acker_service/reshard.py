@@ -18,15 +18,27 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 from acker_protocol import grpc_options
-from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+from acker_protocol.packed_handoff import HandoffColumns, decode_handoff, encode_handoff
+from acker_protocol.v1 import acker_pb2
 
 from .handoff import MovedEntries
 from .layout import Layout
 
-__all__ = ["to_request", "from_request", "send_handoffs", "HANDOFF_DEADLINE", "HandoffFailed", "Chunk", "plan_handoffs"]
+__all__ = [
+    "to_request",
+    "chunk_bytes",
+    "from_bytes",
+    "send_handoffs",
+    "HANDOFF_DEADLINE",
+    "HandoffFailed",
+    "Chunk",
+    "plan_handoffs",
+]
 
-# One handoff carries at most this many entries: ~60 bytes each keeps a message far below 4 MiB.
-ENTRIES_PER_MESSAGE = 50_000
+# One handoff carries at most this many entries: ~60 bytes each keeps a message far below 4 MiB,
+# and merging one holds the receiver's event loop for a few milliseconds only.
+ENTRIES_PER_MESSAGE = 20_000
+_HANDOFF_METHOD = "/acker_service.v1.Acker/Handoff"
 HANDOFF_DEADLINE = 30.0
 
 
@@ -50,7 +62,7 @@ class HandoffFailed(Exception):
 
 
 def to_request(epoch: int, moved: MovedEntries) -> acker_pb2.HandoffRequest:
-    """Moved entries as a HandoffRequest of layout ``epoch``."""
+    """Moved entries as a HandoffRequest message of layout ``epoch`` (tests and tools; a cut sends :func:`chunk_bytes`)."""
     return acker_pb2.HandoffRequest(
         epoch=epoch,
         root_ids=moved.roots.tolist(),
@@ -66,28 +78,52 @@ def to_request(epoch: int, moved: MovedEntries) -> acker_pb2.HandoffRequest:
     )
 
 
-def from_request(request: acker_pb2.HandoffRequest) -> MovedEntries:
-    """The moved entries of a HandoffRequest (ValueError, with the reason, when its columns disagree)."""
-    return MovedEntries(
-        np.array(request.root_ids, np.uint64),
-        np.array(request.values, np.uint64),
-        list(request.spouts),
-        np.array(request.spout_index, np.int32),
-        np.array(request.ages_micros, np.uint64),
-        np.array(request.generations, np.uint8),
-        np.array(request.failed, np.bool_),
-        np.array(request.resets, np.uint32),
-        np.array(request.key_counts, np.uint32),
-        np.array(request.dedup_keys, np.uint64),
+def chunk_bytes(epoch: int, chunk: Chunk) -> bytes:
+    """A chunk as serialized HandoffRequest bytes, written from its columns (no Python object per entry)."""
+    m = chunk.entries
+    return encode_handoff(
+        epoch,
+        m.roots,
+        m.values,
+        m.spouts,
+        m.spout_index,
+        m.ages_us,
+        m.generations,
+        m.failed,
+        m.resets,
+        m.key_counts,
+        m.keys,
+        chunk_key=chunk.key,
+        source=chunk.source,
+        chunks=chunk.count,
     )
+
+
+def from_bytes(data: bytes) -> tuple[HandoffColumns, MovedEntries]:
+    """The header and moved entries of HandoffRequest bytes (ValueError, with the reason, when they are not valid)."""
+    h = decode_handoff(data)
+    if len(h.spout_index) and (int(h.spout_index.min()) < -1 or int(h.spout_index.max()) >= 2**31):
+        raise ValueError("moved entries: a spout index is outside the spout names (-1: no init yet)")
+    moved = MovedEntries(
+        h.roots,
+        h.values,
+        h.spouts,
+        h.spout_index.astype(np.int32),
+        h.ages_us,
+        h.generations.astype(np.uint8),
+        h.failed,
+        h.resets.astype(np.uint32),
+        h.key_counts.astype(np.uint32),
+        h.keys,
+    )
+    return h, moved
 
 
 def _chunks(moved: MovedEntries) -> list[MovedEntries]:
     n = len(moved)
     if n <= ENTRIES_PER_MESSAGE:
         return [moved]
-    ids = np.arange(n)
-    return [moved.select((ids >= lo) & (ids < lo + ENTRIES_PER_MESSAGE)) for lo in range(0, n, ENTRIES_PER_MESSAGE)]
+    return [moved.slice(lo, lo + ENTRIES_PER_MESSAGE) for lo in range(0, n, ENTRIES_PER_MESSAGE)]
 
 
 def plan_handoffs(moved: MovedEntries, layout: Layout, source: int) -> list[Chunk]:
@@ -124,13 +160,12 @@ async def send_handoffs(chunks: list[Chunk], layout: Layout, metadata: tuple[tup
     }
 
     async def send(shard: int, mine: list[Chunk]) -> list[Chunk]:
-        stub = acker_pb2_grpc.AckerStub(channels[shard])
+        # Bytes in (no request serializer): the chunk is encoded from its columns.
+        call = channels[shard].unary_unary(_HANDOFF_METHOD, response_deserializer=acker_pb2.HandoffResponse.FromString)
         left = []
         for chunk in mine:
-            request = to_request(layout.epoch, chunk.entries)
-            request.chunk_key, request.source, request.chunks = chunk.key, chunk.source, chunk.count
             try:
-                await stub.Handoff(request, timeout=HANDOFF_DEADLINE, metadata=metadata)
+                await call(chunk_bytes(layout.epoch, chunk), timeout=HANDOFF_DEADLINE, metadata=metadata)
             except grpc.aio.AioRpcError:
                 left.append(chunk)
         return left

@@ -24,7 +24,7 @@ from ._version import __version__
 from .apply_stream import RefusedRequest, serve_apply_stream
 from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
 from .layout import ApplyHeld, Layout, LayoutMachine, LayoutRefused
-from .reshard import HandoffFailed, from_request
+from .reshard import HandoffFailed, from_bytes
 from .shard import BadSpoutName, Shard, ShardClosing, SubscribeRefused, Superseded, TooManySubscriptions
 from .tree_info import TreeInfo
 
@@ -174,7 +174,9 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
     async def PrepareLayout(self, request: acker_pb2.PrepareLayoutRequest, context: grpc.aio.ServicerContext):
         """Learn this acker's place in the next layout (and in the one left): hold the roots moving here."""
         m, p = request.layout, request.previous
-        previous = Layout(p.epoch, p.shard_count, p.shard_index, tuple(p.addresses)) if request.HasField("previous") else None
+        previous = (
+            Layout(p.epoch, p.shard_count, p.shard_index, tuple(p.addresses)) if request.HasField("previous") else None
+        )
         try:
             self._shard.prepare_layout(Layout(m.epoch, m.shard_count, m.shard_index, tuple(m.addresses)), previous)
         except LayoutRefused as exc:
@@ -199,14 +201,15 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return _layout_response(self._shard.layout)
 
-    async def Handoff(self, request: acker_pb2.HandoffRequest, context: grpc.aio.ServicerContext):
+    # The generated base class types the request as HandoffRequest; here it is its bytes (add_acker_servicer).
+    async def Handoff(self, request: bytes, context: grpc.aio.ServicerContext):  # type: ignore[override]
         """Merge the entries another acker hands over in a cut."""
         try:
-            moved = from_request(request)
+            h, moved = from_bytes(request)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}; nothing merged")
         try:
-            imported = self._shard.take_handoff(request.epoch, request.source, request.chunks, request.chunk_key, moved)
+            imported = self._shard.take_handoff(h.epoch, h.source, h.chunks, h.chunk_key, moved)
         except (LayoutRefused, BatchError) as exc:
             await context.abort(_STATUS_OF.get(type(exc), grpc.StatusCode.FAILED_PRECONDITION), str(exc))
         return acker_pb2.HandoffResponse(imported=imported)
@@ -247,7 +250,7 @@ def _raw(data: bytes) -> bytes:
 def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None:
     """Register the servicer like the generated ``add_AckerServicer_to_server``, but with bytes where it pays.
 
-    Apply and ApplyStream get raw request bytes; Subscribe yields serialized OutcomeBatch bytes.
+    Apply, ApplyStream and Handoff get raw request bytes; Subscribe yields serialized OutcomeBatch bytes.
 
     The native engine decodes ``ApplyRequest`` in Rust; the reference engine decodes
     with protobuf. Either way a request that does not decode is INVALID_ARGUMENT
@@ -295,9 +298,14 @@ def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None
                 ("PrepareLayout", acker_pb2.PrepareLayoutRequest, acker_pb2.LayoutResponse),
                 ("CutLayout", acker_pb2.CutLayoutRequest, acker_pb2.CutLayoutResponse),
                 ("CommitLayout", acker_pb2.CommitLayoutRequest, acker_pb2.LayoutResponse),
-                ("Handoff", acker_pb2.HandoffRequest, acker_pb2.HandoffResponse),
             )
         },
+        # Bytes in: moved entries decode into columns (acker_protocol.packed_handoff), never an object per entry.
+        "Handoff": grpc.unary_unary_rpc_method_handler(
+            servicer.Handoff,
+            request_deserializer=_raw,
+            response_serializer=acker_pb2.HandoffResponse.SerializeToString,
+        ),
     }
     service = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))

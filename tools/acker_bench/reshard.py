@@ -193,8 +193,7 @@ def _run(bench: ReshardBench, addresses: list[str]) -> dict:
         "moved_trees": sum(m["moved_trees"] for m in moves),
         "move_seconds": round(max(m["move_seconds"] for m in moves), 3),
         "moves": [
-            {k: m[k] for k in ("from_shards", "to_shards", "moved_trees", "move_seconds", "cut_seconds")}
-            for m in moves
+            {k: m[k] for k in ("from_shards", "to_shards", "moved_trees", "move_seconds", "cut_seconds")} for m in moves
         ],
         "steady_trees": len(emitted),
         "lost": lost,

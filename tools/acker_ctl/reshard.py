@@ -14,8 +14,8 @@ docs/acker-semantics.md, "Moving trees".
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from acker_protocol.credentials import ChannelSecurity
