@@ -15,8 +15,10 @@ that change owner wait; every other root is served by its owner throughout:
   layout gives away and from then on refuses their roots (FAILED_PRECONDITION,
   naming the next layout); the servicer then hands them to their new owners
   (see :mod:`acker_service.reshard`).
-* merge: a new owner merges every chunk of an old owner's handoff, then
-  applies the operations it held for that old owner's roots.
+* merge: a new owner merges the chunks of an old owner's handoff and applies
+  what it held for a root once that root cannot be waiting any more: its
+  entry's chunk was merged, or the first chunk's manifest (every root the old
+  owner hands over) does not name it, or every chunk was merged.
 * ``commit``: the next layout becomes the current one.
 
 :meth:`LayoutMachine.route` says, per operation, which of apply / hold / refuse
@@ -32,7 +34,7 @@ import numpy as np
 
 from .batch import BatchError
 
-__all__ = ["Layout", "LayoutMachine", "LayoutRefused", "ApplyHeld", "Route", "SERVING", "PREPARED", "CUT"]
+__all__ = ["Layout", "LayoutMachine", "LayoutRefused", "ApplyHeld", "Arrivals", "Route", "SERVING", "PREPARED", "CUT"]
 
 SERVING, PREPARED, CUT = "serving", "prepared", "cut"
 
@@ -82,6 +84,45 @@ class Layout:
             )
 
 
+class Arrivals:
+    """What one old owner has handed this acker so far: its manifest (sorted) and which of its roots were merged."""
+
+    def __init__(self) -> None:
+        self.manifest: np.ndarray | None = None
+        self.merged = np.zeros(0, np.bool_)
+        self._early: list[np.ndarray] = []  # roots of chunks merged before the manifest came
+
+    def chunk_merged(self, roots: np.ndarray, manifest: np.ndarray | None) -> None:
+        """A chunk carrying ``roots`` (and, the first one, the ``manifest``) was merged."""
+        if manifest is not None and len(manifest) and self.manifest is None:
+            self.manifest = np.sort(np.asarray(manifest, np.uint64))
+            self.merged = np.zeros(len(self.manifest), np.bool_)
+            for early in self._early:
+                self._mark(early)
+            self._early = []
+        if self.manifest is None:
+            self._early.append(np.asarray(roots, np.uint64))
+        else:
+            self._mark(roots)
+
+    def _mark(self, roots: np.ndarray) -> None:
+        at, found = self._find(np.asarray(roots, np.uint64))
+        self.merged[at[found]] = True
+
+    def _find(self, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assert self.manifest is not None
+        at = np.minimum(np.searchsorted(self.manifest, roots), max(len(self.manifest) - 1, 0))
+        found = self.manifest[at] == roots if len(self.manifest) else np.zeros(len(roots), np.bool_)
+        return at, found
+
+    def waiting(self, roots: np.ndarray) -> np.ndarray:
+        """Which of ``roots`` may still have an entry on its way here (all of them until the manifest came)."""
+        if self.manifest is None:
+            return np.ones(len(roots), np.bool_)
+        at, found = self._find(roots)
+        return found & ~self.merged[at]
+
+
 @dataclass(frozen=True)
 class Route:
     """What to do with each operation of a request during a move.
@@ -104,8 +145,9 @@ class LayoutMachine:
         self.previous: Layout | None = None  # the layout being left, while a change is under way
         self.next: Layout | None = None
         self.state = SERVING
-        # Old shard indices whose handoff to this acker is not merged yet: their roots are held.
+        # Old shard indices whose handoff to this acker is not merged yet: their roots may be held.
         self.awaiting: set[int] = set()
+        self.arrivals: dict[int, Arrivals] = {}
         self.moved_trees = 0  # handed over by the cuts
         self.moved_entries = 0
 
@@ -134,6 +176,7 @@ class LayoutMachine:
         # Every old owner but this acker itself hands over (an empty handoff too): await each one.
         own = previous.index
         self.awaiting = {i for i in range(previous.count) if i != own} if layout.index >= 0 else set()
+        self.arrivals = {i: Arrivals() for i in self.awaiting}
 
     def start_cut(self, epoch: int) -> Layout:
         """The layout to cut to; refused unless ``epoch`` was prepared (a repeated cut is allowed: it re-sends)."""
@@ -154,9 +197,15 @@ class LayoutMachine:
         """Whether moved entries of ``epoch`` may be merged now (prepared or cut for it)."""
         return self.next is not None and self.next.epoch == epoch and self.state in (PREPARED, CUT)
 
+    def chunk_merged(self, source: int, roots: np.ndarray, manifest: np.ndarray | None = None) -> None:
+        """A chunk of old owner ``source`` was merged: its roots (and, with the manifest, every root not named) apply now."""
+        if source in self.arrivals:
+            self.arrivals[source].chunk_merged(roots, manifest)
+
     def source_merged(self, source: int) -> None:
         """Old owner ``source``'s whole handoff was merged: its roots are no longer held."""
         self.awaiting.discard(source)
+        self.arrivals.pop(source, None)
 
     def route(self, roots: np.ndarray) -> Route:
         """Per root (uint64) during a change: apply now, hold for an old owner's handoff, or refuse."""
@@ -166,11 +215,12 @@ class LayoutMachine:
         old_owned = previous.owned(roots)
         old_shard = (roots % np.uint64(previous.count)).astype(np.int64)
         arriving = new_owned & ~old_owned
+        source = np.full(len(roots), -1, np.int64)
         if self.awaiting and arriving.any():
-            held = arriving & np.isin(old_shard, np.fromiter(self.awaiting, np.int64))
-            source = np.where(held, old_shard, -1)
-        else:
-            source = np.full(len(roots), -1, np.int64)
+            for s in self.awaiting:
+                at = np.flatnonzero(arriving & (old_shard == s))
+                if len(at):
+                    source[at[self.arrivals[s].waiting(roots[at])]] = s
         # Until its cut an old owner still serves the roots it gives away.
         served = new_owned | old_owned if self.state == PREPARED else new_owned
         foreign = np.flatnonzero(~served)
@@ -198,4 +248,5 @@ class LayoutMachine:
                 "arrived; cut every acker of the old layout first (acker-ctl reshard again)"
             )
         self.current, self.previous, self.next, self.state = self.next, None, None, SERVING
+        self.arrivals = {}
         return self.current

@@ -47,7 +47,8 @@ class Chunk:
     """Entries for one new owner, named by ``key`` (the receiver merges each key once).
 
     ``source`` is the sender's shard index in the layout left, ``count`` how many
-    chunks it hands this new owner in all.
+    chunks it hands this new owner in all; the first one to each new owner
+    carries the ``manifest``, the roots of all of them.
     """
 
     shard: int
@@ -55,6 +56,7 @@ class Chunk:
     entries: MovedEntries
     source: int
     count: int
+    manifest: np.ndarray | None = None
 
 
 class HandoffFailed(Exception):
@@ -96,6 +98,7 @@ def chunk_bytes(epoch: int, chunk: Chunk) -> bytes:
         chunk_key=chunk.key,
         source=chunk.source,
         chunks=chunk.count,
+        manifest=chunk.manifest,
     )
 
 
@@ -130,15 +133,23 @@ def plan_handoffs(moved: MovedEntries, layout: Layout, source: int) -> list[Chun
     """Split moved entries by new owner (``root % layout.count``) into named chunks, ready to send and to resend.
 
     Every shard of ``layout`` but the sender's own place in it gets at least one
-    chunk (an empty one when nothing moves there).
+    chunk (an empty one when nothing moves there). Each new owner's entries go
+    youngest first, and its first chunk names every root of all its chunks:
+    the trees still in progress (recently started) are the ones operations
+    arrive for, so their held operations apply once the first chunk is merged,
+    and those on roots in no chunk (trees started after the cut) at once.
     """
     owners = (moved.roots % np.uint64(layout.count)).astype(np.int64)
     chunks = []
     for shard in range(layout.count):
         if shard == layout.index:
             continue
-        pieces = _chunks(moved.select(owners == shard))
-        chunks += [Chunk(shard, secrets.randbits(64) or 1, piece, source, len(pieces)) for piece in pieces]
+        part = moved.select(owners == shard)
+        pieces = _chunks(part.take(np.argsort(part.ages_us, kind="stable")))
+        chunks += [
+            Chunk(shard, secrets.randbits(64) or 1, piece, source, len(pieces), part.roots if i == 0 else None)
+            for i, piece in enumerate(pieces)
+        ]
     return chunks
 
 

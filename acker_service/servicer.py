@@ -209,7 +209,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}; nothing merged")
         try:
-            imported = self._shard.take_handoff(h.epoch, h.source, h.chunks, h.chunk_key, moved)
+            imported = self._shard.take_handoff(h.epoch, h.source, h.chunks, h.chunk_key, moved, h.manifest)
         except (LayoutRefused, BatchError) as exc:
             await context.abort(_STATUS_OF.get(type(exc), grpc.StatusCode.FAILED_PRECONDITION), str(exc))
         return acker_pb2.HandoffResponse(imported=imported)

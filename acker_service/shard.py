@@ -346,11 +346,15 @@ class Shard:
             )
         return self._cut_moved
 
-    def take_handoff(self, epoch: int, source: int, chunks: int, key: int, moved: MovedEntries) -> int:
+    def take_handoff(
+        self, epoch: int, source: int, chunks: int, key: int, moved: MovedEntries, manifest: np.ndarray | None = None
+    ) -> int:
         """Merge a chunk old owner ``source`` handed over (once per key); how many entries were merged.
 
-        Once all ``chunks`` of ``source`` are merged, the operations held for its
-        roots apply, in arrival order, through the ledger's normal rules.
+        The operations held for a root of ``source`` then apply, in arrival order,
+        through the ledger's normal rules, once its entry's chunk is merged, or the
+        ``manifest`` (carried by the first chunk) shows no entry is coming for it,
+        or all ``chunks`` are merged.
         """
         if not self.layout.accepts_handoff(epoch):
             raise LayoutRefused(f"this acker is not prepared for layout epoch {epoch}; moved entries refused")
@@ -369,16 +373,30 @@ class Shard:
             )
         self._settle(self.ledger.import_entries(moved))
         merged.add(key)
-        if len(merged) >= chunks:
+        complete = len(merged) >= chunks
+        if complete:
             self.layout.source_merged(source)
-            self._release(source)
+        else:
+            self.layout.chunk_merged(source, moved.roots, manifest)
+        self._release(source, complete)
         return len(moved)
 
-    def _release(self, source: int) -> None:
-        """Apply what was held for old owner ``source``'s roots, now that its entries are here."""
+    def _release(self, source: int, complete: bool) -> None:
+        """Apply what was held for old owner ``source``'s roots whose entries are here (all, once ``complete``)."""
         for request in self.held.release(source):
             try:
-                self._applied(self.ledger.apply(request, self._any_root, max_expired=0))
+                if complete:
+                    self._applied(self.ledger.apply(request, self._any_root, max_expired=0))
+                    continue
+                batch = decode_request(request, self.config.max_batch)
+                waiting = self.layout.route(batch.roots).source >= 0
+                if not waiting.all():
+                    part = request if not waiting.any() else encode_part(batch, ~waiting)
+                    self._applied(self.ledger.apply(part, self._any_root, max_expired=0))
+                if waiting.any():  # back in the queue in the same order: later arrivals stay behind it
+                    self.held.hold(
+                        source, request if waiting.all() else encode_part(batch, waiting), int(waiting.sum())
+                    )
             except BatchError:  # validated whole when it was held: not expected
                 log.exception("an operation held during the layout change could not be applied")
 

@@ -23,6 +23,7 @@ __all__ = ["HandoffColumns", "encode_handoff", "decode_handoff"]
 # Field numbers of HandoffRequest (v1/acker.proto).
 _EPOCH, _ROOTS, _VALUES, _SPOUTS, _SPOUT_INDEX, _AGES = 1, 2, 3, 4, 5, 6
 _GENERATIONS, _FAILED, _RESETS, _KEY_COUNTS, _KEYS, _CHUNK_KEY, _SOURCE, _CHUNKS = 7, 8, 9, 10, 11, 12, 13, 14
+_MANIFEST = 15
 _FIXED64_WIRE, _LENGTH_DELIMITED_WIRE = 1, 2
 
 
@@ -43,6 +44,7 @@ class HandoffColumns(NamedTuple):
     chunk_key: int
     source: int
     chunks: int
+    manifest: np.ndarray  # uint64; empty: not carried
 
 
 def _zigzag(values: np.ndarray) -> np.ndarray:
@@ -74,6 +76,7 @@ def encode_handoff(
     chunk_key: int = 0,
     source: int = 0,
     chunks: int = 0,
+    manifest: np.ndarray | None = None,
 ) -> bytes:
     """The serialized ``HandoffRequest`` of these columns (not validated here: the receiver checks them)."""
     parts = [_scalar(_EPOCH, epoch), _field(_ROOTS, _fixed64(roots)), _field(_VALUES, _fixed64(values))]
@@ -92,6 +95,7 @@ def encode_handoff(
     if chunk_key:
         parts.append(_varint(_CHUNK_KEY << 3 | _FIXED64_WIRE) + int(chunk_key).to_bytes(8, "little"))
     parts += [_scalar(_SOURCE, int(_zigzag(np.array([source]))[0])), _scalar(_CHUNKS, chunks)]
+    parts.append(_field(_MANIFEST, _fixed64(manifest)))
     return b"".join(parts)
 
 
@@ -99,7 +103,7 @@ def decode_handoff(data: bytes) -> HandoffColumns:
     """Parse ``HandoffRequest`` bytes into columns (ValueError for bytes that are not one); unknown fields skipped."""
     epoch = chunk_key = source = chunks = 0
     spouts: list[str] = []
-    fixed: dict[int, list[np.ndarray]] = {_ROOTS: [], _VALUES: [], _KEYS: []}
+    fixed: dict[int, list[np.ndarray]] = {_ROOTS: [], _VALUES: [], _KEYS: [], _MANIFEST: []}
     varint_columns: dict[int, list[np.ndarray]] = {
         n: [] for n in (_SPOUT_INDEX, _AGES, _GENERATIONS, _FAILED, _RESETS, _KEY_COUNTS)
     }
@@ -141,4 +145,5 @@ def decode_handoff(data: bytes) -> HandoffColumns:
         chunk_key,
         source,
         chunks,
+        joined(fixed[_MANIFEST]),
     )

@@ -17,7 +17,8 @@ ROWS = [
 
 @pytest.mark.parametrize("rows", [ROWS, ROWS[:1], []])
 @pytest.mark.parametrize(("key", "source", "chunks"), [(0, 0, 0), (2**64 - 1, 3, 2), (1, -1, 1)])
-def test_encoding_equals_protobufs_serialization_and_decodes_back(rows, key, source, chunks):
+@pytest.mark.parametrize("manifest", [[], [7, 2**64 - 1, 300]])
+def test_encoding_equals_protobufs_serialization_and_decodes_back(rows, key, source, chunks, manifest):
     """Byte for byte as SerializeToString; protobuf's bytes decode to the same columns."""
     spouts = ["s", "t"] if rows else []
     cols = dict(
@@ -46,11 +47,15 @@ def test_encoding_equals_protobufs_serialization_and_decodes_back(rows, key, sou
         chunk_key=key,
         source=source,
         chunks=chunks,
+        manifest=manifest,
     )
-    data = encode_handoff(4, spouts=spouts, chunk_key=key, source=source, chunks=chunks, **cols)
+    data = encode_handoff(
+        4, spouts=spouts, chunk_key=key, source=source, chunks=chunks, manifest=np.array(manifest, np.uint64), **cols
+    )
     assert data == message.SerializeToString()
     back = decode_handoff(message.SerializeToString())
     assert (back.epoch, back.spouts, back.chunk_key, back.source, back.chunks) == (4, spouts, key, source, chunks)
+    assert back.manifest.tolist() == manifest
     for name, column in cols.items():
         assert getattr(back, name).tolist() == column.tolist(), name
 

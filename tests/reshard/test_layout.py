@@ -86,3 +86,16 @@ def test_route_of_a_new_acker_holds_every_root_until_its_old_owner_hands_over():
     assert m.awaiting == {0, 1, 2}
     assert _route(m, [3, 7, 11]) == ([0, 1, 2], -1)
     assert _route(m, [3, 4]) == ([0, -1], 1)
+
+
+def test_route_after_a_manifest_holds_only_roots_whose_entry_is_still_on_its_way():
+    """Old shard 1 names roots 4 and 16 as coming; 28 is not: it applies; 4 applies once its chunk merged."""
+    m = LayoutMachine(Layout(0, 3, 0))
+    m.prepare(Layout(1, 4, 0, ("a", "b", "c", "d")))
+    assert _route(m, [4, 16, 28]) == ([1, 1, 1], -1), "no manifest yet: every root of old shard 1 waits"
+    m.chunk_merged(1, np.array([16], np.uint64))  # a later chunk first: no manifest, nothing released
+    assert _route(m, [4, 16, 28]) == ([1, 1, 1], -1)
+    m.chunk_merged(1, np.array([], np.uint64), manifest=np.array([16, 4], np.uint64))
+    assert _route(m, [4, 16, 28]) == ([1, -1, -1], -1)
+    m.chunk_merged(1, np.array([4], np.uint64))
+    assert _route(m, [4, 16, 28]) == ([-1, -1, -1], -1)

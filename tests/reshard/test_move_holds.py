@@ -233,6 +233,30 @@ def test_held_operations_apply_once_every_chunk_of_the_old_owner_is_merged_each_
         a.close()
 
 
+def test_the_first_chunks_manifest_releases_roots_not_coming_and_each_chunk_its_own(servers):
+    """Held: an ack of a root in the first chunk, one in the second, an init of a root in none; each applies when it can."""
+    a = Acker(servers(0, 2).address)
+    try:
+        a.prepare(1, [a.address], [a.address, "127.0.0.1:1"])
+        first, second, new_tree = 9, 7, 11  # all old shard 1's
+        assert a.apply([(ACK, first, 9 ^ 5), (ACK, second, 7 ^ 5), (INIT, new_tree, 3)], key=1 << 40).held == 3
+        assert a.counts() == (0, 0)
+
+        def entry(root: int) -> MovedEntries:
+            return MovedEntries([root], [root ^ 5], ["s"], [0], [0], [0], [False], [0], [0], [])
+
+        chunk = _handoff(1, 2, 1, entry(first))
+        chunk.manifest.extend([second, first])
+        a.stub.Handoff(chunk, timeout=5)
+        assert a.counts() == (1, 1), "first: merged, then its held ack ACKED it; new_tree: not coming, its init applied"
+        a.stub.Handoff(_handoff(1, 2, 2, entry(second)), timeout=5)
+        assert a.counts() == (1, 2), "second: its chunk merged, its held ack applied"
+        a.cut(1)
+        a.commit(1)
+    finally:
+        a.close()
+
+
 def test_layout_steps_out_of_order_are_refused_with_the_reason(two_to_three):
     """Commit before cut, a second change mid-way and a commit before every handoff arrived are refused."""
     a, b, c = two_to_three

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61\x63ker_protocol/v1/acker.proto\x12\x10\x61\x63ker_service.v1\"T\n\x06Layout\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x13\n\x0bshard_count\x18\x02 \x01(\r\x12\x13\n\x0bshard_index\x18\x03 \x01(\x11\x12\x11\n\taddresses\x18\x04 \x03(\t\"l\n\x14PrepareLayoutRequest\x12(\n\x06layout\x18\x01 \x01(\x0b\x32\x18.acker_service.v1.Layout\x12*\n\x08previous\x18\x02 \x01(\x0b\x32\x18.acker_service.v1.Layout\"!\n\x10\x43utLayoutRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"?\n\x11\x43utLayoutResponse\x12\x13\n\x0bmoved_trees\x18\x01 \x01(\x04\x12\x15\n\rmoved_entries\x18\x02 \x01(\x04\"$\n\x13\x43ommitLayoutRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"}\n\x0eLayoutResponse\x12(\n\x06layout\x18\x01 \x01(\x0b\x32\x18.acker_service.v1.Layout\x12\x12\n\nmove_state\x18\x02 \x01(\t\x12-\n\x0bnext_layout\x18\x03 \x01(\x0b\x32\x18.acker_service.v1.Layout\"\x8b\x02\n\x0eHandoffRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08root_ids\x18\x02 \x03(\x06\x12\x0e\n\x06values\x18\x03 \x03(\x06\x12\x0e\n\x06spouts\x18\x04 \x03(\t\x12\x13\n\x0bspout_index\x18\x05 \x03(\x11\x12\x13\n\x0b\x61ges_micros\x18\x06 \x03(\x04\x12\x13\n\x0bgenerations\x18\x07 \x03(\r\x12\x0e\n\x06\x66\x61iled\x18\x08 \x03(\x08\x12\x0e\n\x06resets\x18\t \x03(\r\x12\x12\n\nkey_counts\x18\n \x03(\r\x12\x12\n\ndedup_keys\x18\x0b \x03(\x06\x12\x11\n\tchunk_key\x18\x0c \x01(\x06\x12\x0e\n\x06source\x18\r \x01(\x11\x12\x0e\n\x06\x63hunks\x18\x0e \x01(\r\"#\n\x0fHandoffResponse\x12\x10\n\x08imported\x18\x01 \x01(\x04\"\x92\x01\n\x0c\x41pplyRequest\x12\'\n\x05kinds\x18\x01 \x03(\x0e\x32\x18.acker_service.v1.OpKind\x12\x10\n\x08root_ids\x18\x02 \x03(\x06\x12\x0e\n\x06values\x18\x03 \x03(\x06\x12\x12\n\ndedup_keys\x18\x04 \x03(\x06\x12\x0e\n\x06spouts\x18\x05 \x03(\t\x12\x13\n\x0bspout_index\x18\x06 \x03(\r\"U\n\rApplyResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x04\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x04\x12\x0f\n\x07ignored\x18\x03 \x01(\x04\x12\x0c\n\x04held\x18\x04 \x01(\x04\"\x81\x01\n\x08\x41pplyAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x04\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x03 \x01(\x04\x12\x0f\n\x07ignored\x18\x04 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x05 \x01(\r\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x0c\n\x04held\x18\x07 \x01(\x04\"N\n\x10SubscribeRequest\x12\r\n\x05spout\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x06\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x04\"\xa3\x01\n\x0cOutcomeBatch\x12\x13\n\x0bincarnation\x18\x01 \x01(\x06\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x04\x12\x10\n\x08root_ids\x18\x03 \x03(\x06\x12+\n\x08outcomes\x18\x04 \x03(\x0e\x32\x19.acker_service.v1.Outcome\x12\x16\n\x0elatency_micros\x18\x05 \x03(\x04\x12\x0f\n\x07\x64ropped\x18\x06 \x01(\x04\"\x11\n\x0f\x44\x65scribeRequest\"\xbd\x03\n\x10\x44\x65scribeResponse\x12\x13\n\x0bshard_index\x18\x01 \x01(\r\x12\x13\n\x0bshard_count\x18\x02 \x01(\r\x12\x1f\n\x17message_timeout_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07\x62uckets\x18\x04 \x01(\r\x12\x15\n\rpending_trees\x18\x05 \x01(\x04\x12\x0f\n\x07version\x18\x06 \x01(\t\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x13\n\x0bincarnation\x18\x08 \x01(\x06\x12\x17\n\x0fretain_outcomes\x18\t \x01(\r\x12\x16\n\x0eretain_seconds\x18\n \x01(\x01\x12\x14\n\x0ctimeout_mode\x18\x0b \x01(\t\x12!\n\x19max_tree_lifetime_seconds\x18\x0c \x01(\x01\x12\x10\n\x08replicas\x18\r \x01(\r\x12\x14\n\x0c\x61pply_stream\x18\x0e \x01(\x08\x12(\n\x06layout\x18\x0f \x01(\x0b\x32\x18.acker_service.v1.Layout\x12\x12\n\nmove_state\x18\x10 \x01(\t\x12-\n\x0bnext_layout\x18\x11 \x01(\x0b\x32\x18.acker_service.v1.Layout\"2\n\x0eInspectRequest\x12\x10\n\x08root_ids\x18\x01 \x03(\x06\x12\x0e\n\x06oldest\x18\x02 \x01(\r\"\xa2\x01\n\tTreeState\x12\x0f\n\x07root_id\x18\x01 \x01(\x06\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.acker_service.v1.TreeStatus\x12\x13\n\x0b\x61ge_seconds\x18\x03 \x01(\x01\x12\r\n\x05spout\x18\x04 \x01(\t\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x08\x12\x0e\n\x06resets\x18\x06 \x01(\r\x12\x12\n\ndedup_keys\x18\x07 \x01(\r\"\x8a\x02\n\x0fInspectResponse\x12*\n\x05trees\x18\x01 \x03(\x0b\x32\x1b.acker_service.v1.TreeState\x12+\n\x06oldest\x18\x02 \x03(\x0b\x32\x1b.acker_service.v1.TreeState\x12\x13\n\x0bshard_index\x18\x03 \x01(\r\x12\x13\n\x0bincarnation\x18\x04 \x01(\x06\x12\x15\n\rpending_trees\x18\x05 \x01(\x04\x12\x19\n\x11trees_initialized\x18\x06 \x01(\x04\x12\x13\n\x0btrees_acked\x18\x07 \x01(\x04\x12\x14\n\x0ctrees_failed\x18\x08 \x01(\x04\x12\x17\n\x0ftrees_timed_out\x18\t \x01(\x04\"3\n\x10\x46orceFailRequest\x12\x10\n\x08root_ids\x18\x01 \x03(\x06\x12\r\n\x05spout\x18\x02 \x01(\t\"O\n\x11\x46orceFailResponse\x12\x0e\n\x06\x66\x61iled\x18\x01 \x01(\x04\x12\x11\n\ttimed_out\x18\x02 \x01(\x04\x12\x17\n\x0f\x66\x61iled_root_ids\x18\x03 \x03(\x06*q\n\x06OpKind\x12\x17\n\x13OP_KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cOP_KIND_INIT\x10\x01\x12\x0f\n\x0bOP_KIND_ACK\x10\x02\x12\x10\n\x0cOP_KIND_FAIL\x10\x03\x12\x19\n\x15OP_KIND_RESET_TIMEOUT\x10\x04*\xca\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x11\n\rOUTCOME_ACKED\x10\x01\x12\x12\n\x0eOUTCOME_FAILED\x10\x02\x12\x15\n\x11OUTCOME_TIMED_OUT\x10\x03\x12\x19\n\x15OUTCOME_TIMEOUT_RESET\x10\x04\x12\x10\n\x0cOUTCOME_LOST\x10\x05\x12\x1c\n\x18OUTCOME_ACKS_UNDELIVERED\x10\x06\x12\x1d\n\x19OUTCOME_LIFETIME_EXCEEDED\x10\x07*\x93\x01\n\nTreeStatus\x12\x1b\n\x17TREE_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12TREE_STATUS_ABSENT\x10\x01\x12\x17\n\x13TREE_STATUS_PENDING\x10\x02\x12\x1d\n\x19TREE_STATUS_AWAITING_INIT\x10\x03\x12\x18\n\x14TREE_STATUS_EXPIRING\x10\x04\x32\xc6\x06\n\x05\x41\x63ker\x12H\n\x05\x41pply\x12\x1e.acker_service.v1.ApplyRequest\x1a\x1f.acker_service.v1.ApplyResponse\x12M\n\x0b\x41pplyStream\x12\x1e.acker_service.v1.ApplyRequest\x1a\x1a.acker_service.v1.ApplyAck(\x01\x30\x01\x12Q\n\tSubscribe\x12\".acker_service.v1.SubscribeRequest\x1a\x1e.acker_service.v1.OutcomeBatch0\x01\x12Q\n\x08\x44\x65scribe\x12!.acker_service.v1.DescribeRequest\x1a\".acker_service.v1.DescribeResponse\x12N\n\x07Inspect\x12 .acker_service.v1.InspectRequest\x1a!.acker_service.v1.InspectResponse\x12T\n\tForceFail\x12\".acker_service.v1.ForceFailRequest\x1a#.acker_service.v1.ForceFailResponse\x12Y\n\rPrepareLayout\x12&.acker_service.v1.PrepareLayoutRequest\x1a .acker_service.v1.LayoutResponse\x12T\n\tCutLayout\x12\".acker_service.v1.CutLayoutRequest\x1a#.acker_service.v1.CutLayoutResponse\x12W\n\x0c\x43ommitLayout\x12%.acker_service.v1.CommitLayoutRequest\x1a .acker_service.v1.LayoutResponse\x12N\n\x07Handoff\x12 .acker_service.v1.HandoffRequest\x1a!.acker_service.v1.HandoffResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61\x63ker_protocol/v1/acker.proto\x12\x10\x61\x63ker_service.v1\"T\n\x06Layout\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x13\n\x0bshard_count\x18\x02 \x01(\r\x12\x13\n\x0bshard_index\x18\x03 \x01(\x11\x12\x11\n\taddresses\x18\x04 \x03(\t\"l\n\x14PrepareLayoutRequest\x12(\n\x06layout\x18\x01 \x01(\x0b\x32\x18.acker_service.v1.Layout\x12*\n\x08previous\x18\x02 \x01(\x0b\x32\x18.acker_service.v1.Layout\"!\n\x10\x43utLayoutRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"?\n\x11\x43utLayoutResponse\x12\x13\n\x0bmoved_trees\x18\x01 \x01(\x04\x12\x15\n\rmoved_entries\x18\x02 \x01(\x04\"$\n\x13\x43ommitLayoutRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"}\n\x0eLayoutResponse\x12(\n\x06layout\x18\x01 \x01(\x0b\x32\x18.acker_service.v1.Layout\x12\x12\n\nmove_state\x18\x02 \x01(\t\x12-\n\x0bnext_layout\x18\x03 \x01(\x0b\x32\x18.acker_service.v1.Layout\"\x9d\x02\n\x0eHandoffRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08root_ids\x18\x02 \x03(\x06\x12\x0e\n\x06values\x18\x03 \x03(\x06\x12\x0e\n\x06spouts\x18\x04 \x03(\t\x12\x13\n\x0bspout_index\x18\x05 \x03(\x11\x12\x13\n\x0b\x61ges_micros\x18\x06 \x03(\x04\x12\x13\n\x0bgenerations\x18\x07 \x03(\r\x12\x0e\n\x06\x66\x61iled\x18\x08 \x03(\x08\x12\x0e\n\x06resets\x18\t \x03(\r\x12\x12\n\nkey_counts\x18\n \x03(\r\x12\x12\n\ndedup_keys\x18\x0b \x03(\x06\x12\x11\n\tchunk_key\x18\x0c \x01(\x06\x12\x0e\n\x06source\x18\r \x01(\x11\x12\x0e\n\x06\x63hunks\x18\x0e \x01(\r\x12\x10\n\x08manifest\x18\x0f \x03(\x06\"#\n\x0fHandoffResponse\x12\x10\n\x08imported\x18\x01 \x01(\x04\"\x92\x01\n\x0c\x41pplyRequest\x12\'\n\x05kinds\x18\x01 \x03(\x0e\x32\x18.acker_service.v1.OpKind\x12\x10\n\x08root_ids\x18\x02 \x03(\x06\x12\x0e\n\x06values\x18\x03 \x03(\x06\x12\x12\n\ndedup_keys\x18\x04 \x03(\x06\x12\x0e\n\x06spouts\x18\x05 \x03(\t\x12\x13\n\x0bspout_index\x18\x06 \x03(\r\"U\n\rApplyResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x04\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x04\x12\x0f\n\x07ignored\x18\x03 \x01(\x04\x12\x0c\n\x04held\x18\x04 \x01(\x04\"\x81\x01\n\x08\x41pplyAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x04\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x03 \x01(\x04\x12\x0f\n\x07ignored\x18\x04 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x05 \x01(\r\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x0c\n\x04held\x18\x07 \x01(\x04\"N\n\x10SubscribeRequest\x12\r\n\x05spout\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x06\x12\x16\n\x0e\x61\x66ter_sequence\x18\x03 \x01(\x04\"\xa3\x01\n\x0cOutcomeBatch\x12\x13\n\x0bincarnation\x18\x01 \x01(\x06\x12\x16\n\x0e\x66irst_sequence\x18\x02 \x01(\x04\x12\x10\n\x08root_ids\x18\x03 \x03(\x06\x12+\n\x08outcomes\x18\x04 \x03(\x0e\x32\x19.acker_service.v1.Outcome\x12\x16\n\x0elatency_micros\x18\x05 \x03(\x04\x12\x0f\n\x07\x64ropped\x18\x06 \x01(\x04\"\x11\n\x0f\x44\x65scribeRequest\"\xbd\x03\n\x10\x44\x65scribeResponse\x12\x13\n\x0bshard_index\x18\x01 \x01(\r\x12\x13\n\x0bshard_count\x18\x02 \x01(\r\x12\x1f\n\x17message_timeout_seconds\x18\x03 \x01(\x01\x12\x0f\n\x07\x62uckets\x18\x04 \x01(\r\x12\x15\n\rpending_trees\x18\x05 \x01(\x04\x12\x0f\n\x07version\x18\x06 \x01(\t\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x13\n\x0bincarnation\x18\x08 \x01(\x06\x12\x17\n\x0fretain_outcomes\x18\t \x01(\r\x12\x16\n\x0eretain_seconds\x18\n \x01(\x01\x12\x14\n\x0ctimeout_mode\x18\x0b \x01(\t\x12!\n\x19max_tree_lifetime_seconds\x18\x0c \x01(\x01\x12\x10\n\x08replicas\x18\r \x01(\r\x12\x14\n\x0c\x61pply_stream\x18\x0e \x01(\x08\x12(\n\x06layout\x18\x0f \x01(\x0b\x32\x18.acker_service.v1.Layout\x12\x12\n\nmove_state\x18\x10 \x01(\t\x12-\n\x0bnext_layout\x18\x11 \x01(\x0b\x32\x18.acker_service.v1.Layout\"2\n\x0eInspectRequest\x12\x10\n\x08root_ids\x18\x01 \x03(\x06\x12\x0e\n\x06oldest\x18\x02 \x01(\r\"\xa2\x01\n\tTreeState\x12\x0f\n\x07root_id\x18\x01 \x01(\x06\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.acker_service.v1.TreeStatus\x12\x13\n\x0b\x61ge_seconds\x18\x03 \x01(\x01\x12\r\n\x05spout\x18\x04 \x01(\t\x12\x0e\n\x06\x66\x61iled\x18\x05 \x01(\x08\x12\x0e\n\x06resets\x18\x06 \x01(\r\x12\x12\n\ndedup_keys\x18\x07 \x01(\r\"\x8a\x02\n\x0fInspectResponse\x12*\n\x05trees\x18\x01 \x03(\x0b\x32\x1b.acker_service.v1.TreeState\x12+\n\x06oldest\x18\x02 \x03(\x0b\x32\x1b.acker_service.v1.TreeState\x12\x13\n\x0bshard_index\x18\x03 \x01(\r\x12\x13\n\x0bincarnation\x18\x04 \x01(\x06\x12\x15\n\rpending_trees\x18\x05 \x01(\x04\x12\x19\n\x11trees_initialized\x18\x06 \x01(\x04\x12\x13\n\x0btrees_acked\x18\x07 \x01(\x04\x12\x14\n\x0ctrees_failed\x18\x08 \x01(\x04\x12\x17\n\x0ftrees_timed_out\x18\t \x01(\x04\"3\n\x10\x46orceFailRequest\x12\x10\n\x08root_ids\x18\x01 \x03(\x06\x12\r\n\x05spout\x18\x02 \x01(\t\"O\n\x11\x46orceFailResponse\x12\x0e\n\x06\x66\x61iled\x18\x01 \x01(\x04\x12\x11\n\ttimed_out\x18\x02 \x01(\x04\x12\x17\n\x0f\x66\x61iled_root_ids\x18\x03 \x03(\x06*q\n\x06OpKind\x12\x17\n\x13OP_KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cOP_KIND_INIT\x10\x01\x12\x0f\n\x0bOP_KIND_ACK\x10\x02\x12\x10\n\x0cOP_KIND_FAIL\x10\x03\x12\x19\n\x15OP_KIND_RESET_TIMEOUT\x10\x04*\xca\x01\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x11\n\rOUTCOME_ACKED\x10\x01\x12\x12\n\x0eOUTCOME_FAILED\x10\x02\x12\x15\n\x11OUTCOME_TIMED_OUT\x10\x03\x12\x19\n\x15OUTCOME_TIMEOUT_RESET\x10\x04\x12\x10\n\x0cOUTCOME_LOST\x10\x05\x12\x1c\n\x18OUTCOME_ACKS_UNDELIVERED\x10\x06\x12\x1d\n\x19OUTCOME_LIFETIME_EXCEEDED\x10\x07*\x93\x01\n\nTreeStatus\x12\x1b\n\x17TREE_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12TREE_STATUS_ABSENT\x10\x01\x12\x17\n\x13TREE_STATUS_PENDING\x10\x02\x12\x1d\n\x19TREE_STATUS_AWAITING_INIT\x10\x03\x12\x18\n\x14TREE_STATUS_EXPIRING\x10\x04\x32\xc6\x06\n\x05\x41\x63ker\x12H\n\x05\x41pply\x12\x1e.acker_service.v1.ApplyRequest\x1a\x1f.acker_service.v1.ApplyResponse\x12M\n\x0b\x41pplyStream\x12\x1e.acker_service.v1.ApplyRequest\x1a\x1a.acker_service.v1.ApplyAck(\x01\x30\x01\x12Q\n\tSubscribe\x12\".acker_service.v1.SubscribeRequest\x1a\x1e.acker_service.v1.OutcomeBatch0\x01\x12Q\n\x08\x44\x65scribe\x12!.acker_service.v1.DescribeRequest\x1a\".acker_service.v1.DescribeResponse\x12N\n\x07Inspect\x12 .acker_service.v1.InspectRequest\x1a!.acker_service.v1.InspectResponse\x12T\n\tForceFail\x12\".acker_service.v1.ForceFailRequest\x1a#.acker_service.v1.ForceFailResponse\x12Y\n\rPrepareLayout\x12&.acker_service.v1.PrepareLayoutRequest\x1a .acker_service.v1.LayoutResponse\x12T\n\tCutLayout\x12\".acker_service.v1.CutLayoutRequest\x1a#.acker_service.v1.CutLayoutResponse\x12W\n\x0c\x43ommitLayout\x12%.acker_service.v1.CommitLayoutRequest\x1a .acker_service.v1.LayoutResponse\x12N\n\x07Handoff\x12 .acker_service.v1.HandoffRequest\x1a!.acker_service.v1.HandoffResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'acker_protocol.v1.acker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPKIND']._serialized_start=2520
-  _globals['_OPKIND']._serialized_end=2633
-  _globals['_OUTCOME']._serialized_start=2636
-  _globals['_OUTCOME']._serialized_end=2838
-  _globals['_TREESTATUS']._serialized_start=2841
-  _globals['_TREESTATUS']._serialized_end=2988
+  _globals['_OPKIND']._serialized_start=2538
+  _globals['_OPKIND']._serialized_end=2651
+  _globals['_OUTCOME']._serialized_start=2654
+  _globals['_OUTCOME']._serialized_end=2856
+  _globals['_TREESTATUS']._serialized_start=2859
+  _globals['_TREESTATUS']._serialized_end=3006
   _globals['_LAYOUT']._serialized_start=51
   _globals['_LAYOUT']._serialized_end=135
   _globals['_PREPARELAYOUTREQUEST']._serialized_start=137
@@ -50,33 +50,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LAYOUTRESPONSE']._serialized_start=385
   _globals['_LAYOUTRESPONSE']._serialized_end=510
   _globals['_HANDOFFREQUEST']._serialized_start=513
-  _globals['_HANDOFFREQUEST']._serialized_end=780
-  _globals['_HANDOFFRESPONSE']._serialized_start=782
-  _globals['_HANDOFFRESPONSE']._serialized_end=817
-  _globals['_APPLYREQUEST']._serialized_start=820
-  _globals['_APPLYREQUEST']._serialized_end=966
-  _globals['_APPLYRESPONSE']._serialized_start=968
-  _globals['_APPLYRESPONSE']._serialized_end=1053
-  _globals['_APPLYACK']._serialized_start=1056
-  _globals['_APPLYACK']._serialized_end=1185
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=1187
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=1265
-  _globals['_OUTCOMEBATCH']._serialized_start=1268
-  _globals['_OUTCOMEBATCH']._serialized_end=1431
-  _globals['_DESCRIBEREQUEST']._serialized_start=1433
-  _globals['_DESCRIBEREQUEST']._serialized_end=1450
-  _globals['_DESCRIBERESPONSE']._serialized_start=1453
-  _globals['_DESCRIBERESPONSE']._serialized_end=1898
-  _globals['_INSPECTREQUEST']._serialized_start=1900
-  _globals['_INSPECTREQUEST']._serialized_end=1950
-  _globals['_TREESTATE']._serialized_start=1953
-  _globals['_TREESTATE']._serialized_end=2115
-  _globals['_INSPECTRESPONSE']._serialized_start=2118
-  _globals['_INSPECTRESPONSE']._serialized_end=2384
-  _globals['_FORCEFAILREQUEST']._serialized_start=2386
-  _globals['_FORCEFAILREQUEST']._serialized_end=2437
-  _globals['_FORCEFAILRESPONSE']._serialized_start=2439
-  _globals['_FORCEFAILRESPONSE']._serialized_end=2518
-  _globals['_ACKER']._serialized_start=2991
-  _globals['_ACKER']._serialized_end=3829
+  _globals['_HANDOFFREQUEST']._serialized_end=798
+  _globals['_HANDOFFRESPONSE']._serialized_start=800
+  _globals['_HANDOFFRESPONSE']._serialized_end=835
+  _globals['_APPLYREQUEST']._serialized_start=838
+  _globals['_APPLYREQUEST']._serialized_end=984
+  _globals['_APPLYRESPONSE']._serialized_start=986
+  _globals['_APPLYRESPONSE']._serialized_end=1071
+  _globals['_APPLYACK']._serialized_start=1074
+  _globals['_APPLYACK']._serialized_end=1203
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=1205
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=1283
+  _globals['_OUTCOMEBATCH']._serialized_start=1286
+  _globals['_OUTCOMEBATCH']._serialized_end=1449
+  _globals['_DESCRIBEREQUEST']._serialized_start=1451
+  _globals['_DESCRIBEREQUEST']._serialized_end=1468
+  _globals['_DESCRIBERESPONSE']._serialized_start=1471
+  _globals['_DESCRIBERESPONSE']._serialized_end=1916
+  _globals['_INSPECTREQUEST']._serialized_start=1918
+  _globals['_INSPECTREQUEST']._serialized_end=1968
+  _globals['_TREESTATE']._serialized_start=1971
+  _globals['_TREESTATE']._serialized_end=2133
+  _globals['_INSPECTRESPONSE']._serialized_start=2136
+  _globals['_INSPECTRESPONSE']._serialized_end=2402
+  _globals['_FORCEFAILREQUEST']._serialized_start=2404
+  _globals['_FORCEFAILREQUEST']._serialized_end=2455
+  _globals['_FORCEFAILRESPONSE']._serialized_start=2457
+  _globals['_FORCEFAILRESPONSE']._serialized_end=2536
+  _globals['_ACKER']._serialized_start=3009
+  _globals['_ACKER']._serialized_end=3847
 # @@protoc_insertion_point(module_scope)

@@ -332,6 +332,7 @@ class HandoffRequest(_message.Message):
     CHUNK_KEY_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     CHUNKS_FIELD_NUMBER: _builtins.int
+    MANIFEST_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     chunk_key: _builtins.int
     """Names this chunk: a retried Handoff with a key already merged is
@@ -365,6 +366,13 @@ class HandoffRequest(_message.Message):
     def key_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def dedup_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def manifest(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """In the first chunk to each new owner: the roots of every entry the sender
+        hands it in this epoch (in all its chunks). An operation on another root
+        it holds need not wait for the rest: that root's entry is not coming.
+        """
+
     def __init__(
         self,
         *,
@@ -382,10 +390,11 @@ class HandoffRequest(_message.Message):
         chunk_key: _builtins.int = ...,
         source: _builtins.int = ...,
         chunks: _builtins.int = ...,
+        manifest: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ages_micros", b"ages_micros", "chunk_key", b"chunk_key", "chunks", b"chunks", "dedup_keys", b"dedup_keys", "epoch", b"epoch", "failed", b"failed", "generations", b"generations", "key_counts", b"key_counts", "resets", b"resets", "root_ids", b"root_ids", "source", b"source", "spout_index", b"spout_index", "spouts", b"spouts", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ages_micros", b"ages_micros", "chunk_key", b"chunk_key", "chunks", b"chunks", "dedup_keys", b"dedup_keys", "epoch", b"epoch", "failed", b"failed", "generations", b"generations", "key_counts", b"key_counts", "manifest", b"manifest", "resets", b"resets", "root_ids", b"root_ids", "source", b"source", "spout_index", b"spout_index", "spouts", b"spouts", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
