@@ -12,6 +12,7 @@ held ACK re-sent after the move a recognised repeat.
 from __future__ import annotations
 
 import numpy as np
+from acker_protocol.packed import encode_apply_request
 from acker_protocol.v1 import acker_pb2
 from google.protobuf.message import DecodeError
 
@@ -40,14 +41,11 @@ def decode_request(data: bytes, max_batch: int) -> Batch:
 
 def encode_part(batch: Batch, mask: np.ndarray) -> bytes:
     """The operations of ``batch`` that ``mask`` selects, as ApplyRequest bytes (spout names kept whole)."""
-    part = acker_pb2.ApplyRequest(
-        kinds=batch.kinds[mask].tolist(),
-        root_ids=batch.roots[mask].tolist(),
-        values=batch.values[mask].tolist(),
-        spouts=batch.spouts,
+    return encode_apply_request(
+        batch.kinds[mask],
+        batch.roots[mask],
+        batch.values[mask],
+        batch.dedup_keys[mask] if len(batch.dedup_keys) else None,
+        batch.spouts,
+        batch.spout_index[mask] if len(batch.spout_index) else None,
     )
-    if len(batch.dedup_keys):
-        part.dedup_keys.extend(batch.dedup_keys[mask].tolist())
-    if len(batch.spout_index):
-        part.spout_index.extend(batch.spout_index[mask].tolist())
-    return part.SerializeToString()

@@ -99,3 +99,19 @@ def test_route_after_a_manifest_holds_only_roots_whose_entry_is_still_on_its_way
     assert _route(m, [4, 16, 28]) == ([1, -1, -1], -1)
     m.chunk_merged(1, np.array([4], np.uint64))
     assert _route(m, [4, 16, 28]) == ([-1, -1, -1], -1)
+
+
+def test_a_request_split_in_parts_keeps_every_field_of_each_operation():
+    """encode_part of a decoded request: the selected operations with their keys, spouts and spout indices."""
+    from acker_protocol.v1 import acker_pb2
+
+    from acker_service.request_parts import decode_request, encode_part
+
+    request = acker_pb2.ApplyRequest(
+        kinds=[1, 2, 2], root_ids=[3, 4, 5], values=[7, 8, 9], dedup_keys=[0, 11, 12], spouts=["a", "b"],
+        spout_index=[1, 0, 0],
+    )  # fmt: skip
+    batch = decode_request(request.SerializeToString(), max_batch=10)
+    part = acker_pb2.ApplyRequest.FromString(encode_part(batch, np.array([True, False, True])))
+    assert (list(part.kinds), list(part.root_ids), list(part.values)) == ([1, 2], [3, 5], [7, 9])
+    assert (list(part.dedup_keys), list(part.spouts), list(part.spout_index)) == ([0, 12], ["a", "b"], [1, 0])
