@@ -175,8 +175,9 @@ async def send_handoffs(chunks: list[Chunk], layout: Layout, metadata: tuple[tup
         call = channels[shard].unary_unary(_HANDOFF_METHOD, response_deserializer=acker_pb2.HandoffResponse.FromString)
         left = []
         for chunk in mine:
+            data = await asyncio.to_thread(chunk_bytes, layout.epoch, chunk)  # off the event loop serving Apply
             try:
-                await call(chunk_bytes(layout.epoch, chunk), timeout=HANDOFF_DEADLINE, metadata=metadata)
+                await call(data, timeout=HANDOFF_DEADLINE, metadata=metadata)
             except grpc.aio.AioRpcError:
                 left.append(chunk)
         return left

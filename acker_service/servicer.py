@@ -11,6 +11,7 @@ outcome either.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import cast
@@ -205,7 +206,8 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
     async def Handoff(self, request: bytes, context: grpc.aio.ServicerContext):  # type: ignore[override]
         """Merge the entries another acker hands over in a cut."""
         try:
-            h, moved = from_bytes(request)
+            # Off the event loop serving Apply: only the merge itself must run on it.
+            h, moved = await asyncio.to_thread(from_bytes, request)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}; nothing merged")
         try:

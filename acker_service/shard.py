@@ -331,7 +331,8 @@ class Shard:
                 self._settle(OutcomeColumns.empty())  # refresh the pending gauge
                 source = self.layout.previous.index if self.layout.previous else -1
                 if source >= 0:  # an acker new in this layout was no old owner: it hands nothing over
-                    self._unsent = plan_handoffs(moved, target, source)
+                    # Off the event loop (the ledger is not touched): Apply goes on meanwhile.
+                    self._unsent = await asyncio.to_thread(plan_handoffs, moved, target, source)
                 self._cut_moved = (moved.trees, len(moved))
                 self.layout.count_moved(*self._cut_moved)
             self._unsent = await send_handoffs(self._unsent, target, metadata)
