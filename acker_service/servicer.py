@@ -24,7 +24,7 @@ from acker_protocol.wire import Outcome
 from ._version import __version__
 from .apply_stream import RefusedRequest, serve_apply_stream
 from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
-from .layout import ApplyHeld, Layout, LayoutMachine, LayoutRefused
+from .layout import CUT, ApplyHeld, Layout, LayoutMachine, LayoutRefused
 from .reshard import HandoffFailed, from_bytes
 from .shard import BadSpoutName, Shard, ShardClosing, SubscribeRefused, Superseded, TooManySubscriptions
 from .tree_info import TreeInfo
@@ -167,7 +167,9 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             apply_stream=True,
             layout=_layout_message(self._shard.layout.current),
             move_state=self._shard.layout.state,
-            next_layout=_layout_message(self._shard.layout.next),
+            # Only once cut: before, this acker refuses no moving root, and a client that routed by the
+            # next layout could reach an acker not prepared for it yet.
+            next_layout=_layout_message(self._shard.layout.next if self._shard.layout.state == CUT else None),
         )
 
     # -- layout changes (issue 29; the rules are in layout.py and the ledger engines) --

@@ -112,6 +112,7 @@ def test_mid_move_a_non_moving_root_applies_at_once_and_a_moving_one_waits_for_i
         owner.apply([(INIT, root, 5 ^ 9), (ACK, root, 5)], key=root << 8)
     for acker in (a, b, c):
         acker.prepare(1, new, old)
+    assert not b.stub.Describe(acker_pb2.DescribeRequest(), timeout=5).HasField("next_layout"), "named from the cut on"
 
     # The move is held mid-way here: every acker prepared, none cut.
     done = a.apply([(ACK, STAY_A, 9)], key=1 << 40)
@@ -274,3 +275,36 @@ def test_layout_steps_out_of_order_are_refused_with_the_reason(two_to_three):
     for acker in (a, b, c):
         acker.commit(1)
     assert a.stub.Describe(acker_pb2.DescribeRequest(), timeout=5).move_state == "serving"
+
+
+class _Refused(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+
+def test_a_re_routed_part_refused_by_an_owner_not_yet_moved_is_sent_again_not_dropped(servers, monkeypatch):
+    """FAILED_PRECONDITION from a new owner whose layout is older (its step comes later): retried until applied."""
+    client = ClusterClient([servers(0, 1).address], verify=False, wait_for_shard=10.0)
+    answers = [_Refused(grpc.StatusCode.FAILED_PRECONDITION)] * 2 + [None]
+    sent: list[bytes] = []
+
+    def send(data: bytes, timeout: float, wait_for_ready: bool) -> object:
+        sent.append(data)
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+        return acker_pb2.ApplyResponse(applied=1)
+
+    monkeypatch.setattr(client, "_relayout", lambda *args: False)  # Describe shows no newer layout there
+    monkeypatch.setattr("acker_client.cluster.time.sleep", lambda seconds: None)
+    try:
+        state = client._state()
+        assert client._send_part(state, 0, b"part", send, give_up_at=float("inf"), depth=0)
+        assert sent == [b"part"] * 3
+        answers[:] = [_Refused(grpc.StatusCode.INVALID_ARGUMENT)]
+        assert not client._send_part(state, 0, b"bad", send, give_up_at=float("inf"), depth=0)
+    finally:
+        client.close()

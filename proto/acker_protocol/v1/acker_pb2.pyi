@@ -739,8 +739,8 @@ class DescribeResponse(_message.Message):
 
     @_builtins.property
     def next_layout(self) -> Global___Layout:
-        """The layout being moved to, while a change is under way here: a client
-        refused a root by a moving acker routes by it.
+        """The layout being moved to, once this acker was cut (it then refuses the
+        roots it gave away): a client refused such a root routes by it.
         """
 
     def __init__(
