@@ -92,7 +92,11 @@ async def serve_apply_stream(
                 yield _refusal(sequence, status_of[type(exc)], str(exc))
                 continue
             yield acker_pb2.ApplyAck(
-                sequence=sequence, applied=result.applied, deduplicated=result.deduplicated, ignored=result.ignored
+                sequence=sequence,
+                applied=result.applied,
+                deduplicated=result.deduplicated,
+                ignored=result.ignored,
+                held=result.held,
             )
     finally:
         shard.closing_callbacks.discard(end_reading)

@@ -115,6 +115,12 @@ _FLAGS = (
         "of an open one is allowed); 0 for no limit",
     ),
     _Flag(
+        "max_held_operations",
+        int,
+        "during a layout change, most operations held for trees still moving to this acker "
+        "(UNAVAILABLE above: the client retries); 0 for no limit",
+    ),
+    _Flag(
         "min_ping_interval",
         float,
         "seconds a client must leave between keepalive pings; one pinging more often is disconnected (too_many_pings)",

@@ -49,6 +49,8 @@ class ServerConfig:
     max_concurrent_rpcs: int = 4096
     max_streams_per_connection: int = 256
     max_subscriptions: int = 1024
+    # During a layout change: operations held for trees still moving to this acker (0 = no limit).
+    max_held_operations: int = 1_000_000
     min_ping_interval: float = grpc_options.MIN_PING_INTERVAL_MS / 1000
     # Security (see docs/security.md). PEM file paths; None = off.
     tls_cert: str | None = None
@@ -146,7 +148,7 @@ def _problems(c: ServerConfig) -> list[str]:
         problems.append(f"the native engine supports at most 32 buckets, got {c.buckets}; use --engine reference")
     if not c.grace >= 0:
         problems.append(f"grace must be zero or more seconds, got {c.grace}")
-    for name in ("max_concurrent_rpcs", "max_streams_per_connection", "max_subscriptions"):
+    for name in ("max_concurrent_rpcs", "max_streams_per_connection", "max_subscriptions", "max_held_operations"):
         if getattr(c, name) < 0:
             problems.append(f"{name.replace('_', ' ')} must be 0 (no limit) or more, got {getattr(c, name)}")
     problems += _security_problems(c)

@@ -134,6 +134,45 @@ class MovedEntries:
             np.concatenate([p.keys for p in parts]),
         )
 
+    def slice(self, lo: int, hi: int) -> MovedEntries:
+        """Entries ``lo`` up to ``hi`` (to cut one new owner's part into messages without a pass per message)."""
+        offsets = np.concatenate(([0], np.cumsum(self.key_counts, dtype=np.int64)))
+        hi = min(hi, len(self))
+        return MovedEntries(
+            self.roots[lo:hi],
+            self.values[lo:hi],
+            list(self.spouts),
+            self.spout_index[lo:hi],
+            self.ages_us[lo:hi],
+            self.generations[lo:hi],
+            self.failed[lo:hi],
+            self.resets[lo:hi],
+            self.key_counts[lo:hi],
+            self.keys[offsets[lo] : offsets[hi]],
+        )
+
+    def take(self, order: np.ndarray) -> MovedEntries:
+        """The entries in the order of the indices ``order`` (each index at most once), their keys following them."""
+        order = np.asarray(order, dtype=np.int64)
+        counts = self.key_counts.astype(np.int64)
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1])) if len(counts) else np.zeros(0, np.int64)
+        picked = counts[order]
+        # Key positions: each taken entry's run of keys, runs in the new order.
+        run_starts = np.repeat(starts[order], picked)
+        within = np.arange(int(picked.sum())) - np.repeat(np.cumsum(picked) - picked, picked)
+        return MovedEntries(
+            self.roots[order],
+            self.values[order],
+            list(self.spouts),
+            self.spout_index[order],
+            self.ages_us[order],
+            self.generations[order],
+            self.failed[order],
+            self.resets[order],
+            self.key_counts[order],
+            self.keys[run_starts + within],
+        )
+
     def select(self, mask: np.ndarray) -> MovedEntries:
         """The entries where ``mask`` is true (to split one export between several new owners)."""
         mask = np.asarray(mask, dtype=np.bool_)

@@ -91,8 +91,10 @@ class ColumnarResult:
     ignored: int
     ended: OutcomeColumns
     timeout_resets: OutcomeColumns
+    # During a layout change: operations held for trees still moving here (applied once they arrived).
+    held: int = 0
 
     @property
     def operations(self) -> int:
-        """Operations in the batch (each is applied, deduplicated or ignored)."""
+        """Operations applied now (each is applied, deduplicated or ignored; held ones count when they apply)."""
         return self.applied + self.deduplicated + self.ignored

@@ -1,38 +1,63 @@
 """The acker's side of a layout change over gRPC: moved entries as a HandoffRequest, and sending them to their new owners.
 
-The rules (what moves, when Apply is held) are in :mod:`acker_service.layout`
-and the ledger engines (``export_moving`` / ``import_entries``); this module
-only carries entries between ackers.
+The rules (what moves, what is held or refused meanwhile) are in
+:mod:`acker_service.layout` and the ledger engines (``export_moving`` /
+``import_entries``); this module only carries entries between ackers. An old
+owner hands every acker of the new layout at least one chunk, an empty one
+too: the new owner applies the operations it held for the old owner's roots
+once it has merged all of that old owner's chunks, so it must learn that
+nothing (more) comes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 from acker_protocol.credentials import ChannelSecurity
-from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+from acker_protocol.packed_handoff import HandoffColumns, decode_handoff, encode_handoff
+from acker_protocol.v1 import acker_pb2
 
 from .handoff import MovedEntries
 from .layout import Layout
 from .peers import open_peer_channel
 
-__all__ = ["to_request", "from_request", "send_handoffs", "HANDOFF_DEADLINE", "HandoffFailed", "Chunk", "plan_handoffs"]
+__all__ = [
+    "to_request",
+    "chunk_bytes",
+    "from_bytes",
+    "send_handoffs",
+    "HANDOFF_DEADLINE",
+    "HandoffFailed",
+    "Chunk",
+    "plan_handoffs",
+]
 
-# One handoff carries at most this many entries: ~60 bytes each keeps a message far below 4 MiB.
-ENTRIES_PER_MESSAGE = 50_000
+# One handoff carries at most this many entries: ~60 bytes each keeps a message far below 4 MiB,
+# and merging one holds the receiver's event loop for a few milliseconds only.
+ENTRIES_PER_MESSAGE = 20_000
+_HANDOFF_METHOD = "/acker_service.v1.Acker/Handoff"
 HANDOFF_DEADLINE = 30.0
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """Entries for one new owner, named by ``key`` (the receiver merges each key once)."""
+    """Entries for one new owner, named by ``key`` (the receiver merges each key once).
+
+    ``source`` is the sender's shard index in the layout left, ``count`` how many
+    chunks it hands this new owner in all; the first one to each new owner
+    carries the ``manifest``, the roots of all of them.
+    """
 
     shard: int
     key: int
     entries: MovedEntries
+    source: int
+    count: int
+    manifest: np.ndarray | None = None
 
 
 class HandoffFailed(Exception):
@@ -40,7 +65,7 @@ class HandoffFailed(Exception):
 
 
 def to_request(epoch: int, moved: MovedEntries) -> acker_pb2.HandoffRequest:
-    """Moved entries as a HandoffRequest of layout ``epoch``."""
+    """Moved entries as a HandoffRequest message of layout ``epoch`` (tests and tools; a cut sends :func:`chunk_bytes`)."""
     return acker_pb2.HandoffRequest(
         epoch=epoch,
         root_ids=moved.roots.tolist(),
@@ -56,40 +81,82 @@ def to_request(epoch: int, moved: MovedEntries) -> acker_pb2.HandoffRequest:
     )
 
 
-def from_request(request: acker_pb2.HandoffRequest) -> MovedEntries:
-    """The moved entries of a HandoffRequest (ValueError, with the reason, when its columns disagree)."""
-    return MovedEntries(
-        np.array(request.root_ids, np.uint64),
-        np.array(request.values, np.uint64),
-        list(request.spouts),
-        np.array(request.spout_index, np.int32),
-        np.array(request.ages_micros, np.uint64),
-        np.array(request.generations, np.uint8),
-        np.array(request.failed, np.bool_),
-        np.array(request.resets, np.uint32),
-        np.array(request.key_counts, np.uint32),
-        np.array(request.dedup_keys, np.uint64),
+def chunk_bytes(epoch: int, chunk: Chunk) -> bytes:
+    """A chunk as serialized HandoffRequest bytes, written from its columns (no Python object per entry)."""
+    m = chunk.entries
+    return encode_handoff(
+        epoch,
+        m.roots,
+        m.values,
+        m.spouts,
+        m.spout_index,
+        m.ages_us,
+        m.generations,
+        m.failed,
+        m.resets,
+        m.key_counts,
+        m.keys,
+        chunk_key=chunk.key,
+        source=chunk.source,
+        chunks=chunk.count,
+        manifest=chunk.manifest,
     )
+
+
+def from_bytes(data: bytes) -> tuple[HandoffColumns, MovedEntries]:
+    """The header and moved entries of HandoffRequest bytes (ValueError, with the reason, when they are not valid)."""
+    h = decode_handoff(data)
+    if len(h.spout_index) and (int(h.spout_index.min()) < -1 or int(h.spout_index.max()) >= 2**31):
+        raise ValueError("moved entries: a spout index is outside the spout names (-1: no init yet)")
+    moved = MovedEntries(
+        h.roots,
+        h.values,
+        h.spouts,
+        h.spout_index.astype(np.int32),
+        h.ages_us,
+        h.generations.astype(np.uint8),
+        h.failed,
+        h.resets.astype(np.uint32),
+        h.key_counts.astype(np.uint32),
+        h.keys,
+    )
+    return h, moved
+
+
+def from_request(request: acker_pb2.HandoffRequest) -> MovedEntries:
+    """The moved entries of a HandoffRequest message (a catch-up's snapshot chunk): read as :func:`from_bytes` reads them."""
+    return from_bytes(request.SerializeToString())[1]
 
 
 def _chunks(moved: MovedEntries) -> list[MovedEntries]:
     n = len(moved)
     if n <= ENTRIES_PER_MESSAGE:
         return [moved]
-    ids = np.arange(n)
-    return [moved.select((ids >= lo) & (ids < lo + ENTRIES_PER_MESSAGE)) for lo in range(0, n, ENTRIES_PER_MESSAGE)]
+    return [moved.slice(lo, lo + ENTRIES_PER_MESSAGE) for lo in range(0, n, ENTRIES_PER_MESSAGE)]
 
 
-def plan_handoffs(moved: MovedEntries, layout: Layout) -> list[Chunk]:
-    """Split moved entries by new owner (``root % layout.count``) into named chunks, ready to send and to resend."""
-    if not len(moved):
-        return []
+def plan_handoffs(moved: MovedEntries, layout: Layout, source: int) -> list[Chunk]:
+    """Split moved entries by new owner (``root % layout.count``) into named chunks, ready to send and to resend.
+
+    Every shard of ``layout`` but the sender's own place in it gets at least one
+    chunk (an empty one when nothing moves there). Each new owner's entries go
+    youngest first, and its first chunk names every root of all its chunks:
+    the trees still in progress (recently started) are the ones operations
+    arrive for, so their held operations apply once the first chunk is merged,
+    and those on roots in no chunk (trees started after the cut) at once.
+    """
     owners = (moved.roots % np.uint64(layout.count)).astype(np.int64)
-    return [
-        Chunk(shard, secrets.randbits(64) or 1, chunk)
-        for shard in np.unique(owners).tolist()
-        for chunk in _chunks(moved.select(owners == shard))
-    ]
+    chunks = []
+    for shard in range(layout.count):
+        if shard == layout.index:
+            continue
+        part = moved.select(owners == shard)
+        pieces = _chunks(part.take(np.argsort(part.ages_us, kind="stable")))
+        chunks += [
+            Chunk(shard, secrets.randbits(64) or 1, piece, source, len(pieces), part.roots if i == 0 else None)
+            for i, piece in enumerate(pieces)
+        ]
+    return chunks
 
 
 async def send_handoffs(
@@ -98,39 +165,52 @@ async def send_handoffs(
     metadata: tuple[tuple[str, str], ...] = (),
     security: ChannelSecurity | None = None,
 ) -> list[Chunk]:
-    """Send each chunk to its new owner; return the chunks not acknowledged (to be sent again by the next cut).
+    """Send each chunk to its new owner (the new owners at once); return the chunks not acknowledged.
 
     ``security``: how to reach the other ackers (:func:`acker_service.peers.peer_security`;
     None: plaintext). ``metadata``: the caller's authorization, sent with each chunk.
 
     A chunk whose call failed may still have been merged (a lost answer): it is
-    sent again unchanged, and its key makes the receiver acknowledge it without
-    merging twice.
+    sent again unchanged by the next cut, and its key makes the receiver
+    acknowledge it without merging twice.
     """
     if chunks and not layout.addresses:
         raise HandoffFailed("the new layout names no addresses; PrepareLayout must carry every shard's address")
-    left: list[Chunk] = []
-    channels: dict[str, grpc.aio.Channel] = {}
+    by_shard: dict[int, list[Chunk]] = {}
+    for chunk in chunks:
+        by_shard.setdefault(chunk.shard, []).append(chunk)
+    channels: dict[int, grpc.aio.Channel] = {}
     try:
-        for chunk in chunks:
-            address = layout.addresses[chunk.shard]
-            if address not in channels:
-                try:
-                    channels[address] = open_peer_channel(address, security)
-                except (OSError, ValueError) as exc:  # a peer TLS file went missing or is broken since the start
-                    # The caller keeps every chunk (resent ones merge once): nothing is lost.
-                    raise HandoffFailed(
-                        f"cannot open a channel to {address}: {exc}; the moved entries are kept here, "
-                        "fix the peer TLS files and call CutLayout again"
-                    ) from exc
-            stub = acker_pb2_grpc.AckerStub(channels[address])
-            request = to_request(layout.epoch, chunk.entries)
-            request.chunk_key = chunk.key
+        for shard in by_shard:
+            address = layout.addresses[shard]
             try:
-                await stub.Handoff(request, timeout=HANDOFF_DEADLINE, metadata=metadata)
+                channels[shard] = open_peer_channel(address, security)
+            except (OSError, ValueError) as exc:  # a peer TLS file went missing or is broken since the start
+                # The caller keeps every chunk (resent ones merge once): nothing is lost.
+                raise HandoffFailed(
+                    f"cannot open a channel to {address}: {exc}; the moved entries are kept here, "
+                    "fix the peer TLS files and call CutLayout again"
+                ) from exc
+    except HandoffFailed:
+        for channel in channels.values():
+            await channel.close()
+        raise
+
+    async def send(shard: int, mine: list[Chunk]) -> list[Chunk]:
+        # Bytes in (no request serializer): the chunk is encoded from its columns.
+        call = channels[shard].unary_unary(_HANDOFF_METHOD, response_deserializer=acker_pb2.HandoffResponse.FromString)
+        left = []
+        for chunk in mine:
+            data = await asyncio.to_thread(chunk_bytes, layout.epoch, chunk)  # off the event loop serving Apply
+            try:
+                await call(data, timeout=HANDOFF_DEADLINE, metadata=metadata)
             except grpc.aio.AioRpcError:
                 left.append(chunk)
+        return left
+
+    try:
+        results = await asyncio.gather(*(send(shard, mine) for shard, mine in by_shard.items()))
     finally:
         for channel in channels.values():
             await channel.close()
-    return left
+    return [chunk for left in results for chunk in left]

@@ -11,6 +11,7 @@ outcome either.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import cast
@@ -24,8 +25,8 @@ from ._version import __version__
 from .apply_stream import RefusedRequest, serve_apply_stream
 from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
 from .catchup_peer import snapshot_chunks
-from .layout import ApplyHeld, Layout, LayoutMachine, LayoutRefused
-from .reshard import HandoffFailed, from_request
+from .layout import CUT, ApplyHeld, Layout, LayoutMachine, LayoutRefused
+from .reshard import HandoffFailed, from_bytes
 from .shard import BadSpoutName, Shard, ShardClosing, SubscribeRefused, Superseded, TooManySubscriptions
 from .tree_info import TreeInfo
 
@@ -63,7 +64,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             status, message = _STATUS_OF[type(exc)], str(exc)
         else:
             return acker_pb2.ApplyResponse(
-                applied=result.applied, deduplicated=result.deduplicated, ignored=result.ignored
+                applied=result.applied, deduplicated=result.deduplicated, ignored=result.ignored, held=result.held
             )
         await context.abort(status, message)
 
@@ -169,21 +170,27 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             move_state=self._shard.layout.state,
             catchup_state=self._shard.catchup.state,
             catchup_entries=self._shard.catchup.copied_entries,
+            # Only once cut: before, this acker refuses no moving root, and a client that routed by the
+            # next layout could reach an acker not prepared for it yet.
+            next_layout=_layout_message(self._shard.layout.next if self._shard.layout.state == CUT else None),
         )
 
     # -- layout changes (issue 29; the rules are in layout.py and the ledger engines) --
 
     async def PrepareLayout(self, request: acker_pb2.PrepareLayoutRequest, context: grpc.aio.ServicerContext):
-        """Hold Apply and learn this acker's place in the next layout."""
-        m = request.layout
+        """Learn this acker's place in the next layout (and in the one left): hold the roots moving here."""
+        m, p = request.layout, request.previous
+        previous = (
+            Layout(p.epoch, p.shard_count, p.shard_index, tuple(p.addresses)) if request.HasField("previous") else None
+        )
         try:
-            self._shard.prepare_layout(Layout(m.epoch, m.shard_count, m.shard_index, tuple(m.addresses)))
+            self._shard.prepare_layout(Layout(m.epoch, m.shard_count, m.shard_index, tuple(m.addresses)), previous)
         except LayoutRefused as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return _layout_response(self._shard.layout)
 
     async def CutLayout(self, request: acker_pb2.CutLayoutRequest, context: grpc.aio.ServicerContext):
-        """Hand the entries the next layout gives away to their new owners."""
+        """Take out the entries the next layout gives away, refuse their roots, and hand them to their new owners."""
         # The handoffs carry the caller's credentials: an operator allowed to cut may hand over.
         metadata = tuple((k, v) for k, v in context.invocation_metadata() or () if k == "authorization")
         try:
@@ -193,23 +200,25 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
         return acker_pb2.CutLayoutResponse(moved_trees=trees, moved_entries=entries)
 
     async def CommitLayout(self, request: acker_pb2.CommitLayoutRequest, context: grpc.aio.ServicerContext):
-        """Take the next layout and serve again."""
+        """Make the next layout the current one."""
         try:
             self._shard.commit_layout(request.epoch)
         except LayoutRefused as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return _layout_response(self._shard.layout)
 
-    async def Handoff(self, request: acker_pb2.HandoffRequest, context: grpc.aio.ServicerContext):
+    # The generated base class types the request as HandoffRequest; here it is its bytes (add_acker_servicer).
+    async def Handoff(self, request: bytes, context: grpc.aio.ServicerContext):  # type: ignore[override]
         """Merge the entries another acker hands over in a cut."""
         try:
-            moved = from_request(request)
+            # Off the event loop serving Apply: only the merge itself must run on it.
+            h, moved = await asyncio.to_thread(from_bytes, request)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}; nothing merged")
         try:
-            imported = self._shard.take_handoff(request.epoch, request.chunk_key, moved)
+            imported = self._shard.take_handoff(h.epoch, h.source, h.chunks, h.chunk_key, moved, h.manifest)
         except (LayoutRefused, BatchError) as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            await context.abort(_STATUS_OF.get(type(exc), grpc.StatusCode.FAILED_PRECONDITION), str(exc))
         return acker_pb2.HandoffResponse(imported=imported)
 
     # -- a restarted replica's catch-up (--replicas 2; catchup.py) --
@@ -259,7 +268,7 @@ def _raw(data: bytes) -> bytes:
 def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None:
     """Register the servicer like the generated ``add_AckerServicer_to_server``, but with bytes where it pays.
 
-    Apply and ApplyStream get raw request bytes; Subscribe yields serialized OutcomeBatch bytes.
+    Apply, ApplyStream and Handoff get raw request bytes; Subscribe yields serialized OutcomeBatch bytes.
 
     The native engine decodes ``ApplyRequest`` in Rust; the reference engine decodes
     with protobuf. Either way a request that does not decode is INVALID_ARGUMENT
@@ -312,9 +321,14 @@ def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None
                 ("PrepareLayout", acker_pb2.PrepareLayoutRequest, acker_pb2.LayoutResponse),
                 ("CutLayout", acker_pb2.CutLayoutRequest, acker_pb2.CutLayoutResponse),
                 ("CommitLayout", acker_pb2.CommitLayoutRequest, acker_pb2.LayoutResponse),
-                ("Handoff", acker_pb2.HandoffRequest, acker_pb2.HandoffResponse),
             )
         },
+        # Bytes in: moved entries decode into columns (acker_protocol.packed_handoff), never an object per entry.
+        "Handoff": grpc.unary_unary_rpc_method_handler(
+            servicer.Handoff,
+            request_deserializer=_raw,
+            response_serializer=acker_pb2.HandoffResponse.SerializeToString,
+        ),
     }
     service = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))

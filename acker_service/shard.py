@@ -17,6 +17,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, Callable
 
+import numpy as np
 from acker_protocol.text import clip
 from acker_protocol.wire import check_spout_name
 
@@ -25,13 +26,15 @@ from .catchup import CatchUp, check_request
 from .config import ServerConfig
 from .engines import new_ledger
 from .handoff import MovedEntries
-from .layout import ApplyHeld, Layout, LayoutMachine, LayoutRefused
+from .held import HeldOperations
+from .layout import PREPARED, ApplyHeld, Layout, LayoutMachine, LayoutRefused
 from .ledger import Limits
 from .metrics import AckerMetrics
 from .operate import AGE_BUCKETS, check_oldest, check_roots
 from .outcome_columns import ColumnarResult, OutcomeColumns
 from .outcome_hub import OutcomeChunk, OutcomeHub
 from .peers import peer_security
+from .request_parts import decode_request, encode_part
 from .reshard import Chunk, HandoffFailed, plan_handoffs, send_handoffs
 from .tree_info import TreeInfo
 
@@ -99,8 +102,12 @@ class Shard:
         # Which roots are ours, and a layout change in progress (issue 29; see layout.py).
         # A joining acker (--join, index >= count) starts outside the layout, as a drained one ends.
         self.layout = LayoutMachine(Layout(0, config.shard_count, config.shard_index if config.in_layout else -1))
+        # During a change the ledger is asked per operation, ownership checked by the layout (route()).
+        self._any_root = Limits(0, 1, config.max_batch, 1)
+        self.held = HeldOperations(config.max_held_operations)  # operations on roots still moving here
         self._unsent: list[Chunk] = []  # handoff chunks a cut could not deliver yet (sent again by the next cut)
-        self._merged_chunks: set[int] = set()  # handoff chunk keys merged in the current change
+        self._cut_moved = (0, 0)  # (trees, entries) this change's cut took out
+        self._merged_chunks: dict[int, set[int]] = {}  # per old shard: its handoff chunk keys merged
         self._cutting = False
         self.hub = OutcomeHub(
             config.retain_outcomes,
@@ -136,13 +143,8 @@ class Shard:
         Raises a :class:`~acker_service.batch.BatchError` that changes nothing,
         also for bytes that are not an ``ApplyRequest``.
         """
-        if self.layout.holding:
-            # No update may land while entries move: the old owner's updates before the
-            # cut and the new owner's after it must be disjoint (docs/acker-semantics.md).
-            raise ApplyHeld(
-                f"this acker is moving trees to layout epoch {self.layout.next.epoch if self.layout.next else '?'} "
-                f"({self.layout.state}); nothing was applied, retry the same batch shortly"
-            )
+        if self.layout.moving:
+            return self._apply_moving(data)
         if self.layout.current.index < 0:
             place = (
                 f"left the cluster at layout epoch {self.layout.current.epoch}"
@@ -160,10 +162,45 @@ class Shard:
         # Due trees collect in slices on the ticker, not in Apply's latency; a due
         # tree the batch touches still expires first (exactly one outcome).
         result = self.ledger.apply(data, self.limits, max_expired=0)
+        self._applied(result)
+        return result
+
+    def _applied(self, result: ColumnarResult) -> None:
         self._settle(result.ended)
         # Not ends, so no latency or outcome metrics: only the spout must know.
         self.hub.publish(result.timeout_resets)
         self.metrics.batch_operations.observe(result.operations)
+
+    def _apply_moving(self, data: bytes) -> ColumnarResult:
+        """Apply during a layout change: each operation applies now, is held for its old owner's handoff, or refuses the request.
+
+        The request is validated whole first, and refused whole (nothing applied,
+        nothing held) when one root is not served here any more: the client then
+        re-routes every operation of it by the next layout, each with its dedup key.
+        """
+        batch = decode_request(data, self.config.max_batch)
+        route = self.layout.route(batch.roots)
+        if route.refused >= 0:
+            raise WrongShard(self.layout.refusal(int(batch.roots[route.refused])))
+        held = route.source >= 0
+        n_held = int(held.sum())
+        if not n_held:
+            result = self.ledger.apply(data, self._any_root, max_expired=0)
+        elif not self.held.room_for(n_held):
+            raise ApplyHeld(
+                f"this acker holds {self.held.operations} operations for trees still moving to it, its limit "
+                f"(--max-held-operations {self.held.limit}); nothing was applied, retry the same batch shortly"
+            )
+        elif n_held < len(batch):
+            result = self.ledger.apply(encode_part(batch, ~held), self._any_root, max_expired=0)
+        else:
+            result = ColumnarResult(0, 0, 0, OutcomeColumns.empty(), OutcomeColumns.empty())
+        # Held after the part applied now: that one could still have been refused (it never is, validated).
+        for source in np.unique(route.source[held]).tolist():
+            mask = route.source == source
+            self.held.hold(source, encode_part(batch, mask), int(mask.sum()))
+        self._applied(result)
+        result.held = n_held
         return result
 
     def advance(self) -> int:
@@ -273,16 +310,24 @@ class Shard:
 
     # -- layout changes (issue 29): prepare, cut, commit, and the handoffs between ackers --
 
-    def prepare_layout(self, layout: Layout) -> None:
-        """Hold Apply and remember this acker's place in the next layout (LayoutRefused: nothing changed)."""
+    def prepare_layout(self, layout: Layout, previous: Layout | None = None) -> None:
+        """Learn this acker's place in the next layout and in the one left (LayoutRefused: nothing changed)."""
         if self.config.replicas > 1:
             raise LayoutRefused(
                 "resharding with --replicas 2 is not supported yet: a follower's copies would have to move too; "
                 "nothing changed"
             )
-        if layout != self.layout.next:
+        if previous is not None and previous.index < 0 and self.ledger.pending_trees and layout != self.layout.next:
+            raise LayoutRefused(
+                f"this acker holds {self.ledger.pending_trees} pending trees but the change names it as no shard "
+                f"of layout epoch {previous.epoch}; list it among the current ackers; nothing changed"
+            )
+        fresh = layout != self.layout.next
+        self.layout.prepare(layout, previous)
+        if fresh:
             self._merged_chunks.clear()
-        self.layout.prepare(layout)
+            self._unsent, self._cut_moved = [], (0, 0)
+            self.held.clear()
 
     async def cut_layout(self, epoch: int, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[int, int]:
         """Hand the entries the next layout gives away to their new owners; (trees, entries) moved by this call.
@@ -295,37 +340,90 @@ class Shard:
             raise LayoutRefused("a cut is already running on this acker")
         self._cutting = True
         try:
-            moved = self.ledger.export_moving(target.count, target.index)
-            self._settle(OutcomeColumns.empty())  # refresh the pending gauge
-            self._unsent += plan_handoffs(moved, target)
+            if self.layout.state == PREPARED:
+                # One event-loop step: the entries leave and their roots are refused from now on,
+                # so no update lands here after its entry left (docs/acker-semantics.md).
+                moved = self.ledger.export_moving(target.count, target.index)
+                self.layout.mark_cut()
+                self._settle(OutcomeColumns.empty())  # refresh the pending gauge
+                source = self.layout.previous.index if self.layout.previous else -1
+                if source >= 0:  # an acker new in this layout was no old owner: it hands nothing over
+                    # Off the event loop (the ledger is not touched): Apply goes on meanwhile.
+                    self._unsent = await asyncio.to_thread(plan_handoffs, moved, target, source)
+                self._cut_moved = (moved.trees, len(moved))
+                self.layout.count_moved(*self._cut_moved)
             self._unsent = await send_handoffs(self._unsent, target, metadata, peer_security(self.config))
         finally:
             self._cutting = False
         if self._unsent:
-            held = sum(len(c.entries) for c in self._unsent)
+            waiting = sum(len(c.entries) for c in self._unsent)
             raise HandoffFailed(
-                f"{held} moved entries could not be handed to their new owners yet; they are kept here: "
-                "call CutLayout again (acker-ctl reshard again) once every acker of the new layout is reachable"
+                f"{len(self._unsent)} handoffs ({waiting} moved entries) could not reach their new owners yet; "
+                "they are kept here: call CutLayout again (acker-ctl reshard again) once every acker of the new "
+                "layout is reachable"
             )
-        self.layout.cut_done(moved.trees, len(moved))
-        return moved.trees, len(moved)
+        return self._cut_moved
 
-    def take_handoff(self, epoch: int, key: int, moved: MovedEntries) -> int:
-        """Merge entries another acker handed over (once per chunk key); how many entries were merged."""
+    def take_handoff(
+        self, epoch: int, source: int, chunks: int, key: int, moved: MovedEntries, manifest: np.ndarray | None = None
+    ) -> int:
+        """Merge a chunk old owner ``source`` handed over (once per key); how many entries were merged.
+
+        The operations held for a root of ``source`` then apply, in arrival order,
+        through the ledger's normal rules, once its entry's chunk is merged, or the
+        ``manifest`` (carried by the first chunk) shows no entry is coming for it,
+        or all ``chunks`` are merged.
+        """
         if not self.layout.accepts_handoff(epoch):
             raise LayoutRefused(f"this acker is not prepared for layout epoch {epoch}; moved entries refused")
-        if key and key in self._merged_chunks:
+        previous = self.layout.previous
+        if previous is None or not 0 <= source < previous.count or chunks < 1 or not key:
+            raise InvalidBatch(
+                "a handoff names its sender's shard in the layout left (source), its chunk count (at least 1) "
+                "and a non-zero chunk key; nothing merged"
+            )
+        merged = self._merged_chunks.setdefault(source, set())
+        if key in merged:
             return 0  # a resent chunk whose first answer was lost: merged already
+        if source not in self.layout.awaiting:
+            raise LayoutRefused(
+                f"every handoff of old shard {source} was merged already (or it is this acker); chunk refused"
+            )
         self._settle(self.ledger.import_entries(moved))
-        if key:
-            self._merged_chunks.add(key)
+        merged.add(key)
+        complete = len(merged) >= chunks
+        if complete:
+            self.layout.source_merged(source)
+        else:
+            self.layout.chunk_merged(source, moved.roots, manifest)
+        self._release(source, complete)
         return len(moved)
+
+    def _release(self, source: int, complete: bool) -> None:
+        """Apply what was held for old owner ``source``'s roots whose entries are here (all, once ``complete``)."""
+        for request in self.held.release(source):
+            try:
+                if complete:
+                    self._applied(self.ledger.apply(request, self._any_root, max_expired=0))
+                    continue
+                batch = decode_request(request, self.config.max_batch)
+                waiting = self.layout.route(batch.roots).source >= 0
+                if not waiting.all():
+                    part = request if not waiting.any() else encode_part(batch, ~waiting)
+                    self._applied(self.ledger.apply(part, self._any_root, max_expired=0))
+                if waiting.any():  # back in the queue in the same order: later arrivals stay behind it
+                    self.held.hold(
+                        source, request if waiting.all() else encode_part(batch, waiting), int(waiting.sum())
+                    )
+            except BatchError:  # validated whole when it was held: not expected
+                log.exception("an operation held during the layout change could not be applied")
 
     def commit_layout(self, epoch: int) -> Layout:
         """Take the next layout and serve Apply again."""
         if self._unsent:
             raise LayoutRefused("this acker still holds moved entries it could not hand over; cut again first")
         layout = self.layout.commit(epoch)
+        self._merged_chunks.clear()
         self.limits = Limits(max(layout.index, 0), layout.count, self.config.max_batch, self.config.replicas)
         return layout
 

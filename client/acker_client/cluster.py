@@ -315,7 +315,9 @@ class ClusterClient:
             info = st.stubs[shard].Describe(acker_pb2.DescribeRequest(), timeout=self.deadline)
         except grpc.RpcError:
             return False
-        layout = info.layout
+        # During a change the refusing acker names the layout being moved to: route by it now.
+        moving = info.HasField("next_layout") and info.next_layout.epoch > info.layout.epoch
+        layout = info.next_layout if moving else info.layout
         if not layout.addresses or depth > 3:
             return False
         new_state = self._adopt(layout.epoch, tuple(layout.addresses))
@@ -326,19 +328,39 @@ class ClusterClient:
             call = new_state.apply_calls[target]
 
             def send(data: bytes, timeout: float, wait_for_ready: bool, call=call) -> object:
-                return call.future(data, timeout=timeout, wait_for_ready=wait_for_ready).result()
+                response = call.future(data, timeout=timeout, wait_for_ready=wait_for_ready).result()
+                with new_state.lock:  # counted as any batch's answer (a held part applies at the new owner later)
+                    stats = new_state.stats
+                    stats.applied += response.applied
+                    stats.deduplicated += response.deduplicated
+                    stats.ignored += response.ignored
+                    stats.held += response.held
+                return response
 
-            error = send_until_applied(send, part, deadline=self.deadline, give_up_at=give_up_at, sleep=time.sleep)
-            if error is None:
-                continue
-            if error.code() == grpc.StatusCode.FAILED_PRECONDITION and self._relayout(
-                new_state, target, part, depth + 1
-            ):
-                continue  # the layout changed again meanwhile
-            return False
+            if not self._send_part(new_state, target, part, send, give_up_at, depth):
+                return False
         with new_state.lock:  # counted where stats are read: the current layout's state
             new_state.stats.batches_rerouted += 1
         return True
+
+    def _send_part(
+        self, st: ProcessState, target: int, part: bytes, send: Callable[..., object], give_up_at: float, depth: int
+    ) -> bool:
+        """Send one re-routed part until applied; whether it was (here, or re-routed again by a newer layout)."""
+        pause = 0.05
+        while True:
+            error = send_until_applied(send, part, deadline=self.deadline, give_up_at=give_up_at, sleep=time.sleep)
+            if error is None:
+                return True
+            if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                return False
+            if self._relayout(st, target, part, depth + 1):
+                return True  # the layout changed again meanwhile
+            if time.monotonic() >= give_up_at:
+                return False
+            # The new owner does not know the layout yet (its step comes later): ask again shortly.
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def _adopt(self, epoch: int, addresses: tuple[str, ...]) -> ProcessState | None:
         """Route by layout ``epoch`` from now on (a no-op if it is not newer); the state of the current layout."""

@@ -75,6 +75,7 @@ class ClientStats:
     applied: int = 0  # from ApplyResponse
     deduplicated: int = 0
     ignored: int = 0
+    held: int = 0  # operations an acker held during a layout change (applied once their trees arrived)
     batches_retried: int = 0  # attempts repeated after a transient failure
     batches_rerouted: int = 0  # batches refused by an acker that left their roots, sent on by a newer layout
     operations_retried: int = 0

@@ -1,14 +1,17 @@
 """Following a layout change of the ackers (issue 29): learn the new layout, re-route a refused batch.
 
-After ``acker-ctl reshard`` or ``drain``, an acker refuses a batch holding a
-root it no longer owns (FAILED_PRECONDITION; nothing of it was applied). The
-client then asks that acker's Describe for the current layout (epoch, shard
-addresses); when it is newer than the one the client routes by, the client
-adopts it and sends the refused batch's operations again, split by
-``root % new count``, each with the dedup key it already carried, so an
-operation applied before the move (and moved with its tree) is dropped as a
-repeat, never applied twice. While the ackers hold Apply during the move they
-answer UNAVAILABLE, which the client retries as it retries any blip.
+During ``acker-ctl reshard`` or ``drain``, an acker refuses a batch holding a
+root it no longer serves (FAILED_PRECONDITION; nothing of it was applied): a
+root that moved away at its cut, or one the layout gives another acker. The
+client then asks that acker's Describe for the layout being moved to
+(``next_layout``; after the change, ``layout``); when it is newer than the one
+the client routes by, the client adopts it and sends the refused batch's
+operations again, split by ``root % new count``, each with the dedup key it
+already carried, so an operation applied before the move (and moved with its
+tree) is dropped as a repeat, never applied twice. The new owner of a root
+still on its way holds the operation until the tree's entry arrives; every
+other root is served at once. An acker past its bound of held operations
+answers UNAVAILABLE, which the client retries as it retries any blip.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def split_request(request: bytes, shard_count: int) -> dict[int, bytes]:
 def send_until_applied(
     call: Callable[..., Any], request: bytes, *, deadline: float, give_up_at: float, sleep: Callable[[float], None]
 ) -> grpc.RpcError | None:
-    """Send until applied, retrying UNAVAILABLE (an acker holding Apply mid-move) until ``give_up_at``; the last error or None."""
+    """Send until applied, retrying UNAVAILABLE (an acker at its bound of held operations) until ``give_up_at``; the last error or None."""
     pause = 0.05
     while True:
         try:

@@ -238,3 +238,4 @@ def _count_sent(st: ProcessState, buf: OpBuffer, count: int, response: acker_pb2
         s.applied += response.applied
         s.deduplicated += response.deduplicated
         s.ignored += response.ignored
+        s.held += response.held

@@ -19,6 +19,7 @@ from acker_ctl.cli import main as acker_ctl
 
 from acker_service.process_cluster import ProcessCluster
 
+from .test_move_holds import ACK, INIT, Acker
 from .workload import Outcomes, Trees
 
 TIMEOUT = 3.0
@@ -90,3 +91,31 @@ def test_acker_ctl_reshard_3_4_3_and_drain_under_load():
         assert (verdict["lost"], verdict["replayed"], verdict["false_acks"], verdict["more_than_one_outcome"]) == (
             0, 0, 0, 0,
         )  # fmt: skip
+
+
+@pytest.mark.chaos
+def test_a_move_stopped_after_prepare_serves_non_moving_roots_and_acker_ctl_finishes_it():
+    """Real processes prepared for 3 -> 4: a staying root applies, a moving one is held; acker-ctl then finishes the move."""
+    with (
+        ProcessCluster(count=3, message_timeout=TIMEOUT) as three,
+        ProcessCluster(count=1, message_timeout=TIMEOUT) as extra,
+    ):
+        old = list(three.addresses)
+        four = [*old, extra.addresses[0]]
+        ackers = [Acker(address) for address in four]
+        try:
+            stay, moving = 12 * 1000 + 1, 12 * 1000 + 4  # 1 -> 1, and 1 -> 0 (mod 3 -> mod 4)
+            for root in (stay, moving):
+                ackers[1].apply([(INIT, root, 5 ^ 9), (ACK, root, 5)], key=root << 8)
+            for acker in ackers:
+                acker.prepare(1, four, old)  # as acker-ctl reshard would; it stops here
+            done = ackers[1].apply([(ACK, stay, 9)], key=1 << 40)
+            assert (done.applied, done.held) == (1, 0) and ackers[1].counts() == (1, 1)
+            held = ackers[0].apply([(ACK, moving, 9)], key=2 << 40)
+            assert (held.applied, held.held) == (0, 1) and ackers[0].counts() == (0, 0)
+            grow = _ctl("--ackers", ",".join(old), "reshard", "--shards", "4", "--addresses", ",".join(four))
+            assert grow["epoch"] == 1 and grow["moved_trees"] == 1
+            assert ackers[0].counts() == (0, 1), "the entry arrived with shard 1's cut, then the held ack: ACKED"
+        finally:
+            for acker in ackers:
+                acker.close()

@@ -93,54 +93,12 @@ def test_reshard_3_to_4_to_3_then_drain_keeps_every_rule(servers):
         client.close()
 
 
-def test_reshard_refuses_a_layout_step_out_of_order(servers):
-    """Commit before cut, an old epoch and a second change mid-way are refused with the reason; Apply is held meanwhile."""
-    a, b = servers(0, 2).address, servers(1, 2).address
-    with grpc.insecure_channel(a) as channel:
-        stub = acker_pb2_grpc.AckerStub(channel)
-        layout = acker_pb2.Layout(epoch=1, shard_count=1, shard_index=0, addresses=[a])
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.CommitLayout(acker_pb2.CommitLayoutRequest(epoch=1), timeout=5)
-        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        stub.PrepareLayout(acker_pb2.PrepareLayoutRequest(layout=layout), timeout=5)
-        with pytest.raises(grpc.RpcError) as held:
-            ClusterClient([a, b], verify=False, wait_for_shard=0.2).init(2, 5, "s") or None
-            stub.Apply(acker_pb2.ApplyRequest(kinds=[1], root_ids=[2], values=[5], spouts=["s"]), timeout=5)
-        assert held.value.code() == grpc.StatusCode.UNAVAILABLE and "moving trees" in held.value.details()
-        other = acker_pb2.Layout(epoch=2, shard_count=1, shard_index=0, addresses=[a])
-        with pytest.raises(grpc.RpcError) as busy:
-            stub.PrepareLayout(acker_pb2.PrepareLayoutRequest(layout=other), timeout=5)
-        assert "in progress" in busy.value.details()
-        assert _describe(a).move_state == "prepared"
-
-
 def test_drain_refuses_an_unknown_or_last_shard():
     """drain names a listed shard and never the last acker."""
     with pytest.raises(CtlError, match="not one of"):
         drain_addresses(["x:1", "y:2"], 2)
     with pytest.raises(CtlError, match="last acker"):
         drain_addresses(["x:1"], 0)
-
-
-def test_a_resent_handoff_chunk_is_merged_once(servers):
-    """A Handoff whose answer was lost is sent again with the same chunk key: the second copy merges nothing."""
-    from acker_service.handoff import MovedEntries
-    from acker_service.reshard import to_request
-
-    a = servers(0, 1).address
-    with grpc.insecure_channel(a) as channel:
-        stub = acker_pb2_grpc.AckerStub(channel)
-        layout = acker_pb2.Layout(epoch=1, shard_count=1, shard_index=0, addresses=[a])
-        stub.PrepareLayout(acker_pb2.PrepareLayoutRequest(layout=layout), timeout=5)
-        request = to_request(1, MovedEntries([7], [5], ["s"], [0], [0], [0], [False], [0], [0], []))
-        request.chunk_key = 99
-        assert stub.Handoff(request, timeout=5).imported == 1
-        assert stub.Handoff(request, timeout=5).imported == 0
-        stub.CutLayout(acker_pb2.CutLayoutRequest(epoch=1), timeout=5)
-        stub.CommitLayout(acker_pb2.CommitLayoutRequest(epoch=1), timeout=5)
-        assert _describe(a).pending_trees == 1
-        done = stub.Apply(acker_pb2.ApplyRequest(kinds=[2], root_ids=[7], values=[5], spouts=["s"]), timeout=5)
-        assert done.applied == 1 and _describe(a).pending_trees == 0, "merged once: one ack of 5 completes it"
 
 
 def test_a_joining_acker_owns_nothing_until_a_reshard_places_it(servers):

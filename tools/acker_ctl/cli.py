@@ -172,7 +172,7 @@ def _move(args: argparse.Namespace, addresses: list[str], security: ChannelSecur
     text = (
         f"layout epoch {result['epoch']}: {result['from_shards']} -> {result['to_shards']} shards; "
         f"moved {result['moved_trees']} pending trees ({result['moved_entries']} entries) in "
-        f"{result['move_seconds']} s, Apply held {result['held_seconds']} s\n"
+        f"{result['move_seconds']} s (cut to commit {result['cut_seconds']} s)\n"
         f"clients now send to: {','.join(result['addresses'])}"
     )
     for address, pending in result["leaving"].items():

@@ -138,7 +138,7 @@ class Cluster:
                     "timeout_mode": info.timeout_mode or "fixed",
                     "max_tree_lifetime_seconds": info.max_tree_lifetime_seconds,
                     "replicas": info.replicas or 1,  # 0: a server from before replication, which keeps one copy
-                    # The layout epoch (0: as started) and a move in progress (prepared/cut: Apply held).
+                    # The layout epoch (0: as started) and a move in progress (prepared/cut: moving roots held at their new owner).
                     "layout_epoch": info.layout.epoch,
                     "move_state": info.move_state or "serving",
                     # A restarted replica copying its ranges from its partners (Apply held until caught up).

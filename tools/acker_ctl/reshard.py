@@ -1,17 +1,21 @@
 """``acker-ctl reshard`` and ``drain``: move a running cluster to a new layout, prepare -> cut -> commit on every acker.
 
-Every acker of the old and the new layout is prepared (Apply held, clients
-retry), then every one is cut (each hands the entries it gives away to their
-new owners), then every one commits (serves the new layout; clients learn it
-from a refusal and Describe). Running the same command again after a failure
-finishes the same change: each step is safe to repeat. Why nothing is lost,
-replayed or acked falsely: docs/acker-semantics.md, "Moving trees".
+Every acker of the old and the new layout is prepared (from then on a new
+owner holds the operations on roots still moving to it; every other root is
+served throughout), then every one is cut at once (each takes out the
+entries it gives away, refuses their roots from then on, and hands them to
+their new owners, which apply what they held), then every one commits.
+Clients learn the new layout from a refusal and Describe. Running the same
+command again after a failure finishes the same change: each step is safe to
+repeat. Why nothing is lost, replayed or acked falsely:
+docs/acker-semantics.md, "Moving trees".
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from acker_protocol.credentials import ChannelSecurity
@@ -60,25 +64,28 @@ def reshard(
         for i, address in enumerate(everyone):
             index = new.index(address) if address in new else -1
             layout = acker_pb2.Layout(epoch=epoch, shard_count=len(new), shard_index=index, addresses=list(new))
-            request = acker_pb2.PrepareLayoutRequest(layout=layout)
+            # Its place in the layout left (-1: new): it awaits a handoff from every other old shard.
+            before = current.index(address) if address in current else -1
+            previous = acker_pb2.Layout(
+                epoch=epoch - 1, shard_count=len(current), shard_index=before, addresses=list(current)
+            )
+            request = acker_pb2.PrepareLayoutRequest(layout=layout, previous=previous)
 
             def prepare(s: acker_pb2_grpc.AckerStub, r: acker_pb2.PrepareLayoutRequest = request) -> object:
                 return s.PrepareLayout(r, timeout=deadline)
 
             cluster._call(i, "PrepareLayout", prepare)
-        held_at = clock()
-        moved_trees = moved_entries = 0
-        for i in range(len(everyone)):
-            cut = acker_pb2.CutLayoutRequest(epoch=epoch)
+        cut_at = clock()
+        cut = acker_pb2.CutLayoutRequest(epoch=epoch)
 
-            def cut_call(
-                s: acker_pb2_grpc.AckerStub, r: acker_pb2.CutLayoutRequest = cut
-            ) -> acker_pb2.CutLayoutResponse:
-                return s.CutLayout(r, timeout=deadline)
+        def cut_call(s: acker_pb2_grpc.AckerStub) -> acker_pb2.CutLayoutResponse:
+            return s.CutLayout(cut, timeout=deadline)
 
-            answer = cluster._call(i, "CutLayout", cut_call)
-            moved_trees += answer.moved_trees
-            moved_entries += answer.moved_entries
+        # Every acker at once: a root moving here waits for its old owner's cut, not for every other one.
+        with ThreadPoolExecutor(max_workers=len(everyone)) as pool:
+            answers = list(pool.map(lambda i: cluster._call(i, "CutLayout", cut_call), range(len(everyone))))
+        moved_trees = sum(a.moved_trees for a in answers)
+        moved_entries = sum(a.moved_entries for a in answers)
         for i in range(len(everyone)):
             commit = acker_pb2.CommitLayoutRequest(epoch=epoch)
 
@@ -104,7 +111,7 @@ def reshard(
         "addresses": list(new),
         "moved_trees": moved_trees,
         "moved_entries": moved_entries,
-        "held_seconds": round(committed_at - held_at, 4),
+        "cut_seconds": round(committed_at - cut_at, 4),
         "move_seconds": round(committed_at - started, 4),
         "leaving": left_pending,
     }

@@ -250,16 +250,24 @@ class PrepareLayoutRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     LAYOUT_FIELD_NUMBER: _builtins.int
+    PREVIOUS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def layout(self) -> Global___Layout: ...
+    @_builtins.property
+    def previous(self) -> Global___Layout:
+        """The layout being left, with this acker's index in it (-1: it was not in
+        it, a new acker). Unset: the acker's own current layout.
+        """
+
     def __init__(
         self,
         *,
         layout: Global___Layout | None = ...,
+        previous: Global___Layout | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "previous", b"previous"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "previous", b"previous"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -334,7 +342,9 @@ class LayoutResponse(_message.Message):
     MOVE_STATE_FIELD_NUMBER: _builtins.int
     NEXT_LAYOUT_FIELD_NUMBER: _builtins.int
     move_state: _builtins.str
-    """serving, prepared (Apply held), cut (entries handed over, Apply held)."""
+    """serving, prepared (moving roots held at their new owner), cut (entries
+    handed over, the roots that left refused).
+    """
     @_builtins.property
     def layout(self) -> Global___Layout: ...
     @_builtins.property
@@ -374,11 +384,20 @@ class HandoffRequest(_message.Message):
     KEY_COUNTS_FIELD_NUMBER: _builtins.int
     DEDUP_KEYS_FIELD_NUMBER: _builtins.int
     CHUNK_KEY_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    CHUNKS_FIELD_NUMBER: _builtins.int
+    MANIFEST_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     chunk_key: _builtins.int
     """Names this chunk: a retried Handoff with a key already merged is
     acknowledged without merging again (XOR would cancel a second copy).
     """
+    source: _builtins.int
+    """The sender's shard index in the layout being left, and how many chunks
+    (at least 1, an empty one too) it hands this acker in this epoch: once
+    all of them are merged, the operations held for its roots apply.
+    """
+    chunks: _builtins.int
     @_builtins.property
     def root_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -401,6 +420,13 @@ class HandoffRequest(_message.Message):
     def key_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def dedup_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def manifest(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """In the first chunk to each new owner: the roots of every entry the sender
+        hands it in this epoch (in all its chunks). An operation on another root
+        it holds need not wait for the rest: that root's entry is not coming.
+        """
+
     def __init__(
         self,
         *,
@@ -416,10 +442,13 @@ class HandoffRequest(_message.Message):
         key_counts: _abc.Iterable[_builtins.int] | None = ...,
         dedup_keys: _abc.Iterable[_builtins.int] | None = ...,
         chunk_key: _builtins.int = ...,
+        source: _builtins.int = ...,
+        chunks: _builtins.int = ...,
+        manifest: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ages_micros", b"ages_micros", "chunk_key", b"chunk_key", "dedup_keys", b"dedup_keys", "epoch", b"epoch", "failed", b"failed", "generations", b"generations", "key_counts", b"key_counts", "resets", b"resets", "root_ids", b"root_ids", "spout_index", b"spout_index", "spouts", b"spouts", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ages_micros", b"ages_micros", "chunk_key", b"chunk_key", "chunks", b"chunks", "dedup_keys", b"dedup_keys", "epoch", b"epoch", "failed", b"failed", "generations", b"generations", "key_counts", b"key_counts", "manifest", b"manifest", "resets", b"resets", "root_ids", b"root_ids", "source", b"source", "spout_index", b"spout_index", "spouts", b"spouts", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -516,6 +545,7 @@ class ApplyResponse(_message.Message):
     APPLIED_FIELD_NUMBER: _builtins.int
     DEDUPLICATED_FIELD_NUMBER: _builtins.int
     IGNORED_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
     applied: _builtins.int
     """Operations that changed the ledger."""
     deduplicated: _builtins.int
@@ -526,16 +556,22 @@ class ApplyResponse(_message.Message):
     a root with no pending entry, such as one whose tree already ended, is
     applied to a new entry without a spout, which expires as an orphan.)
     """
+    held: _builtins.int
+    """Operations accepted during a layout change for trees still moving to this
+    acker: held, unapplied, until their entries arrive, then applied by the
+    same rules (not counted in the three above).
+    """
     def __init__(
         self,
         *,
         applied: _builtins.int = ...,
         deduplicated: _builtins.int = ...,
         ignored: _builtins.int = ...,
+        held: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "deduplicated", b"deduplicated", "ignored", b"ignored"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "deduplicated", b"deduplicated", "held", b"held", "ignored", b"ignored"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -553,6 +589,7 @@ class ApplyAck(_message.Message):
     IGNORED_FIELD_NUMBER: _builtins.int
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """The request's position on its call: 1 for the first request, 2 for the next..."""
     applied: _builtins.int
@@ -566,6 +603,8 @@ class ApplyAck(_message.Message):
     """
     message: _builtins.str
     """Why the request was refused (empty when applied)."""
+    held: _builtins.int
+    """As ApplyResponse.held."""
     def __init__(
         self,
         *,
@@ -575,10 +614,11 @@ class ApplyAck(_message.Message):
         ignored: _builtins.int = ...,
         code: _builtins.int = ...,
         message: _builtins.str = ...,
+        held: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "code", b"code", "deduplicated", b"deduplicated", "ignored", b"ignored", "message", b"message", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "code", b"code", "deduplicated", b"deduplicated", "held", b"held", "ignored", b"ignored", "message", b"message", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -722,6 +762,7 @@ class DescribeResponse(_message.Message):
     MOVE_STATE_FIELD_NUMBER: _builtins.int
     CATCHUP_STATE_FIELD_NUMBER: _builtins.int
     CATCHUP_ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_LAYOUT_FIELD_NUMBER: _builtins.int
     shard_index: _builtins.int
     shard_count: _builtins.int
     message_timeout_seconds: _builtins.float
@@ -759,6 +800,12 @@ class DescribeResponse(_message.Message):
     def layout(self) -> Global___Layout:
         """The current layout (epoch 0: as started) and the state of a layout change."""
 
+    @_builtins.property
+    def next_layout(self) -> Global___Layout:
+        """The layout being moved to, once this acker was cut (it then refuses the
+        roots it gave away): a client refused such a root routes by it.
+        """
+
     def __init__(
         self,
         *,
@@ -780,10 +827,11 @@ class DescribeResponse(_message.Message):
         move_state: _builtins.str = ...,
         catchup_state: _builtins.str = ...,
         catchup_entries: _builtins.int = ...,
+        next_layout: Global___Layout | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "next_layout", b"next_layout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_stream", b"apply_stream", "buckets", b"buckets", "catchup_entries", b"catchup_entries", "catchup_state", b"catchup_state", "incarnation", b"incarnation", "layout", b"layout", "max_batch", b"max_batch", "max_tree_lifetime_seconds", b"max_tree_lifetime_seconds", "message_timeout_seconds", b"message_timeout_seconds", "move_state", b"move_state", "pending_trees", b"pending_trees", "replicas", b"replicas", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "timeout_mode", b"timeout_mode", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_stream", b"apply_stream", "buckets", b"buckets", "catchup_entries", b"catchup_entries", "catchup_state", b"catchup_state", "incarnation", b"incarnation", "layout", b"layout", "max_batch", b"max_batch", "max_tree_lifetime_seconds", b"max_tree_lifetime_seconds", "message_timeout_seconds", b"message_timeout_seconds", "move_state", b"move_state", "next_layout", b"next_layout", "pending_trees", b"pending_trees", "replicas", b"replicas", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "timeout_mode", b"timeout_mode", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -49,7 +49,12 @@ class AckerStub:
                           message larger than the server's receive limit.
       FAILED_PRECONDITION a root this shard neither owns nor follows (see
                           DescribeResponse.replicas); the message names the
-                          shard that owns it.
+                          shard that owns it. During a layout change also a
+                          root that moved away at this acker's cut: ask
+                          Describe (next_layout) and send it there.
+      UNAVAILABLE         during a layout change, the acker holds its
+                          maximum of operations for trees still moving to it
+                          (--max-held-operations): retry shortly.
 
     Never retry Apply automatically: XOR acks are not idempotent unless they
     carry a dedup key. DEADLINE_EXCEEDED means "may or may not be applied".
@@ -93,11 +98,14 @@ class AckerStub:
     """For operators (admin permission), the three steps of a layout change
     (docs/operations.md, "Resharding and draining"; why it keeps every rule:
     docs/acker-semantics.md, "Moving trees"). PrepareLayout tells an acker its
-    place in the next layout and holds its Apply calls (UNAVAILABLE, retry);
-    CutLayout hands the entries the new layout gives away to their new owners
-    (Handoff); CommitLayout switches to the new layout and serves again. Every
-    acker of the old and the new layout is prepared before any is cut, and
-    every one is cut before any commits.
+    place in the next layout: from then on it also takes the roots the next
+    layout gives it, holding (unapplied) those whose old owner has not handed
+    its entries over yet, and serves every root that does not move as before.
+    CutLayout takes the entries the new layout gives away out, refuses their
+    roots from then on (FAILED_PRECONDITION, naming the next layout) and hands
+    them to their new owners (Handoff); CommitLayout makes the next layout the
+    current one. Every acker of the old and the new layout is prepared before
+    any is cut, and every one is cut before any commits.
 
     Errors: FAILED_PRECONDITION (an epoch not above the current one, a step
     out of order, replicas 2), UNAVAILABLE (a new owner could not be reached:
@@ -138,7 +146,12 @@ class AckerAsyncStub(AckerStub):
                           message larger than the server's receive limit.
       FAILED_PRECONDITION a root this shard neither owns nor follows (see
                           DescribeResponse.replicas); the message names the
-                          shard that owns it.
+                          shard that owns it. During a layout change also a
+                          root that moved away at this acker's cut: ask
+                          Describe (next_layout) and send it there.
+      UNAVAILABLE         during a layout change, the acker holds its
+                          maximum of operations for trees still moving to it
+                          (--max-held-operations): retry shortly.
 
     Never retry Apply automatically: XOR acks are not idempotent unless they
     carry a dedup key. DEADLINE_EXCEEDED means "may or may not be applied".
@@ -182,11 +195,14 @@ class AckerAsyncStub(AckerStub):
     """For operators (admin permission), the three steps of a layout change
     (docs/operations.md, "Resharding and draining"; why it keeps every rule:
     docs/acker-semantics.md, "Moving trees"). PrepareLayout tells an acker its
-    place in the next layout and holds its Apply calls (UNAVAILABLE, retry);
-    CutLayout hands the entries the new layout gives away to their new owners
-    (Handoff); CommitLayout switches to the new layout and serves again. Every
-    acker of the old and the new layout is prepared before any is cut, and
-    every one is cut before any commits.
+    place in the next layout: from then on it also takes the roots the next
+    layout gives it, holding (unapplied) those whose old owner has not handed
+    its entries over yet, and serves every root that does not move as before.
+    CutLayout takes the entries the new layout gives away out, refuses their
+    roots from then on (FAILED_PRECONDITION, naming the next layout) and hands
+    them to their new owners (Handoff); CommitLayout makes the next layout the
+    current one. Every acker of the old and the new layout is prepared before
+    any is cut, and every one is cut before any commits.
 
     Errors: FAILED_PRECONDITION (an epoch not above the current one, a step
     out of order, replicas 2), UNAVAILABLE (a new owner could not be reached:
@@ -230,7 +246,12 @@ class AckerServicer(metaclass=_abc_1.ABCMeta):
                               message larger than the server's receive limit.
           FAILED_PRECONDITION a root this shard neither owns nor follows (see
                               DescribeResponse.replicas); the message names the
-                              shard that owns it.
+                              shard that owns it. During a layout change also a
+                              root that moved away at this acker's cut: ask
+                              Describe (next_layout) and send it there.
+          UNAVAILABLE         during a layout change, the acker holds its
+                              maximum of operations for trees still moving to it
+                              (--max-held-operations): retry shortly.
 
         Never retry Apply automatically: XOR acks are not idempotent unless they
         carry a dedup key. DEADLINE_EXCEEDED means "may or may not be applied".
@@ -310,11 +331,14 @@ class AckerServicer(metaclass=_abc_1.ABCMeta):
         """For operators (admin permission), the three steps of a layout change
         (docs/operations.md, "Resharding and draining"; why it keeps every rule:
         docs/acker-semantics.md, "Moving trees"). PrepareLayout tells an acker its
-        place in the next layout and holds its Apply calls (UNAVAILABLE, retry);
-        CutLayout hands the entries the new layout gives away to their new owners
-        (Handoff); CommitLayout switches to the new layout and serves again. Every
-        acker of the old and the new layout is prepared before any is cut, and
-        every one is cut before any commits.
+        place in the next layout: from then on it also takes the roots the next
+        layout gives it, holding (unapplied) those whose old owner has not handed
+        its entries over yet, and serves every root that does not move as before.
+        CutLayout takes the entries the new layout gives away out, refuses their
+        roots from then on (FAILED_PRECONDITION, naming the next layout) and hands
+        them to their new owners (Handoff); CommitLayout makes the next layout the
+        current one. Every acker of the old and the new layout is prepared before
+        any is cut, and every one is cut before any commits.
 
         Errors: FAILED_PRECONDITION (an epoch not above the current one, a step
         out of order, replicas 2), UNAVAILABLE (a new owner could not be reached:
