@@ -18,6 +18,7 @@ Why no rule breaks through a move: docs/acker-semantics.md, "Moving trees".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .batch import BatchError
@@ -107,11 +108,17 @@ class LayoutMachine:
         """Whether moved entries of ``epoch`` may be merged now (prepared or cut for it)."""
         return self.next is not None and self.next.epoch == epoch and self.state in (PREPARED, CUT)
 
-    def commit(self, epoch: int) -> Layout:
-        """Take the next layout and serve again (committing the current epoch again is a no-op)."""
+    def commit(self, epoch: int, record: Callable[[Layout], None] | None = None) -> Layout:
+        """Take the next layout and serve again (committing the current epoch again is a no-op).
+
+        ``record`` is called with the layout once the commit is allowed and before it
+        is taken (the acker keeps it durable there, :mod:`acker_service.layout_file`).
+        """
         if self.next is None and self.current.epoch == epoch:
             return self.current
         if self.next is None or self.next.epoch != epoch or self.state != CUT:
             raise LayoutRefused(f"epoch {epoch} cannot commit here ({self.state}); every acker must be cut first")
+        if record is not None:
+            record(self.next)
         self.current, self.next, self.state = self.next, None, SERVING
         return self.current
