@@ -131,8 +131,8 @@ class Shard:
         layout = starting_layout(flags, stored)
         if layout is not flags:
             log.info(
-                "layout file %s holds committed layout epoch %d: starting as shard %s of %d, not as the flags' "
-                "shard %d of %d",
+                "layout file %s holds committed layout epoch %d: starting as shard %s of %d there "
+                "(the flags say shard %d of %d)",
                 self.layout_file.path,
                 layout.epoch,
                 layout.index if layout.index >= 0 else "none (drained)",
