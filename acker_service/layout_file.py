@@ -9,6 +9,10 @@ epoch is newer than the flags' (every committed layout is: the flags are epoch
 0). A missing file means the flags; a file that is not a layout this acker
 wrote refuses the start, naming the file, rather than guess a shard.
 
+A local file rather than asking the peers at start: it needs no other acker up
+(a whole cluster restarting at once) and no list of peers, and the acker knows
+its place before it serves a call.
+
 The file is small JSON: ``{"format": "acker-layout/1", "epoch": 1,
 "shard_count": 4, "shard_index": 3, "addresses": [...]}`` (index -1: drained).
 """
