@@ -76,7 +76,8 @@ def load_tokens(path: str) -> list[tuple[str, bytes]]:
 
 
 # The operator calls: failing trees from outside and the steps of a layout change (issue 29).
-ADMIN_METHODS = ("ForceFail", "PrepareLayout", "CutLayout", "CommitLayout", "Handoff")
+# Snapshot: a restarted replica copying its range from its partner (catch-up).
+ADMIN_METHODS = ("ForceFail", "PrepareLayout", "CutLayout", "CommitLayout", "Handoff", "Snapshot")
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,8 @@ class AuthInterceptor(HandlerInterceptor):
             # responses; Apply, Describe, Inspect and ForceFail answer once.
             if kind.request_streaming:
                 return self._guard_apply_stream(behavior)
+            if name in ADMIN_METHODS:  # Snapshot streams its answer: checked once, as the admin calls are
+                return self._guard_unary(behavior, name)
             return self._guard_stream(behavior) if kind.response_streaming else self._guard_unary(behavior, name)
 
         return rewrap(handler, wrap)

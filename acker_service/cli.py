@@ -126,6 +126,22 @@ _FLAGS = (
         float,
         "seconds a client must leave between keepalive pings; one pinging more often is disconnected (too_many_pings)",
     ),
+    _Flag(
+        "peers",
+        _optional_path,
+        "with --replicas 2: every shard's host:port in shard order, comma-separated; a restarted acker then "
+        "copies its two ranges from its partners before it applies anything (catch-up)",
+    ),
+    _Flag(
+        "catchup_delay",
+        float,
+        "seconds a restarted acker holds Apply before copying its ranges (longer than the clients' reconnect backoff)",
+    ),
+    _Flag(
+        "peer_token_file",
+        _optional_path,
+        "file holding the bearer token the catch-up sends its partners (its principal needs admin = true)",
+    ),
     _Flag("tls_cert", _optional_path, "PEM certificate (chain) of this acker: serve gRPC over TLS"),
     _Flag("tls_key", _optional_path, "PEM private key of --tls-cert"),
     _Flag("tls_client_ca", _optional_path, "PEM CA bundle: require client certificates it signed (mutual TLS)"),

@@ -67,6 +67,16 @@ class ServerConfig:
     auth_tokens: str | None = None  # file of "name sha256-hex" lines
     auth_policy: str | None = None  # TOML: principals and their rights
     engine: str = "native"
+    # With replicas 2: every shard's address in shard order ("a0,a1,..."), so that a restarted acker
+    # copies its two ranges from the partners that keep them (docs/acker-semantics.md, "Replicated trees").
+    peers: str | None = None
+    # Seconds a restarted acker holds Apply before it asks for the copies: longer than a client's
+    # reconnect backoff, so that no client still skips this acker's copies (the partner applying
+    # them after the copy was taken) once the copy is taken.
+    catchup_delay: float = 2.0
+    # A bearer token for the catch-up's calls to its partners (Snapshot is an admin call); the channel's
+    # TLS is the peer_tls_* settings above (acker_service.peers).
+    peer_token_file: str | None = None
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -82,6 +92,11 @@ class ServerConfig:
     def effective_metrics_host(self) -> str:
         """The address the metrics HTTP server binds to."""
         return self.metrics_host if self.metrics_host is not None else self.host
+
+    @property
+    def peer_addresses(self) -> tuple[str, ...]:
+        """The ``--peers`` addresses in shard order (empty: none given)."""
+        return tuple(a.strip() for a in (self.peers or "").split(",") if a.strip())
 
     @property
     def rotation_period(self) -> float:
@@ -138,6 +153,7 @@ def _problems(c: ServerConfig) -> list[str]:
         if getattr(c, name) < 0:
             problems.append(f"{name.replace('_', ' ')} must be 0 (no limit) or more, got {getattr(c, name)}")
     problems += _security_problems(c)
+    problems += _catchup_problems(c)
     client_ping = grpc_options.KEEPALIVE_TIME_MS / 1000
     if not 0 < c.min_ping_interval <= client_ping:
         problems.append(
@@ -182,6 +198,36 @@ def _timeout_rule_problems(c: ServerConfig) -> list[str]:
             f"({c.message_timeout:g} s), or 0 for no cap"
         ]
     return []
+
+
+def _catchup_problems(c: ServerConfig) -> list[str]:
+    """Peers only with two replicas, one address per shard, and a catch-up delay that is a duration."""
+    problems = []
+    if not (c.catchup_delay >= 0 and c.catchup_delay < 3600):
+        problems.append(f"catch-up delay must be 0 to 3600 seconds, got {c.catchup_delay}")
+    if c.peer_token_file is not None and c.tls_cert is None:
+        problems.append("--peer-token-file needs --tls-cert/--tls-key: a bearer token is only sent over TLS")
+    if c.peer_token_file is not None and not os.path.isfile(c.peer_token_file):
+        problems.append(f"{c.peer_token_file} is not a readable file")
+    peers = c.peer_addresses
+    if not peers:
+        return problems
+    if c.replicas < 2:
+        problems.append("--peers is for --replicas 2 (a restarted acker copies its ranges from its partners); drop it")
+    elif len(peers) != c.shard_count:
+        problems.append(
+            f"--peers needs one address per shard in shard order ({c.shard_count}), got {len(peers)}: {c.peers}"
+        )
+    if c.auth_tokens is not None and c.peer_token_file is None:
+        problems.append(
+            "--peers with --auth-tokens needs --peer-token-file, a token whose principal has admin = true "
+            "(the catch-up calls Snapshot, an admin call)"
+        )
+    for address in peers:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            problems.append(f"peer address {address!r} is not host:port")
+    return problems
 
 
 def _security_problems(c: ServerConfig) -> list[str]:

@@ -166,6 +166,13 @@ class Ledger(Protocol):
         """
         ...
 
+    def export_snapshot(self, shard_count: int, index: int) -> MovedEntries:
+        """Copy (never remove) the live entries whose root is ``index``'s under ``shard_count`` shards.
+
+        For a restarted replica's catch-up; due entries are not copied (they time out here).
+        """
+        ...
+
     def import_entries(self, moved: MovedEntries) -> OutcomeColumns:
         """Merge moved entries in by XOR (failed OR, earliest start, keys united); the trees that merging ended."""
         ...

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ._version import __version__
+from .catchup import CatchUp
 from .outcome_hub import OutcomeHub
 from .reference_ledger import LedgerStats
 
@@ -146,7 +147,33 @@ class _AckerCollector(Collector):
             "Trees an operator ended FAILED with ForceFail (also counted as failed).",
             value=s.force_failed,
         )
+        yield from self._catchup()
         yield from self._tree_ages()
+
+    def _catchup(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """A restarted replica's catch-up (docs/acker-semantics.md, "Replicated trees"); nothing without one."""
+        c = self._m.catchup
+        if c is None or not c.enabled:
+            return
+        yield GaugeMetricFamily(
+            "acker_catchup_state",
+            "1 while this acker holds Apply to copy its ranges from its partners (restarted, --replicas 2), "
+            "0 once caught up.",
+            value=1 if c.holding else 0,
+        )
+        yield CounterMetricFamily(
+            "acker_catchup_entries",
+            "Entries copied from partners by the catch-up (pending trees and entries awaiting their init).",
+            value=c.copied_entries,
+        )
+        yield GaugeMetricFamily(
+            "acker_catchup_held_requests", "Apply requests held until the catch-up ends.", value=len(c.held)
+        )
+        yield CounterMetricFamily(
+            "acker_catchup_lost_ranges",
+            "Ranges whose partner had lost them too (both copies died): nothing to copy.",
+            value=c.lost_ranges,
+        )
 
     def _tree_ages(self) -> Iterator[HistogramMetricFamily | GaugeMetricFamily]:
         """Pending trees by age and the oldest one's age, counted now; nothing (both left out) if the shard cannot answer."""
@@ -187,6 +214,8 @@ class AckerMetrics:
         self.orphans = 0
         # Set by the server: counts pending trees by age on its event loop (see TreeAges).
         self.tree_ages: TreeAges | None = None
+        # Set by the shard: its catch-up (read at scrape time; None or not enabled: no catch-up metrics).
+        self.catchup: CatchUp | None = None
         self.complete_latency = ExactHistogram(
             "acker_complete_latency_seconds",
             "Time from a tree's init to its outcome, every tree (exact, not sampled).",

@@ -174,6 +174,16 @@ class NativeLedger:
         self._sync()
         return MovedEntries(*raw)
 
+    def export_snapshot(self, shard_count: int, index: int) -> MovedEntries:
+        """Copy the live entries whose root is ``index``'s under ``shard_count`` shards; every entry stays here."""
+        if shard_count < 1:
+            raise ValueError(f"shard_count must be at least 1, got {shard_count}")
+        if not 0 <= index < shard_count:
+            raise ValueError(f"index must be a shard of the {shard_count}, got {index}")
+        raw = self._core.export_snapshot(int(shard_count), int(index), self._clock())
+        self._sync()
+        return MovedEntries(*raw)
+
     def import_entries(self, moved: MovedEntries) -> OutcomeColumns:
         """Merge moved entries in by XOR (failed OR, earliest start, keys united); the trees that merging ended."""
         m = moved

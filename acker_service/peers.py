@@ -5,12 +5,15 @@ calls them over TLS, verifying their certificates with ``--peer-tls-ca`` (by
 default the ``--tls-client-ca`` bundle under mutual TLS, else the system's
 roots); under mutual TLS it presents ``--peer-tls-cert`` / ``--peer-tls-key``
 (by default its own ``--tls-cert`` / ``--tls-key``, which then needs the
-clientAuth key usage). The bearer token is not configured here: a handoff
-carries the token of the operator who called CutLayout (see the servicer), so
-the peer checks the same principal's rights.
+clientAuth key usage). A handoff carries the bearer token of the operator who
+called CutLayout (see the servicer), so the peer checks the same principal's
+rights; a restarted replica's catch-up is the acker's own call and sends
+``--peer-token-file``'s token (:func:`catchup_security`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import grpc
 from acker_protocol import grpc_options
@@ -18,7 +21,7 @@ from acker_protocol.credentials import ChannelSecurity
 
 from .config import ServerConfig
 
-__all__ = ["peer_security", "open_peer_channel"]
+__all__ = ["peer_security", "catchup_security", "open_peer_channel"]
 
 
 def peer_security(config: ServerConfig) -> ChannelSecurity | None:
@@ -35,6 +38,14 @@ def peer_security(config: ServerConfig) -> ChannelSecurity | None:
         tls_key=key,
         server_name=config.peer_server_name,
     )
+
+
+def catchup_security(config: ServerConfig) -> ChannelSecurity | None:
+    """The channel security of the catch-up's calls: :func:`peer_security` plus ``--peer-token-file``'s token."""
+    security = peer_security(config)
+    if security is None:
+        return None
+    return dataclasses.replace(security, token_file=config.peer_token_file)
 
 
 def open_peer_channel(address: str, security: ChannelSecurity | None) -> grpc.aio.Channel:

@@ -231,6 +231,7 @@ LAUNCHER_OWNED_FLAGS = {
     "--message-timeout": "--message-timeout",
     "--buckets": "--buckets",
     "--layout-file": "--layout-dir",  # one file per acker: a shared one would give every child the same shard
+    "--peers": "--replicas 2 (each acker is given the others' addresses)",
 }
 
 
@@ -454,7 +455,23 @@ class ProcessCluster:
             cmd += ["--metrics-port", str(shard.metrics_port)]
         if self.layout_dir is not None:
             cmd += ["--layout-file", str(self.layout_file(shard.index))]
+        if self.replicas == 2 and shard.pids:
+            # A restarted acker copies its two ranges from its partners (catch-up) before it applies anything;
+            # at the cluster's first start there is nothing to copy, so no acker waits for its partners.
+            cmd += ["--peers", ",".join(self.addresses)]
         return cmd + list(self.extra_args)
+
+    @property
+    def replicas(self) -> int:
+        """The replication factor the children get from extra_args (``--replicas``), 1 when not given."""
+        args = list(self.extra_args)
+        for i, arg in enumerate(args):
+            if arg == "--replicas" and i + 1 < len(args):
+                return int(args[i + 1]) if args[i + 1].isdigit() else 1
+            if arg.startswith("--replicas="):
+                value = arg.split("=", 1)[1]
+                return int(value) if value.isdigit() else 1
+        return 1
 
     def _child_env(self) -> dict[str, str]:
         """The launcher's environment without the per-shard ACKER_* settings, unbuffered."""

@@ -573,6 +573,51 @@ class ReferenceLedger:
             a(keys, np.uint64),
         )
 
+    def export_snapshot(self, shard_count: int, index: int) -> MovedEntries:
+        """Copy the live entries whose root is ``index``'s under ``shard_count`` shards; every entry stays here.
+
+        A restarted replica's catch-up (docs/acker-semantics.md, "Replicated
+        trees"): the partner keeps serving the range, so nothing is removed and
+        no counter moves. Rotates as due first (collecting nothing); due entries
+        are not copied: they time out here.
+        """
+        if shard_count < 1:
+            raise ValueError(f"shard_count must be at least 1, got {shard_count}")
+        if not 0 <= index < shard_count:
+            raise ValueError(f"index must be a shard of the {shard_count}, got {index}")
+        self._advance_some(0)
+        now_us = self._micros(self._clock())
+        names: dict[str, int] = {}
+        roots, values, spout_index, ages, gens, failed, resets, key_counts, keys = ([] for _ in range(9))
+        for generation, bucket in enumerate(self._pending.live_buckets()):
+            for root, entry in bucket.items():
+                if not owned(root, shard_count, index):
+                    continue
+                roots.append(root)
+                values.append(entry.val)
+                spout_index.append(-1 if entry.spout is None else names.setdefault(entry.spout, len(names)))
+                ages.append(max(0, now_us - self._micros(entry.started)))
+                gens.append(generation)
+                failed.append(entry.failed)
+                resets.append(entry.resets)
+                seen = entry.dedup
+                entry_keys = [] if seen is None else sorted(seen) if isinstance(seen, set) else [seen]
+                key_counts.append(len(entry_keys))
+                keys.extend(entry_keys)
+        a = np.asarray
+        return MovedEntries(
+            a(roots, np.uint64),
+            a(values, np.uint64),
+            list(names),
+            a(spout_index, np.int32),
+            a(ages, np.uint64),
+            a(gens, np.uint8),
+            a(failed, np.bool_),
+            a(resets, np.uint32),
+            a(key_counts, np.uint32),
+            a(keys, np.uint64),
+        )
+
     def import_entries(self, moved: MovedEntries) -> OutcomeColumns:
         """Merge moved entries in by XOR (failed OR, earliest start, keys united); the trees that merging ended.
 

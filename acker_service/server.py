@@ -24,6 +24,7 @@ from acker_protocol.v1 import acker_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .auth import Authenticator, AuthInterceptor
+from .catchup_peer import catch_up, peer_channel
 from .config import ServerConfig
 from .decode_guard import DecodeGuardInterceptor
 from .interceptors import MetricsInterceptor
@@ -31,6 +32,7 @@ from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
 from .operate import AGE_BUCKETS
 from .outcome_hub import OutcomeHub
+from .peers import catchup_security
 from .reflection import enable_reflection
 from .servicer import AckerServicer, add_acker_servicer
 from .shard import EXPIRY_SLICE, Shard
@@ -114,6 +116,7 @@ class AckerServer:
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._ticker: asyncio.Task | None = None
+        self._catchup: asyncio.Task | None = None
         self._done: asyncio.Event | None = None
 
     @property
@@ -208,6 +211,19 @@ class AckerServer:
             return
         self._done = asyncio.Event()
         self._ticker = asyncio.create_task(self._tick())
+        if self.shard.catchup.holding:
+            # Restarted with --replicas 2 and --peers: copy both ranges from the partners (catchup.py).
+            self._catchup = asyncio.create_task(
+                catch_up(
+                    dict(self.shard.catchup.waiting),
+                    self.config.peer_addresses,
+                    self.config.shard_count,
+                    self.shard.install_snapshot,
+                    delay=self.config.catchup_delay,
+                    give_up_after=self.config.message_timeout,
+                    channel=peer_channel(catchup_security(self.config)),
+                )
+            )
         ready.set()
         await self._done.wait()
 
@@ -331,9 +347,10 @@ class AckerServer:
         await asyncio.sleep(0)  # new calls are refused from here on
         self.shard.close()
         await stopping
-        if self._ticker is not None:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
+        for task in (self._ticker, self._catchup):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         self._done.set()
 
     def __enter__(self) -> AckerServer:

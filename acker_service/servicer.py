@@ -23,6 +23,7 @@ from acker_protocol.wire import Outcome
 from ._version import __version__
 from .apply_stream import RefusedRequest, serve_apply_stream
 from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
+from .catchup_peer import snapshot_chunks
 from .layout import ApplyHeld, Layout, LayoutMachine, LayoutRefused
 from .layout_file import LayoutNotRecorded
 from .reshard import HandoffFailed, from_request
@@ -168,6 +169,8 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             apply_stream=True,
             layout=_layout_message(self._shard.layout.current),
             move_state=self._shard.layout.state,
+            catchup_state=self._shard.catchup.state,
+            catchup_entries=self._shard.catchup.copied_entries,
         )
 
     # -- layout changes (issue 29; the rules are in layout.py and the ledger engines) --
@@ -210,6 +213,17 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
         except (LayoutRefused, BatchError) as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return acker_pb2.HandoffResponse(imported=imported)
+
+    # -- a restarted replica's catch-up (--replicas 2; catchup.py) --
+
+    async def Snapshot(self, request: acker_pb2.SnapshotRequest, context: grpc.aio.ServicerContext):
+        """Copy one of this acker's ranges for a restarted partner (in one step) and stream it in chunks."""
+        try:
+            moved = self._shard.snapshot(request.shard_count, request.range)
+        except BatchError as exc:
+            await context.abort(_STATUS_OF[type(exc)], str(exc))
+        for chunk in snapshot_chunks(moved, self._shard.incarnation):
+            yield chunk
 
 
 def _layout_message(layout: Layout | None) -> acker_pb2.Layout | None:
@@ -268,6 +282,11 @@ def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None
             servicer.Subscribe,
             request_deserializer=acker_pb2.SubscribeRequest.FromString,
             response_serializer=_raw,
+        ),
+        "Snapshot": grpc.unary_stream_rpc_method_handler(
+            servicer.Snapshot,
+            request_deserializer=acker_pb2.SnapshotRequest.FromString,
+            response_serializer=acker_pb2.SnapshotChunk.SerializeToString,
         ),
         "Describe": grpc.unary_unary_rpc_method_handler(
             servicer.Describe,

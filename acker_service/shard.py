@@ -20,7 +20,8 @@ from collections.abc import AsyncGenerator, Callable
 from acker_protocol.text import clip
 from acker_protocol.wire import check_spout_name
 
-from .batch import WrongShard
+from .batch import BatchError, InvalidBatch, WrongShard
+from .catchup import CatchUp, check_request
 from .config import ServerConfig
 from .engines import new_ledger
 from .handoff import MovedEntries
@@ -37,7 +38,7 @@ from .tree_info import TreeInfo
 
 __all__ = ["EXPIRY_SLICE", "Shard", "SubscribeRefused", "BadSpoutName", "ShardClosing", "Superseded", "new_incarnation"]
 
-log = logging.getLogger("acker_service")
+log = logging.getLogger(__name__)
 
 # Trees expired per slice: a few milliseconds of work, so health checks, Apply and
 # Subscribe wait at most that long during a mass expiry.
@@ -119,6 +120,11 @@ class Shard:
             shard_count=self.place[1],
             engine=config.engine,
         )
+        # A restarted replica copies its two ranges from its partners before it applies anything (catchup.py).
+        self.catchup = CatchUp.for_shard(
+            config.shard_index, config.shard_count, config.replicas, enabled=bool(config.peer_addresses)
+        )
+        self.metrics.catchup = self.catchup
         self._closing = False
         # Called once at close: each open ApplyStream's way to end itself (see apply_stream).
         self.closing_callbacks: set[Callable[[], None]] = set()
@@ -177,6 +183,11 @@ class Shard:
             raise WrongShard(
                 f"this acker {place} and owns no roots; ask Describe for the layout and send to the shards it names"
             )
+        if self.catchup.holding:
+            # Validated now (a refusal is answered now), applied after the copies (see catchup.py).
+            check_request(data, self.limits)
+            self.catchup.hold(data)
+            return ColumnarResult(0, 0, 0, OutcomeColumns.empty(), OutcomeColumns.empty())
         # Due trees collect in slices on the ticker, not in Apply's latency; a due
         # tree the batch touches still expires first (exactly one outcome).
         result = self.ledger.apply(data, self.limits, max_expired=0)
@@ -379,6 +390,57 @@ class Shard:
                 self.layout_file.path,
                 exc,
             )
+
+    # -- a restarted replica's catch-up (--replicas 2; the rules are in catchup.py) --
+
+    def snapshot(self, shard_count: int, range_index: int) -> MovedEntries | None:
+        """Copy the entries of ``range_index`` for a restarted partner, in one step; None if lost here too.
+
+        Raises :class:`~acker_service.batch.InvalidBatch` for a shard count that
+        is not this acker's or a range outside it, and
+        :class:`~acker_service.batch.WrongShard` with one replica or for a range
+        this acker does not keep. Nothing changes either way.
+        """
+        n, i = self.config.shard_count, self.config.shard_index
+        if shard_count != n or not 0 <= range_index < n:
+            raise InvalidBatch(
+                f"snapshot of range {range_index} of {shard_count} shards asked, but this cluster has {n} shards "
+                f"(ranges 0..{n - 1}); ask with this acker's shard count; nothing was copied"
+            )
+        if self.config.replicas < 2:
+            raise WrongShard("this acker runs with --replicas 1: it keeps no partner's range; nothing was copied")
+        if range_index not in (i, (i - 1) % n):
+            raise WrongShard(
+                f"shard {i} keeps ranges {i} and {(i - 1) % n}, not {range_index}; ask shard {range_index} "
+                f"or {(range_index + 1) % n}; nothing was copied"
+            )
+        if self.catchup.lost(range_index):
+            return None
+        moved = self.ledger.export_snapshot(n, range_index)
+        self._settle(OutcomeColumns.empty())
+        return moved
+
+    def install_snapshot(self, range_index: int, moved: MovedEntries | None) -> bool:
+        """Take a partner's copy of ``range_index`` (None: it lost the range too); True once caught up.
+
+        A copy of a range already installed is ignored. After the last range, the
+        held requests are applied in arrival order through the ledger's rules.
+        """
+        if not self.catchup.lost(range_index):
+            return not self.catchup.holding
+        entries = moved if moved is not None else MovedEntries()
+        self._settle(self.ledger.import_entries(entries))
+        held = self.catchup.installed(range_index, len(entries), entries.trees, moved is None)
+        for data in held or ():
+            try:
+                result = self.ledger.apply(data, self.limits, max_expired=0)
+            except BatchError as exc:  # validated when held: only a changed layout could refuse it now
+                log.error("a held Apply request could not be applied after the catch-up: %s", exc)
+                continue
+            self._settle(result.ended)
+            self.hub.publish(result.timeout_resets)
+            self.metrics.batch_operations.observe(result.operations)
+        return not self.catchup.holding
 
     def tree_ages(self) -> tuple[list[int], float, float]:
         """Pending trees counted by age over :data:`~acker_service.operate.AGE_BUCKETS`, the age sum, and the oldest's age.

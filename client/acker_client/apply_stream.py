@@ -116,6 +116,20 @@ class _Batch:
             raise self._error
         return self._ack  # type: ignore[return-value]
 
+    def done(self) -> bool:
+        """Whether the batch has its answer (for a batch handed to the unary call: that call's)."""
+        if not self._done.is_set():
+            return False
+        return self._unary is None or self._unary.done()
+
+    def exception(self) -> BaseException | None:
+        """The batch's error once it has its answer (None: applied); waits for it, as :meth:`result` does."""
+        try:
+            self.result()
+        except grpc.RpcError as exc:
+            return exc
+        return None
+
     def cancel(self) -> bool:
         """Stop waiting for the batch (it may still be applied, as a cancelled unary call may)."""
         self.settle(error=StreamStatus(grpc.StatusCode.CANCELLED, "the batch was cancelled by the client"))

@@ -23,6 +23,7 @@ from . import process
 from .batching import ACK, FAIL, INIT, RESET_TIMEOUT, OpBuffer
 from .columns import as_ids, as_roots, distinct, fold_xor, replica_slices
 from .errors import AckerError, ClusterMisconfigured, batch_error, connect_error, shard_failure
+from .ids import new_id
 from .process import ClientStats, ProcessState
 from .relayout import send_until_applied, split_request
 from .sender import Sender, undelivered
@@ -492,7 +493,10 @@ class ClusterClient:
         if st is None or st.pid != process._pid:  # process.current_pid(), inlined on the hot path
             st = self._new_state()
         if self._replicas > 1:
-            self._replicated(st, root, lambda buf: buf.ack(root, value, dedup_key))
+            # Both copies carry one key, in every retry: a restarted replica that installs its
+            # partner's snapshot then recognises the copy it holds as already applied.
+            key = dedup_key or new_id()
+            self._replicated(st, root, lambda buf: buf.ack(root, value, key))
             return
         shard = root % self._n  # shard_of, inlined
         with st.lock:
@@ -669,6 +673,8 @@ class ClusterClient:
     ) -> None:
         """Split the columns by shard (each replica's) and feed each shard's buffer; full buffers go out together."""
         st = self._state()
+        if kind == ACK and not dedup_key and self._replicas > 1:
+            dedup_key = new_id()  # one key for both replicas' copies (see ack)
         remaining = replica_slices(roots, self._n, self._replicas)
         while remaining:
             left = []

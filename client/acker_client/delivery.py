@@ -20,13 +20,22 @@ The rules (the API docs in ``docs/client.md`` repeat them):
 - Refusals (INVALID_ARGUMENT, FAILED_PRECONDITION, ...) are never retried
   (reason ``refused``): waiting does not cure a bad request.
 - With a replication factor of 2 every operation goes to two shards, each copy
-  in that shard's own batch with its own dedup key and retries. An attempt does
-  not wait for a reconnecting channel (no ``wait_for_ready``), and a batch whose
-  shard failed a transient way while the shards that hold the other copies of
-  its trees are reachable (and dropped no batch since its operations were
-  buffered) is dropped at once (reason ``replica``) rather than retried: the live replica has the operations, and a replica that misses
-  updates can never reach a false zero (``docs/acker-semantics.md``). So an
-  unreachable replica blocks no caller. When a partner is unreachable too, the
+  in that shard's own batch and retries; both copies of an ACK carry the same
+  dedup key (given when it is buffered). An attempt does not wait for a
+  reconnecting channel (no ``wait_for_ready``), and a batch whose shard failed
+  a transient way is dropped (reason ``replica``) rather than retried only once
+  the shards that hold the other copies of its operations have *applied* them
+  (every batch they were buffered in before this one was taken has been
+  answered) and dropped no batch since its operations were buffered: the live
+  replica has the operations, and a replica that misses updates can never
+  reach a false zero (``docs/acker-semantics.md``). Until then it is retried.
+  Skipping only after the other copy applied is what lets a restarted replica
+  catch up from its partner's snapshot: every operation it missed is either in
+  the snapshot or reaches it. For the same reason a copy counts as delivered
+  only while its replica lives or the other copy is applied too: a batch a
+  replica applied while its partners' copies were on their way is kept and
+  sent to it again if it then fails (its crash may have lost it). So an unreachable replica blocks no caller for
+  longer than its partner's round trip. When a partner is unreachable too, the
   batch is retried as with one replica.
 """
 
@@ -149,6 +158,12 @@ class ConnectionMonitor:
 
     def __init__(self, shards: int) -> None:
         self._states = [self.UNKNOWN] * shards
+        # Per shard, the buffers taken out to be sent and not yet finished, each with its
+        # delivery once it has one: what the replica skip rule asks "is it applied?" of.
+        self._unfinished: list[dict[int, tuple[OpBuffer, _Delivery | None]]] = [{} for _ in range(shards)]
+        # Per shard, batches it applied while the other copies of their operations were still on their
+        # way: if it fails now (a crash loses what it applied), they are sent to it again.
+        self._retained: list[list[_Delivery]] = [[] for _ in range(shards)]
         # Monotonic time each shard last had a batch dropped (any reason): a replica may skip its copy of
         # an operation only if no partner dropped a batch since that operation was buffered.
         self._dropped_at = [float("-inf")] * shards
@@ -175,6 +190,46 @@ class ConnectionMonitor:
             self._dropped_at[shard] = time.monotonic()
             if unreachable:
                 self._states[shard] = self.UNREACHABLE
+
+    def taken(self, shard: int, buf: OpBuffer) -> None:
+        """Record that ``buf`` left ``shard``'s buffer to be sent (call under the client's lock, with the swap)."""
+        with self._lock:
+            if shard < len(self._unfinished):
+                self._unfinished[shard][id(buf)] = (buf, None)
+
+    def attach(self, shard: int, buf: OpBuffer, delivery: _Delivery) -> None:
+        """Link a taken buffer to the delivery sending it (its answer tells whether it was applied)."""
+        with self._lock:
+            if shard < len(self._unfinished) and id(buf) in self._unfinished[shard]:
+                self._unfinished[shard][id(buf)] = (buf, delivery)
+
+    def finished(self, shard: int, buf: OpBuffer) -> None:
+        """Forget a taken buffer: applied, dropped (then :meth:`dropped` was called first) or folded away."""
+        with self._lock:
+            if shard < len(self._unfinished):
+                self._unfinished[shard].pop(id(buf), None)
+
+    def retain(self, shard: int, deliveries: list[_Delivery]) -> None:
+        """Keep applied batches of ``shard`` whose other copies may still be on their way."""
+        with self._lock:
+            if shard < len(self._retained):
+                self._retained[shard].extend(deliveries)
+
+    def retained(self, shard: int) -> list[_Delivery]:
+        """Take every batch kept for ``shard`` (the caller keeps back those still needed)."""
+        with self._lock:
+            if shard >= len(self._retained):
+                return []
+            taken, self._retained[shard] = self._retained[shard], []
+            return taken
+
+    def applied_before(self, shard: int, before: float) -> bool:
+        """Whether every batch of ``shard`` taken with operations buffered at or before ``before`` was applied."""
+        with self._lock:
+            for buf, delivery in self._unfinished[shard].values():
+                if buf.started is not None and buf.started <= before and (delivery is None or not delivery.applied()):
+                    return False
+        return True
 
     def fall_back(self, shard: int, partners: tuple[int, ...], since: float) -> bool:
         """Mark ``shard`` WAITING; True if its batch, buffered from ``since`` on, may be dropped as covered.
@@ -205,7 +260,19 @@ OnSent = Callable[[Any, OpBuffer, int, acker_pb2.ApplyResponse], None]
 class _Delivery:
     """One shard's batch on its way: the request (sent again unchanged on a retry) and its current attempt."""
 
-    __slots__ = ("shard", "buf", "request", "safe", "count", "future", "sent_at", "waiting", "buffered_since")
+    __slots__ = (
+        "shard",
+        "buf",
+        "request",
+        "safe",
+        "count",
+        "future",
+        "sent_at",
+        "waiting",
+        "buffered_since",
+        "taken_at",
+        "succeeded",
+    )
 
     def __init__(self, shard: int, buf: OpBuffer, request: bytes, count: int, safe: bool) -> None:
         self.shard = shard
@@ -219,6 +286,21 @@ class _Delivery:
         self.future: Any = None
         self.sent_at = 0.0
         self.waiting = False  # counted in the client's operations_waiting
+        # Every operation of the batch was buffered by now (a partner must have applied what it buffered until then).
+        self.taken_at = time.monotonic()
+        self.succeeded = False
+
+    def applied(self) -> bool:
+        """Whether the shard answered the current attempt with success (its future may not be read yet)."""
+        if self.succeeded:
+            return True
+        future = self.future
+        if future is None or not future.done():
+            return False
+        try:
+            return future.exception() is None
+        except Exception:  # a cancelled future
+            return False
 
 
 def deliver(
@@ -239,16 +321,64 @@ def deliver(
     """
     give_up_at = time.monotonic() + policy.wait_for_shard
     deliveries = []
-    for shard, buf in batches.items():
-        batch_key = new_id() if batch_keys else 0
-        request, count = buf.encode(batch_key)
-        if not count:
-            continue  # everything folded away to no-op acks
-        delivery = _Delivery(shard, buf, request, count, buf.retry_safe(batch_key))
-        _attempt(st, delivery, policy, give_up_at)
-        deliveries.append(delivery)
-    results = (_await_or_retry(st, d, policy, give_up_at, failure_of, on_sent) for d in deliveries)
-    return [f for f in results if f is not None]
+    try:
+        for shard, buf in batches.items():
+            batch_key = new_id() if batch_keys else 0
+            request, count = buf.encode(batch_key)
+            if not count:
+                st.connections.finished(shard, buf)
+                continue  # everything folded away to no-op acks
+            delivery = _Delivery(shard, buf, request, count, buf.retry_safe(batch_key))
+            st.connections.attach(shard, buf, delivery)
+            _attempt(st, delivery, policy, give_up_at)
+            deliveries.append(delivery)
+        results: list[ShardFailure | None] = []
+        helpers: list[threading.Thread] = []
+        last = len(deliveries) - 1
+        for i, d in enumerate(deliveries):
+            if policy.replicas > 1 and i < last and _first_attempt_failed(d):
+                # With replicas, a shard's retries wait for its partners to apply their copies: those
+                # partners' batches must see their own retries through meanwhile, so this one goes on alone.
+                helper = threading.Thread(
+                    target=lambda d=d: results.append(_await_or_retry(st, d, policy, give_up_at, failure_of, on_sent)),
+                    name="acker-client-retry",
+                    daemon=True,
+                )
+                helper.start()
+                helpers.append(helper)
+                continue
+            results.append(_await_or_retry(st, d, policy, give_up_at, failure_of, on_sent))
+        for helper in helpers:
+            helper.join()
+        return [f for f in results if f is not None]
+    finally:
+        for shard, buf in batches.items():
+            st.connections.finished(shard, buf)
+
+
+def _first_attempt_failed(delivery: _Delivery) -> bool:
+    """Wait for the first attempt's answer; True if it failed (the retry loop then reads the same answer again)."""
+    try:
+        delivery.future.result()
+    except grpc.RpcError:
+        return True
+    return False
+
+
+def _partners_applied(st: Any, partners: tuple[int, ...], before: float) -> bool:
+    """Whether every partner applied every operation buffered for it at or before ``before``.
+
+    Under the client's lock: an operation is either still in its shard's
+    buffer or in a taken one (the swap and its record are one step).
+    """
+    with st.lock:
+        for p in partners:
+            started = st.buffers[p].started
+            if started is not None and started <= before:
+                return False
+            if not st.connections.applied_before(p, before):
+                return False
+    return True
 
 
 def _attempt(st: Any, delivery: _Delivery, policy: DeliveryPolicy, give_up_at: float) -> None:
@@ -287,12 +417,19 @@ def _await_or_retry(
                     # The ackers moved to a new layout: the batch went, split, to the new owners.
                     st.connections.set(delivery.shard, ConnectionMonitor.READY)
                     return None
+                if policy.replicas > 1 and failure.code in RETRYABLE_CODES:
+                    _put_back(st, delivery.shard, policy, failure_of, on_sent)
                 reason = policy.should_retry(failure.code, delivery.safe)
                 now = time.monotonic()
                 if reason is None and give_up_at - now <= 0:
                     reason = DROP_TIMEOUT
                 partners = policy.partners(delivery.shard)
-                if reason is None and st.connections.fall_back(delivery.shard, partners, delivery.buffered_since):
+                if (
+                    reason is None
+                    and partners
+                    and _partners_applied(st, partners, delivery.taken_at)
+                    and st.connections.fall_back(delivery.shard, partners, delivery.buffered_since)
+                ):
                     reason = DROP_REPLICA
                 if reason is not None:
                     st.connections.dropped(delivery.shard, unreachable=reason != DROP_REFUSED)
@@ -311,11 +448,68 @@ def _await_or_retry(
                     time.sleep(pause)
                 _attempt(st, delivery, policy, give_up_at)
                 continue
+            delivery.succeeded = True
             st.connections.set(delivery.shard, ConnectionMonitor.READY)
             on_sent(st, delivery.buf, delivery.count, response)
+            if policy.replicas > 1 and delivery.safe:
+                _retain(st, delivery, policy.partners(delivery.shard))
             return None
     finally:
         _set_waiting(st, delivery, False)
+
+
+def _retain(st: Any, delivery: _Delivery, partners: tuple[int, ...]) -> None:
+    """Keep an applied batch while its partners have not applied their copies (dropping those that have).
+
+    An operation counts as delivered to a replica only while that replica's
+    incarnation lives or the other copy is applied too: a replica that crashes
+    after applying it, before its partner did, may come back and copy its range
+    from the partner before the partner applied it (docs/acker-semantics.md,
+    "Replicated trees").
+    """
+    if not partners:
+        return
+    pending = [d for d in st.connections.retained(delivery.shard) if not _partners_applied(st, partners, d.taken_at)]
+    if not _partners_applied(st, partners, delivery.taken_at):
+        pending.append(delivery)
+    st.connections.retain(delivery.shard, pending)
+
+
+def _put_back(st: Any, shard: int, policy: DeliveryPolicy, failure_of: FailureOf, on_sent: OnSent) -> None:
+    """``shard`` failed a transient way: send it again what it applied while the other copies were on their way.
+
+    It may have crashed and lost them; if not, sending a retry-safe batch again
+    changes nothing. The batches go out on a thread of their own, each retried
+    (or skipped once the partners applied their copies) as any batch is.
+    """
+    partners = policy.partners(shard)
+    again = [d for d in st.connections.retained(shard) if not _partners_applied(st, partners, d.taken_at)]
+    if not again:
+        return
+    give_up_at = time.monotonic() + policy.wait_for_shard
+    for d in again:
+        d.succeeded = False
+        with st.lock:  # as the sender's take: the skip rule sees the batch unfinished again
+            st.connections.taken(shard, d.buf)
+        st.connections.attach(shard, d.buf, d)
+        _attempt(st, d, policy, give_up_at)
+    with st.lock:
+        st.stats.operations_put_back += sum(d.count for d in again)
+
+    def see_through() -> None:
+        for d in again:
+            try:
+                failure = _await_or_retry(st, d, policy, give_up_at, failure_of, on_sent)
+            finally:
+                st.connections.finished(shard, d.buf)
+            if failure is not None:
+                with st.lock:
+                    st.stats.batches_failed += 1
+                    st.stats.operations_dropped += failure.operations
+                    by_reason = st.stats.dropped_by_reason
+                    by_reason[failure.reason] = by_reason.get(failure.reason, 0) + failure.operations
+
+    threading.Thread(target=see_through, name="acker-client-put-back", daemon=True).start()
 
 
 def _set_waiting(st: Any, delivery: _Delivery, waiting: bool) -> None:

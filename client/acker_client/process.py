@@ -76,6 +76,9 @@ class ClientStats:
     batches_rerouted: int = 0  # batches refused by an acker that left their roots, sent on by a newer layout
     operations_retried: int = 0
     operations_waiting: int = 0  # now: in batches waiting for their shard's connection (a gauge)
+    # Replicas 2: operations sent again to a replica that failed after applying them while their other
+    # copy was still on its way (its crash may have lost them; see acker_client.delivery).
+    operations_put_back: int = 0
     # Operations dropped, by reason: "refused", "timeout", "ambiguous" (acker_client.delivery).
     dropped_by_reason: dict[str, int] = field(default_factory=dict)
     # Each shard's connection as last seen: UNKNOWN, READY, WAITING (retrying) or UNREACHABLE.

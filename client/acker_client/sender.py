@@ -77,6 +77,9 @@ class Sender:
             if buf.started is not None and due(buf):
                 taken[shard] = buf
                 st.buffers[shard] = OpBuffer()
+                st.connections.taken(
+                    shard, buf
+                )  # with the swap: the replica skip rule sees it in one place or the other
                 st.stats.calls += buf.added
         sending = Sending()
         if taken:

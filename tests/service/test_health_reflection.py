@@ -64,6 +64,7 @@ def test_reflection_lists_and_describes_the_acker_service(make_server):
             "CutLayout",
             "CommitLayout",
             "Handoff",
+            "Snapshot",
         }
 
 

@@ -149,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
             "simulate",
             "redrive",
             "reshard",
+            "catchup",
         ),  # fmt: skip
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
@@ -163,7 +164,9 @@ def _parser() -> argparse.ArgumentParser:
         "checked row by row; simulate: the seeded simulation of ackers, clients, replicas and handoffs "
         "(--seeds N, or --seed S to replay one with its trace); redrive: --records dead letters redriven "
         "through a SourcePipeline job (--rate caps records/s), each checked to go through exactly once; "
-        "reshard: --pending-trees trees moved --from N --to M ackers (and --back) under steady load",
+        "reshard: --pending-trees trees moved --from N --to M ackers (and --back) under steady load; "
+        "catchup: with --replicas 2, one of 3 ackers restarts with --pending-trees trees pending, copies its "
+        "ranges from its partners, then its partner is lost",
     )
     p.add_argument(
         "--engine",
@@ -303,6 +306,8 @@ def _main(args: argparse.Namespace) -> int:
         return _mass_timeout_mode(args)
     if args.mode == "reshard":
         return _reshard_mode(args)
+    if args.mode == "catchup":
+        return _catchup_mode(args)
     if args.mode == "dataframe":
         return _dataframe_mode(args)
     if args.mode == "pipeline":
@@ -504,6 +509,24 @@ def _reshard_mode(args: argparse.Namespace) -> int:
     else:
         _print_rows(
             f"acker-bench --mode reshard: {args.from_shards} -> {args.to_shards}{' and back' if args.back else ''}",
+            [(k.replace("_", " "), str(v)) for k, v in result.items()],
+        )
+    return 0 if result["lost"] == result["replayed"] == result["false_acks"] == 0 else 1
+
+
+def _catchup_mode(args: argparse.Namespace) -> int:
+    """One of 3 embedded ackers (--replicas 2) restarts with --pending-trees pending and catches up; then its partner goes."""
+    from .catchup import CatchUpBench, run_catchup
+
+    bench = CatchUpBench(
+        pending_trees=args.pending_trees, steady_seconds=max(1.0, args.duration / 4), engine=args.engine,
+    )  # fmt: skip
+    result = run_catchup(bench)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_rows(
+            f"acker-bench --mode catchup: {args.pending_trees:,} pending trees",
             [(k.replace("_", " "), str(v)) for k, v in result.items()],
         )
     return 0 if result["lost"] == result["replayed"] == result["false_acks"] == 0 else 1

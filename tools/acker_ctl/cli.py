@@ -129,7 +129,7 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 _TREE_COLUMNS = ("root", "shard", "status", "age_seconds", "spout", "failed", "resets", "dedup_keys")
 _STATUS_COLUMNS = (
     "shard", "address", "incarnation", "pending_trees", "oldest_age_seconds", "oldest_root",
-    "started_per_s", "acked_per_s", "failed_per_s", "timed_out_per_s", "timeout_mode", "replicas",
+    "started_per_s", "acked_per_s", "failed_per_s", "timed_out_per_s", "timeout_mode", "replicas", "catchup",
 )  # fmt: skip
 
 
@@ -142,6 +142,12 @@ def _summary(status: dict[str, Any]) -> str:
         kept = "replicas: 1 (every tree is kept by one acker: its loss replays that acker's trees)"
     else:
         kept = f"replicas: shards disagree ({replicas}): start every acker with the same --replicas"
+    catching = [str(s["shard"]) for s in status["shards"] if s.get("catchup") == "catching-up"]
+    if catching:
+        kept += (
+            f"\ncatching up: shard {', '.join(catching)} (restarted; holds Apply until it copied its ranges "
+            "from its partners; a partner lost meanwhile replays those trees)"
+        )
     return f"pending trees: {status['pending_trees']}\n{kept}"
 
 

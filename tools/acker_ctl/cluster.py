@@ -141,6 +141,9 @@ class Cluster:
                     # The layout epoch (0: as started) and a move in progress (prepared/cut: Apply held).
                     "layout_epoch": info.layout.epoch,
                     "move_state": info.move_state or "serving",
+                    # A restarted replica copying its ranges from its partners (Apply held until caught up).
+                    "catchup": info.catchup_state or "off",
+                    "catchup_entries": info.catchup_entries,
                 }
             )
         replicas = sorted({int(info.replicas or 1) for info in infos})

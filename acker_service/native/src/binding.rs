@@ -309,6 +309,30 @@ impl NativeCore {
         )
     }
 
+    /// Copy (not remove) the live entries whose root is `index`'s under `count` shards, GIL released.
+    fn export_snapshot<'py>(
+        &mut self,
+        py: Python<'py>,
+        count: u64,
+        index: u64,
+        now: f64,
+    ) -> MovedColumns<'py> {
+        let ledger = &mut self.ledger;
+        let m = py.detach(|| ledger.export_snapshot(count, index, now));
+        (
+            m.roots.into_pyarray(py),
+            m.values.into_pyarray(py),
+            m.spouts,
+            m.spout_index.into_pyarray(py),
+            m.ages_us.into_pyarray(py),
+            m.generations.into_pyarray(py),
+            m.failed.into_pyarray(py),
+            m.resets.into_pyarray(py),
+            m.key_counts.into_pyarray(py),
+            m.keys.into_pyarray(py),
+        )
+    }
+
     /// Merge moved entries in (columns as `export_moving` returns them; the caller checked
     /// their lengths); the outcome columns of the trees the merge ended.
     #[allow(clippy::too_many_arguments)]

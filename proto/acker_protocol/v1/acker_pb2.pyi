@@ -155,6 +155,60 @@ TREE_STATUS_EXPIRING: TreeStatus.ValueType  # 4
 Global___TreeStatus: _TypeAlias = TreeStatus  # noqa: Y015
 
 @_typing.final
+class SnapshotRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SHARD_COUNT_FIELD_NUMBER: _builtins.int
+    RANGE_FIELD_NUMBER: _builtins.int
+    shard_count: _builtins.int
+    range: _builtins.int
+    def __init__(
+        self,
+        *,
+        shard_count: _builtins.int = ...,
+        range: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["range", b"range", "shard_count", b"shard_count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotRequest: _TypeAlias = SnapshotRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    LOST_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    last: _builtins.bool
+    """The last chunk of the copy."""
+    lost: _builtins.bool
+    """The partner lost this range too (it is catching up for it): nothing to copy."""
+    incarnation: _builtins.int
+    """The partner's incarnation (for logs: which lifetime the copy came from)."""
+    @_builtins.property
+    def entries(self) -> Global___HandoffRequest: ...
+    def __init__(
+        self,
+        *,
+        entries: Global___HandoffRequest | None = ...,
+        last: _builtins.bool = ...,
+        lost: _builtins.bool = ...,
+        incarnation: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "incarnation", b"incarnation", "last", b"last", "lost", b"lost"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotChunk: _TypeAlias = SnapshotChunk  # noqa: Y015
+
+@_typing.final
 class Layout(_message.Message):
     """Which roots an acker owns: root % shard_count == shard_index, in layout
     `epoch` (0: the one it was started with). shard_index -1: leaving (drained).
@@ -666,6 +720,8 @@ class DescribeResponse(_message.Message):
     APPLY_STREAM_FIELD_NUMBER: _builtins.int
     LAYOUT_FIELD_NUMBER: _builtins.int
     MOVE_STATE_FIELD_NUMBER: _builtins.int
+    CATCHUP_STATE_FIELD_NUMBER: _builtins.int
+    CATCHUP_ENTRIES_FIELD_NUMBER: _builtins.int
     shard_index: _builtins.int
     shard_count: _builtins.int
     message_timeout_seconds: _builtins.float
@@ -692,6 +748,13 @@ class DescribeResponse(_message.Message):
     apply_stream: _builtins.bool
     """The acker serves ApplyStream (false from an older acker: use Apply)."""
     move_state: _builtins.str
+    catchup_state: _builtins.str
+    """With --replicas 2: "catching-up" (a restarted acker holds Apply until it
+    copied both of its ranges from its partners), "caught-up", or "off"
+    (replicas 1, or no --peers to copy from).
+    """
+    catchup_entries: _builtins.int
+    """Entries copied from partners by the catch-up so far."""
     @_builtins.property
     def layout(self) -> Global___Layout:
         """The current layout (epoch 0: as started) and the state of a layout change."""
@@ -715,10 +778,12 @@ class DescribeResponse(_message.Message):
         apply_stream: _builtins.bool = ...,
         layout: Global___Layout | None = ...,
         move_state: _builtins.str = ...,
+        catchup_state: _builtins.str = ...,
+        catchup_entries: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_stream", b"apply_stream", "buckets", b"buckets", "incarnation", b"incarnation", "layout", b"layout", "max_batch", b"max_batch", "max_tree_lifetime_seconds", b"max_tree_lifetime_seconds", "message_timeout_seconds", b"message_timeout_seconds", "move_state", b"move_state", "pending_trees", b"pending_trees", "replicas", b"replicas", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "timeout_mode", b"timeout_mode", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_stream", b"apply_stream", "buckets", b"buckets", "catchup_entries", b"catchup_entries", "catchup_state", b"catchup_state", "incarnation", b"incarnation", "layout", b"layout", "max_batch", b"max_batch", "max_tree_lifetime_seconds", b"max_tree_lifetime_seconds", "message_timeout_seconds", b"message_timeout_seconds", "move_state", b"move_state", "pending_trees", b"pending_trees", "replicas", b"replicas", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "timeout_mode", b"timeout_mode", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -85,6 +85,11 @@ class AckerStub:
                 request_serializer=acker__protocol_dot_v1_dot_acker__pb2.HandoffRequest.SerializeToString,
                 response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.HandoffResponse.FromString,
                 _registered_method=True)
+        self.Snapshot = channel.unary_stream(
+                '/acker_service.v1.Acker/Snapshot',
+                request_serializer=acker__protocol_dot_v1_dot_acker__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=acker__protocol_dot_v1_dot_acker__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
 
 
 class AckerServicer:
@@ -206,6 +211,22 @@ class AckerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Snapshot(self, request, context):
+        """Between ackers with --replicas 2 (admin): a restarted acker asks the
+        partner that shares one of its two ranges (the roots r % shard_count ==
+        range) for a copy of that range's entries. The partner copies them in one
+        step and keeps serving them; the copy streams in chunks (the columns of a
+        HandoffRequest, chunk_key unused), the last one marked. A partner that is
+        catching up for that range itself answers one chunk with lost = true.
+
+        Errors: INVALID_ARGUMENT (a shard count other than this acker's, a range
+        outside it), FAILED_PRECONDITION (replicas 1, or a range this acker does
+        not keep).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AckerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -258,6 +279,11 @@ def add_AckerServicer_to_server(servicer, server):
                     servicer.Handoff,
                     request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.HandoffRequest.FromString,
                     response_serializer=acker__protocol_dot_v1_dot_acker__pb2.HandoffResponse.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=acker__protocol_dot_v1_dot_acker__pb2.SnapshotRequest.FromString,
+                    response_serializer=acker__protocol_dot_v1_dot_acker__pb2.SnapshotChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -531,6 +557,33 @@ class Acker:
             '/acker_service.v1.Acker/Handoff',
             acker__protocol_dot_v1_dot_acker__pb2.HandoffRequest.SerializeToString,
             acker__protocol_dot_v1_dot_acker__pb2.HandoffResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/acker_service.v1.Acker/Snapshot',
+            acker__protocol_dot_v1_dot_acker__pb2.SnapshotRequest.SerializeToString,
+            acker__protocol_dot_v1_dot_acker__pb2.SnapshotChunk.FromString,
             options,
             channel_credentials,
             insecure,

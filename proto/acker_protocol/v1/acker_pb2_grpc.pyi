@@ -107,6 +107,18 @@ class AckerStub:
     CommitLayout: _grpc.UnaryUnaryMultiCallable[_acker_pb2.CommitLayoutRequest, _acker_pb2.LayoutResponse]
     Handoff: _grpc.UnaryUnaryMultiCallable[_acker_pb2.HandoffRequest, _acker_pb2.HandoffResponse]
     """Between ackers during CutLayout: merge these moved entries (admin)."""
+    Snapshot: _grpc.UnaryStreamMultiCallable[_acker_pb2.SnapshotRequest, _acker_pb2.SnapshotChunk]
+    """Between ackers with --replicas 2 (admin): a restarted acker asks the
+    partner that shares one of its two ranges (the roots r % shard_count ==
+    range) for a copy of that range's entries. The partner copies them in one
+    step and keeps serving them; the copy streams in chunks (the columns of a
+    HandoffRequest, chunk_key unused), the last one marked. A partner that is
+    catching up for that range itself answers one chunk with lost = true.
+
+    Errors: INVALID_ARGUMENT (a shard count other than this acker's, a range
+    outside it), FAILED_PRECONDITION (replicas 1, or a range this acker does
+    not keep).
+    """
 
 @_typing.type_check_only
 class AckerAsyncStub(AckerStub):
@@ -184,6 +196,18 @@ class AckerAsyncStub(AckerStub):
     CommitLayout: _aio.UnaryUnaryMultiCallable[_acker_pb2.CommitLayoutRequest, _acker_pb2.LayoutResponse]  # type: ignore[assignment]
     Handoff: _aio.UnaryUnaryMultiCallable[_acker_pb2.HandoffRequest, _acker_pb2.HandoffResponse]  # type: ignore[assignment]
     """Between ackers during CutLayout: merge these moved entries (admin)."""
+    Snapshot: _aio.UnaryStreamMultiCallable[_acker_pb2.SnapshotRequest, _acker_pb2.SnapshotChunk]  # type: ignore[assignment]
+    """Between ackers with --replicas 2 (admin): a restarted acker asks the
+    partner that shares one of its two ranges (the roots r % shard_count ==
+    range) for a copy of that range's entries. The partner copies them in one
+    step and keeps serving them; the copy streams in chunks (the columns of a
+    HandoffRequest, chunk_key unused), the last one marked. A partner that is
+    catching up for that range itself answers one chunk with lost = true.
+
+    Errors: INVALID_ARGUMENT (a shard count other than this acker's, a range
+    outside it), FAILED_PRECONDITION (replicas 1, or a range this acker does
+    not keep).
+    """
 
 class AckerServicer(metaclass=_abc_1.ABCMeta):
     """One acker shard."""
@@ -318,5 +342,23 @@ class AckerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_acker_pb2.HandoffResponse, _abc.Awaitable[_acker_pb2.HandoffResponse]]:
         """Between ackers during CutLayout: merge these moved entries (admin)."""
+
+    @_abc_1.abstractmethod
+    def Snapshot(
+        self,
+        request: _acker_pb2.SnapshotRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_acker_pb2.SnapshotChunk], _abc.AsyncIterator[_acker_pb2.SnapshotChunk]]:
+        """Between ackers with --replicas 2 (admin): a restarted acker asks the
+        partner that shares one of its two ranges (the roots r % shard_count ==
+        range) for a copy of that range's entries. The partner copies them in one
+        step and keeps serving them; the copy streams in chunks (the columns of a
+        HandoffRequest, chunk_key unused), the last one marked. A partner that is
+        catching up for that range itself answers one chunk with lost = true.
+
+        Errors: INVALID_ARGUMENT (a shard count other than this acker's, a range
+        outside it), FAILED_PRECONDITION (replicas 1, or a range this acker does
+        not keep).
+        """
 
 def add_AckerServicer_to_server(servicer: AckerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -96,6 +96,60 @@ impl Ledger {
         out
     }
 
+    /// Copy the live entries whose root is `index`'s under `count` shards, leaving every
+    /// entry in place (a restarted replica's catch-up: the partner keeps serving the range).
+    /// Rotates as due first; due entries are not copied: they time out here.
+    pub fn export_snapshot(&mut self, count: u64, index: u64, now: f64) -> Moved {
+        self.spouts.collect();
+        self.advance_clock(now);
+        let now_us = self.micros(now);
+        let count = count.max(1);
+        let mut out = Moved::default();
+        let mut names: Vec<u16> = Vec::new();
+        for e in self.table.entries() {
+            if e.root % count != index || self.is_expired(e) {
+                continue;
+            }
+            out.roots.push(e.root);
+            out.values.push(e.val);
+            let spout = e.spout();
+            if spout == 0 {
+                out.spout_index.push(-1);
+            } else {
+                let i = match names.iter().position(|&id| id == spout) {
+                    Some(i) => i,
+                    None => {
+                        names.push(spout);
+                        out.spouts.push(self.spouts.name(spout).to_owned());
+                        names.len() - 1
+                    }
+                };
+                out.spout_index.push(i as i32);
+            }
+            out.ages_us.push(Self::latency(now_us, e));
+            out.generations
+                .push((self.generation.wrapping_sub(e.gen()) & GEN_MASK) as u8);
+            out.failed.push(e.failed());
+            out.resets.push(if e.has_notes() {
+                self.notes.get(&e.root).copied().unwrap_or(0)
+            } else {
+                0
+            });
+            let before = out.keys.len();
+            if e.has_dedup() {
+                if let Some(&k) = self.dedup.first.get(&e.root) {
+                    out.keys.push(k);
+                }
+                if let Some(more) = self.dedup.more.get(&e.root) {
+                    out.keys.extend(more.iter().copied());
+                }
+                out.keys[before..].sort_unstable();
+            }
+            out.key_counts.push((out.keys.len() - before) as u32);
+        }
+        out
+    }
+
     /// Merge moved entries in by XOR (failed OR, earliest start, keys united, the fresher
     /// timeout); trees that the merge ended go to `out` (ACKED before FAILED, Storm's
     /// order), after any due entry a moved one met, which expires first.

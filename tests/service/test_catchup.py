@@ -1,0 +1,178 @@
+"""A restarted replica's catch-up (--replicas 2 with --peers), in process: the Snapshot RPC and the hold.
+
+Real servers on free ports; the partner that is down at first is a port
+nothing listens on until the test starts an acker there.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import grpc
+import pytest
+from acker_protocol.v1 import acker_pb2
+
+from acker_service.batch import Batch, WrongShard
+from acker_service.catchup import CATCHING_UP, CAUGHT_UP, OFF
+from acker_service.config import ConfigError, ServerConfig
+from acker_service.handoff import MovedEntries
+from acker_service.shard import Shard
+from tests.client.polling import wait_until
+from tests.ledger.driver import request_of
+
+INIT, ACK = 1, 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _apply(stub, kinds, roots, values, keys=(), spout="s") -> acker_pb2.ApplyResponse:
+    request = acker_pb2.ApplyRequest.FromString(
+        request_of(Batch.of(kinds, roots, values, dedup_keys=list(keys) or (), spouts=[spout]))
+    )
+    return stub.Apply(request, timeout=5)
+
+
+def _pending(server) -> set[int]:
+    return set(server.call(lambda: [int(r) for r in server.ledger.pending_roots()]))
+
+
+def _copy(stub, shard_count: int, range_index: int) -> list[acker_pb2.SnapshotChunk]:
+    return list(stub.Snapshot(acker_pb2.SnapshotRequest(shard_count=shard_count, range=range_index), timeout=5))
+
+
+def test_snapshot_copies_one_range_and_removes_nothing(make_server, connect):
+    """Shard 1 of 3 keeps ranges 1 and 0: a copy of range 1 has its trees, with their keys; the acker keeps them."""
+    server = make_server(shard_index=1, shard_count=3, replicas=2)
+    stub = connect(server)
+    _apply(stub, [INIT, INIT, INIT], [4, 7, 3], [9, 9, 9])  # 4 and 7 in range 1, 3 in range 0
+    _apply(stub, [ACK], [4], [1], keys=[55])
+    (chunk,) = _copy(stub, 3, 1)
+    assert chunk.last and not chunk.lost
+    assert sorted(chunk.entries.root_ids) == [4, 7]
+    assert list(chunk.entries.dedup_keys) == [55]
+    assert _pending(server) == {3, 4, 7}
+    assert connect(server).Describe(acker_pb2.DescribeRequest()).catchup_state == OFF
+
+
+@pytest.mark.parametrize(
+    ("overrides", "shard_count", "range_index", "code", "words"),
+    [
+        ({"replicas": 2}, 4, 1, grpc.StatusCode.INVALID_ARGUMENT, "this cluster has 3 shards"),
+        ({"replicas": 2}, 3, 3, grpc.StatusCode.INVALID_ARGUMENT, "ranges 0..2"),
+        ({"replicas": 2}, 3, 2, grpc.StatusCode.FAILED_PRECONDITION, "keeps ranges 1 and 0, not 2"),
+        ({"replicas": 1}, 3, 1, grpc.StatusCode.FAILED_PRECONDITION, "--replicas 1"),
+    ],
+)
+def test_snapshot_refuses_what_this_acker_cannot_copy(
+    make_server, connect, overrides, shard_count, range_index, code, words
+):
+    """A wrong shard count, a range outside the cluster or not kept here, or one replica: refused, nothing changes."""
+    server = make_server(shard_index=1, shard_count=3, **overrides)
+    stub = connect(server)
+    _apply(stub, [INIT], [4], [9])
+    with pytest.raises(grpc.RpcError) as caught:
+        _copy(stub, shard_count, range_index)
+    assert caught.value.code() == code
+    assert words in caught.value.details()
+    assert _pending(server) == {4}
+
+
+def test_peers_are_checked_at_start():
+    """One address per shard, only with two replicas, and a token only over TLS."""
+    with pytest.raises(ConfigError, match="one address per shard"):
+        ServerConfig(shard_count=3, replicas=2, peers="a:1,b:2")
+    with pytest.raises(ConfigError, match="--peers is for --replicas 2"):
+        ServerConfig(shard_count=2, replicas=1, peers="a:1,b:2")
+    with pytest.raises(ConfigError, match="not host:port"):
+        ServerConfig(shard_count=2, replicas=2, peers="a:1,b")
+    assert ServerConfig(shard_count=2, replicas=2, peers="a:1, b:2").peer_addresses == ("a:1", "b:2")
+    with pytest.raises(ConfigError, match="--peer-token-file needs --tls-cert"):
+        ServerConfig(shard_count=2, replicas=2, peers="a:1,b:2", peer_token_file=__file__)
+
+
+def test_the_shard_holds_every_request_until_both_ranges_are_installed():
+    """Held requests are validated at once, applied after the last copy, and what the copy has is recognised."""
+    config = ServerConfig(shard_index=1, shard_count=3, replicas=2, peers="a:1,b:2,c:3")
+    shard = Shard(config)
+    assert shard.catchup.state == CATCHING_UP and shard.catchup.waiting == {1: 2, 0: 0}
+    shard.apply_request(request_of(Batch.of([ACK], [4], [1], dedup_keys=[55], spouts=["s"])))
+    shard.apply_request(request_of(Batch.of([INIT, ACK], [3, 3], [5, 5], dedup_keys=[0, 66], spouts=["s"])))
+    with pytest.raises(WrongShard, match="this acker is shard 1"):  # refused now, not held: shards 2 and 0 keep 5
+        shard.apply_request(request_of(Batch.of([INIT], [5], [1], spouts=["s"])))
+    assert shard.pending_trees == 0 and len(shard.catchup.held) == 2
+    # The partner of range 1 applied the init of 4 and the ack keyed 55 before its copy.
+    partner = Shard(ServerConfig(shard_index=2, shard_count=3, replicas=2))
+    partner.apply_request(request_of(Batch.of([INIT, ACK], [4, 4], [3, 1], dedup_keys=[0, 55], spouts=["s"])))
+    assert not shard.install_snapshot(1, partner.snapshot(3, 1))
+    assert shard.pending_trees == 1, "the copy is installed, the held requests still wait for range 0"
+    assert shard.install_snapshot(0, None)  # range 0's partner lost it too: nothing to copy
+    assert shard.catchup.state == CAUGHT_UP and not shard.catchup.held
+    # Root 4: the held ack keyed 55 was in the copy (not applied twice: 3 ^ 1 stays pending). Root 3: acked.
+    assert shard.ledger.pending_roots() == [4]
+    assert shard.ledger.stats.deduplicated == 1
+    assert (shard.catchup.copied_entries, shard.catchup.lost_ranges) == (1, 1)
+    assert shard.install_snapshot(1, None)  # a late copy is ignored
+    assert shard.ledger.pending_roots() == [4]
+
+
+def test_a_restarted_acker_holds_apply_until_its_down_partner_answers(make_server, connect):
+    """Shard 1 restarts while shard 2 is down: Apply is answered and held, Describe says catching up; once shard 2
+    is back, both ranges are copied, the held operations applied, and Describe says caught up."""
+    shard0 = make_server(shard_index=0, shard_count=3, replicas=2)
+    port2 = _free_port()
+    peers = f"{shard0.address},127.0.0.1:{_free_port()},127.0.0.1:{port2}"
+    _apply(connect(shard0), [INIT], [3], [9])  # range 0: shards 0 and 1
+    restarted = make_server(shard_index=1, shard_count=3, replicas=2, peers=peers, catchup_delay=0.0)
+    stub = connect(restarted)
+    _apply(stub, [INIT], [3], [9])  # its own copy of root 3's init (also in shard 0's snapshot)
+    _apply(stub, [INIT], [7], [9])  # range 1: shards 1 and 2
+    # Range 0 may be copied already (shard 0 is up); range 1 waits for shard 2, and both requests are held.
+    wait_until(lambda: stub.Describe(acker_pb2.DescribeRequest()).catchup_entries == 1, timeout=60)
+    assert stub.Describe(acker_pb2.DescribeRequest()).catchup_state == CATCHING_UP
+    assert _pending(restarted) == {3}
+    assert restarted.shard.metrics.sample("acker_catchup_held_requests") == 2
+    shard2 = make_server(shard_index=2, shard_count=3, replicas=2, port=port2)
+    _apply(connect(shard2), [INIT], [4], [9])  # range 1, applied at the partner only
+    wait_until(lambda: stub.Describe(acker_pb2.DescribeRequest()).catchup_state == CAUGHT_UP, timeout=60)
+    assert _pending(restarted) == {3, 4, 7}
+    info = stub.Describe(acker_pb2.DescribeRequest())
+    assert info.catchup_entries == 2  # root 3 from shard 0, root 4 from shard 2
+    assert restarted.shard.metrics.sample("acker_catchup_state") == 0
+    assert restarted.shard.metrics.sample("acker_catchup_entries_total") == 2
+
+
+def test_partners_unreachable_for_the_message_timeout_count_as_lost(make_server, connect):
+    """Both partners stay down: after the message timeout each range counts as lost there too, and the held
+    requests are applied (those trees' other copies are gone; the spouts' backstop has replayed them)."""
+    peers = f"127.0.0.1:{_free_port()},127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}"
+    restarted = make_server(
+        shard_index=1, shard_count=3, replicas=2, peers=peers, catchup_delay=0.0, message_timeout=0.5
+    )
+    stub = connect(restarted)
+    _apply(stub, [INIT], [7], [9])
+    wait_until(lambda: stub.Describe(acker_pb2.DescribeRequest()).catchup_state == CAUGHT_UP, timeout=60)
+    assert restarted.shard.metrics.sample("acker_catchup_lost_ranges_total") == 2
+    assert restarted.call(lambda: restarted.shard.ledger.stats.inits) == 1, "the held init was not applied"
+
+
+def test_a_large_copy_streams_in_chunks_that_add_up(monkeypatch):
+    """Chunks of at most ENTRIES_PER_MESSAGE entries, only the last one marked, read back as the whole copy."""
+    from acker_service import catchup_peer
+    from acker_service.reshard import from_request
+
+    monkeypatch.setattr(catchup_peer, "ENTRIES_PER_MESSAGE", 2)
+    partner = Shard(ServerConfig(shard_index=0, shard_count=1))
+    partner.apply_request(request_of(Batch.of([INIT] * 5, [1, 2, 3, 4, 5], [9] * 5, spouts=["s"])))
+    partner.apply_request(request_of(Batch.of([ACK], [3], [1], dedup_keys=[77], spouts=["s"])))
+    moved = partner.ledger.export_snapshot(1, 0)
+    chunks = list(catchup_peer.snapshot_chunks(moved, 42))
+    assert [len(c.entries.root_ids) for c in chunks] == [2, 2, 1]
+    assert [c.last for c in chunks] == [False, False, True] and {c.incarnation for c in chunks} == {42}
+    whole = MovedEntries.concat([from_request(c.entries) for c in chunks])
+    assert whole.rows() == moved.rows()
+    (lost,) = catchup_peer.snapshot_chunks(None, 42)
+    assert lost.lost and lost.last
