@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from acker_service.shard_identity import ordinal_of
+from acker_service.cli import build_parser, config_from_args
+from acker_service.shard_identity import FROM_HOSTNAME_ENV, environ_with_shard_index, ordinal_of
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install -e '.[dev]' installs it")
 
@@ -140,3 +141,19 @@ def test_disruption_budget_allows_one_shard_down() -> None:
     pdb, sts = kinds["PodDisruptionBudget"], kinds["StatefulSet"]
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"]
+
+
+def test_every_pod_knows_its_partners_for_the_catch_up() -> None:
+    """With two copies per tree, ACKER_PEERS lists every pod by its stable DNS name, in shard order, on the gRPC
+    port, so a restarted pod copies its ranges from its partners; the server accepts the settings as a pod gets them."""
+    kinds = _by_kind()
+    sts, svc = kinds["StatefulSet"], kinds["Service"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    env = _env(container)
+    assert env["ACKER_REPLICAS"] == "2"
+    name, service, port = sts["metadata"]["name"], svc["metadata"]["name"], env["ACKER_PORT"]
+    expected = tuple(f"{name}-{i}.{service}:{port}" for i in range(sts["spec"]["replicas"]))
+    derived = environ_with_shard_index(env, hostname=lambda: f"{name}-1")
+    derived.pop(FROM_HOSTNAME_ENV)
+    config = config_from_args(build_parser(derived).parse_args([]))
+    assert config.peer_addresses == expected and config.shard_index == 1 and config.replicas == 2
