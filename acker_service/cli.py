@@ -12,6 +12,7 @@ from typing import Any
 
 from ._version import __version__
 from .config import ConfigError, ServerConfig
+from .layout_file import LayoutFileError
 from .server import PortInUse, serve
 from .shard_identity import FROM_HOSTNAME_ENV, ShardIdentityError, environ_with_shard_index
 
@@ -69,6 +70,12 @@ _FLAGS = (
         _switch,
         "1: a --shard-index at or above --shard-count starts this acker outside the layout, owning no roots, "
         "until acker-ctl reshard gives it a place (a pod added to a StatefulSet)",
+    ),
+    _Flag(
+        "layout_file",
+        _optional_path,
+        "file where this acker keeps the last layout it committed (written atomically at each acker-ctl reshard); "
+        "read at start, it overrides --shard-index/--shard-count when newer; a corrupt file refuses the start",
     ),
     _Flag("message_timeout", float, "seconds a tree may stay pending before it times out"),
     _Flag("buckets", int, "RotatingMap buckets; trees expire within timeout + timeout/(buckets-1)"),
@@ -254,7 +261,7 @@ def exit_with_parent(environ: dict[str, str] | os._Environ[str] = os.environ) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse flags, serve until SIGTERM/SIGINT; exit 0 on a clean stop, 2 on bad settings or a taken port."""
+    """Parse flags, serve until SIGTERM/SIGINT; exit 0 on a clean stop, 2 on bad settings, a taken port or a corrupt layout file."""
     exit_with_parent()
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -265,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(message)s", stream=sys.stderr)
     try:
         serve(config)
-    except PortInUse as exc:
+    except (PortInUse, LayoutFileError) as exc:
         print(f"acker-server: {exc}", file=sys.stderr)
         return 2
     return 0

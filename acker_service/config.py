@@ -32,6 +32,8 @@ class ServerConfig:
     # A shard index at or above the count starts the acker outside the layout, owning no roots,
     # until `acker-ctl reshard` gives it a place (a StatefulSet pod added by scaling up).
     join: bool = False
+    # Where the acker keeps its last committed layout, so a restart comes back in it (layout_file.py). None = off.
+    layout_file: str | None = None
     message_timeout: float = 30.0
     buckets: int = 3
     # Progress timeouts (docs/operations.md): "progress" restarts a tree's timeout on every applied ack.
@@ -118,6 +120,7 @@ def _problems(c: ServerConfig) -> list[str]:
             f"shard index must be 0..{c.shard_count - 1} for a shard count of {c.shard_count}, got {c.shard_index}"
             + ("" if c.shard_index < 0 else " (--join 1 starts an acker outside the layout until a reshard places it)")
         )
+    problems += _layout_file_problems(c.layout_file)
     if not 1 <= c.replicas <= MAX_REPLICAS:
         problems.append(f"replicas must be 1 or {MAX_REPLICAS}, got {c.replicas}")
     elif c.replicas > c.shard_count >= 1:
@@ -160,6 +163,20 @@ def _problems(c: ServerConfig) -> list[str]:
             f"interval; they would be disconnected for pinging too often), got {c.min_ping_interval}"
         )
     return problems
+
+
+def _layout_file_problems(path: str | None) -> list[str]:
+    """A layout file the acker can replace: found now, not at the first reshard (the file itself may be absent)."""
+    if path is None:
+        return []
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return [f"layout file {path} is a directory; name a file in it"]
+    if not os.path.isdir(folder):
+        return [f"layout file {path}: its directory {folder} does not exist"]
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return [f"layout file {path}: its directory {folder} is not writable by this user (the file is replaced there)"]
+    return []
 
 
 def _timeout_rule_problems(c: ServerConfig) -> list[str]:

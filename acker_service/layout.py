@@ -28,6 +28,7 @@ trees".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -236,8 +237,12 @@ class LayoutMachine:
             )
         return f"root {root} belongs to {self.next.where(root)}, not to this acker; nothing of this request was applied"
 
-    def commit(self, epoch: int) -> Layout:
-        """Take the next layout (committing the current epoch again is a no-op)."""
+    def commit(self, epoch: int, record: Callable[[Layout], None] | None = None) -> Layout:
+        """Take the next layout and serve again (committing the current epoch again is a no-op).
+
+        ``record`` is called with the layout once the commit is allowed and before it
+        is taken (the acker keeps it durable there, :mod:`acker_service.layout_file`).
+        """
         if self.next is None and self.current.epoch == epoch:
             return self.current
         if self.next is None or self.next.epoch != epoch or self.state != CUT:
@@ -247,6 +252,8 @@ class LayoutMachine:
                 f"epoch {epoch} cannot commit here: the handoffs of old shards {sorted(self.awaiting)} have not "
                 "arrived; cut every acker of the old layout first (acker-ctl reshard again)"
             )
+        if record is not None:
+            record(self.next)
         self.current, self.previous, self.next, self.state = self.next, None, None, SERVING
         self.arrivals = {}
         return self.current

@@ -54,6 +54,7 @@ _PER_SHARD_ENV = (
     "ACKER_HOST",
     "ACKER_PORT",
     "ACKER_METRICS_PORT",
+    "ACKER_LAYOUT_FILE",
 )
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 _POLL_SECONDS = 0.05
@@ -229,6 +230,7 @@ LAUNCHER_OWNED_FLAGS = {
     "--metrics-port": "--metrics-base-port",
     "--message-timeout": "--message-timeout",
     "--buckets": "--buckets",
+    "--layout-file": "--layout-dir",  # one file per acker: a shared one would give every child the same shard
     "--peers": "--replicas 2 (each acker is given the others' addresses)",
 }
 
@@ -257,7 +259,10 @@ class ProcessCluster:
     including one stopped by kill(), which simulates a crash. Each child's
     output goes to shard-<i>.log in log_dir (a temporary directory, removed on
     stop, when log_dir is None). ``security`` is how this object's own health
-    probes reach children started with TLS flags in extra_args.
+    probes reach children started with TLS flags in extra_args. With
+    ``layout_dir`` shard i keeps its committed layout in
+    ``layout_dir/shard-<i>.layout.json`` (``--layout-file``), so a child
+    restarted after a reshard comes back in the layout it had.
     """
 
     def __init__(
@@ -272,6 +277,7 @@ class ProcessCluster:
         restart: bool = False,
         log_dir: str | os.PathLike[str] | None = None,
         security: ChannelSecurity | None = None,
+        layout_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
@@ -287,6 +293,7 @@ class ProcessCluster:
         self.extra_args = tuple(str(a) for a in extra_args)
         self.restart_on_exit = restart
         self.security = security
+        self.layout_dir = Path(layout_dir) if layout_dir is not None else None
         self._own_log_dir = log_dir is None
         self._log_dir = Path(log_dir) if log_dir is not None else None
         self._shards: list[_Shard] = []
@@ -323,6 +330,12 @@ class ProcessCluster:
         """The file that receives shard `shard`'s stdout and stderr."""
         return self._shards[shard].log_path
 
+    def layout_file(self, shard: int) -> Path:
+        """Where shard ``shard`` keeps its committed layout (ValueError without a layout_dir)."""
+        if self.layout_dir is None:
+            raise ValueError("this cluster keeps no layout files (no layout_dir)")
+        return self.layout_dir / f"shard-{shard}.layout.json"
+
     def pid(self, shard: int) -> int | None:
         """The process id of shard `shard`'s current child, if one was started."""
         proc = self._shards[shard].process
@@ -335,6 +348,8 @@ class ProcessCluster:
         if self._log_dir is None:
             self._log_dir = Path(tempfile.mkdtemp(prefix="acker-cluster-"))
         self._log_dir.mkdir(parents=True, exist_ok=True)
+        if self.layout_dir is not None:
+            self.layout_dir.mkdir(parents=True, exist_ok=True)
         attempts = _PORT_RACE_ATTEMPTS if self._ports_are_chosen() else 1
         for attempt in range(1, attempts + 1):
             self._shards = self._plan_shards()
@@ -438,6 +453,8 @@ class ProcessCluster:
         ]  # fmt: skip
         if shard.metrics_port is not None:
             cmd += ["--metrics-port", str(shard.metrics_port)]
+        if self.layout_dir is not None:
+            cmd += ["--layout-file", str(self.layout_file(shard.index))]
         if self.replicas == 2 and shard.pids:
             # A restarted acker copies its two ranges from its partners (catch-up) before it applies anything;
             # at the cluster's first start there is nothing to copy, so no acker waits for its partners.

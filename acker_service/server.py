@@ -376,11 +376,14 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
 def start_line(server: AckerServer) -> str:
     """The one line logged at start: shard, addresses, timeout, buckets and ledger engine."""
     c = server.config
+    index, count = server.shard.place  # the layout file's when it overrode the flags
     metrics = f"metrics on {server.metrics_url}" if server.metrics_url else "metrics off"
     transport = ", mutual TLS" if c.tls_client_ca else ", TLS" if c.tls_cert else ""
+    epoch = server.shard.layout.current.epoch
+    layout = f", layout epoch {epoch}" if epoch else ""
     return (
-        f"acker shard {c.shard_index}/{c.shard_count} serving on {server.address}, {metrics}, "
-        f"timeout {c.message_timeout:g}s, {c.buckets} buckets, {c.engine} ledger engine{transport}, "
+        f"acker shard {index}/{count} serving on {server.address}, {metrics}, "
+        f"timeout {c.message_timeout:g}s, {c.buckets} buckets, {c.engine} ledger engine{transport}{layout}, "
         # The incarnation lets a launcher tell its own child from another server on the same port.
         f"incarnation {server.incarnation:#018x}"
     )
@@ -405,7 +408,8 @@ def serve(config: ServerConfig) -> None:
             # asleep in one long wait would never see it and the server would not stop.
             while not stop.wait(_SIGNAL_CHECK_SECONDS):
                 pass
-            log.info("acker shard %d/%d stopping (grace %gs)", config.shard_index, config.shard_count, config.grace)
+            index, count = server.shard.place
+            log.info("acker shard %d/%d stopping (grace %gs)", index, count, config.grace)
         finally:
             server.stop(config.grace)
     finally:

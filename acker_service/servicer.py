@@ -26,6 +26,7 @@ from .apply_stream import RefusedRequest, serve_apply_stream
 from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
 from .catchup_peer import snapshot_chunks
 from .layout import CUT, ApplyHeld, Layout, LayoutMachine, LayoutRefused
+from .layout_file import LayoutNotRecorded
 from .reshard import HandoffFailed, from_bytes
 from .shard import BadSpoutName, Shard, ShardClosing, SubscribeRefused, Superseded, TooManySubscriptions
 from .tree_info import TreeInfo
@@ -42,6 +43,7 @@ _STATUS_OF = {
     ApplyHeld: grpc.StatusCode.UNAVAILABLE,
     LayoutRefused: grpc.StatusCode.FAILED_PRECONDITION,
     HandoffFailed: grpc.StatusCode.UNAVAILABLE,
+    LayoutNotRecorded: grpc.StatusCode.UNAVAILABLE,
     BadSpoutName: grpc.StatusCode.INVALID_ARGUMENT,
     ShardClosing: grpc.StatusCode.UNAVAILABLE,
     TooManySubscriptions: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -185,8 +187,8 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
         )
         try:
             self._shard.prepare_layout(Layout(m.epoch, m.shard_count, m.shard_index, tuple(m.addresses)), previous)
-        except LayoutRefused as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except (LayoutRefused, LayoutNotRecorded) as exc:
+            await context.abort(_STATUS_OF[type(exc)], str(exc))
         return _layout_response(self._shard.layout)
 
     async def CutLayout(self, request: acker_pb2.CutLayoutRequest, context: grpc.aio.ServicerContext):

@@ -28,6 +28,7 @@ from .engines import new_ledger
 from .handoff import MovedEntries
 from .held import HeldOperations
 from .layout import PREPARED, ApplyHeld, Layout, LayoutMachine, LayoutRefused
+from .layout_file import LayoutFile, LayoutNotRecorded, starting_layout
 from .ledger import Limits
 from .metrics import AckerMetrics
 from .operate import AGE_BUCKETS, check_oldest, check_roots
@@ -98,10 +99,13 @@ class Shard:
             timeout_mode=config.timeout_mode,
             max_tree_lifetime=config.max_tree_lifetime,
         )
-        self.limits = Limits(config.shard_index, config.shard_count, config.max_batch, config.replicas)
         # Which roots are ours, and a layout change in progress (issue 29; see layout.py).
         # A joining acker (--join, index >= count) starts outside the layout, as a drained one ends.
-        self.layout = LayoutMachine(Layout(0, config.shard_count, config.shard_index if config.in_layout else -1))
+        # With --layout-file the last committed layout wins over the flags (layout_file.py).
+        self.layout_file = LayoutFile(config.layout_file) if config.layout_file else None
+        initial = self._starting_layout(Layout(0, config.shard_count, config.shard_index if config.in_layout else -1))
+        self.layout = LayoutMachine(initial)
+        self.limits = Limits(max(initial.index, 0), initial.count, config.max_batch, config.replicas)
         # During a change the ledger is asked per operation, ownership checked by the layout (route()).
         self._any_root = Limits(0, 1, config.max_batch, 1)
         self.held = HeldOperations(config.max_held_operations)  # operations on roots still moving here
@@ -119,8 +123,8 @@ class Shard:
         self.metrics = AckerMetrics(
             self.ledger.stats,
             self.hub,
-            shard_index=config.shard_index,
-            shard_count=config.shard_count,
+            shard_index=self.place[0],
+            shard_count=self.place[1],
             engine=config.engine,
         )
         # A restarted replica copies its two ranges from its partners before it applies anything (catchup.py).
@@ -131,6 +135,33 @@ class Shard:
         self._closing = False
         # Called once at close: each open ApplyStream's way to end itself (see apply_stream).
         self.closing_callbacks: set[Callable[[], None]] = set()
+
+    def _starting_layout(self, flags: Layout) -> Layout:
+        """The flags' layout, or the layout file's when it is newer (LayoutFileError: the file is unreadable)."""
+        if self.layout_file is None:
+            return flags
+        stored = self.layout_file.load()
+        layout = starting_layout(flags, stored)
+        if layout is not flags:
+            log.info(
+                "layout file %s holds committed layout epoch %d: starting as shard %s of %d there "
+                "(the flags say shard %d of %d)",
+                self.layout_file.path,
+                layout.epoch,
+                layout.index if layout.index >= 0 else "none (drained)",
+                layout.count,
+                self.config.shard_index,
+                self.config.shard_count,
+            )
+        elif stored is None:
+            log.info("no layout file at %s yet: starting from the flags' layout", self.layout_file.path)
+        return layout
+
+    @property
+    def place(self) -> tuple[int, int]:
+        """(shard index, shard count) this acker reports; a drained or joining acker keeps its flag's index."""
+        current = self.layout.current
+        return (current.index if current.index >= 0 else self.config.shard_index), current.count
 
     @property
     def pending_trees(self) -> int:
@@ -322,6 +353,16 @@ class Shard:
                 f"this acker holds {self.ledger.pending_trees} pending trees but the change names it as no shard "
                 f"of layout epoch {previous.epoch}; list it among the current ackers; nothing changed"
             )
+        if self.layout_file is not None:
+            # A disk that cannot take the file refuses the change here, where nothing has moved and
+            # running acker-ctl reshard again is safe, rather than at the commit.
+            try:
+                self.layout_file.save(self.layout.current)
+            except OSError as exc:
+                raise LayoutNotRecorded(
+                    f"cannot write the layout file {self.layout_file.path} ({exc}); nothing changed: "
+                    "make it writable and run acker-ctl reshard again"
+                ) from exc
         fresh = layout != self.layout.next
         self.layout.prepare(layout, previous)
         if fresh:
@@ -422,10 +463,31 @@ class Shard:
         """Take the next layout and serve Apply again."""
         if self._unsent:
             raise LayoutRefused("this acker still holds moved entries it could not hand over; cut again first")
-        layout = self.layout.commit(epoch)
+        layout = self.layout.commit(epoch, self._record)
         self._merged_chunks.clear()
         self.limits = Limits(max(layout.index, 0), layout.count, self.config.max_batch, self.config.replicas)
         return layout
+
+    def _record(self, layout: Layout) -> None:
+        """Write the layout about to be committed to the layout file (if any), before it is served.
+
+        A write failing here does not stop the commit: the other ackers may have
+        committed already and this one must agree with them now. It is logged; a
+        restart before the next successful write would come back in the older layout.
+        (The write blocks the event loop for an fsync, once per layout change.)
+        """
+        if self.layout_file is None:
+            return
+        try:
+            self.layout_file.save(layout)
+        except OSError as exc:
+            log.error(
+                "layout epoch %d is committed but could not be written to %s (%s): a restart would start in "
+                "the older layout; fix the file's disk and run acker-ctl reshard again with the same addresses",
+                layout.epoch,
+                self.layout_file.path,
+                exc,
+            )
 
     # -- a restarted replica's catch-up (--replicas 2; the rules are in catchup.py) --
 

@@ -7,7 +7,8 @@ are the ackers' IPs on the compose network: the ackers hand trees to each other
 by them, and this machine reaches them too (a Linux bridge network), so the
 workload's client can follow the new layout it learns from Describe. The grow
 runs ``acker-ctl`` from this machine, the drain runs it inside acker-0's
-container, as the two places an operator would run it.
+container, as the two places an operator would run it. Then ackers restarted after a
+grow come back in its layout, from the layout files on their named volumes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import sys
 import time
 from collections.abc import Iterator
 
+import grpc
 import pytest
+from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from .conftest import COMPOSE_FILE, REPO, ComposeCluster, _skip_reason, remove_stale_projects
 from .workload import Workload
@@ -91,3 +94,34 @@ def test_grow_to_four_and_drain_back_to_three_under_load(reshard_cluster: Compos
     )
     assert figures.records > 0 and figures.acked >= figures.records
     assert (figures.lost_records, figures.replayed, figures.false_acks, figures.duplicate_callbacks) == (0, 0, 0, 0)
+
+
+def _places(addresses: list[str]) -> list[tuple[int, int, int]]:
+    """(shard index, shard count, layout epoch) each acker reports, asked over its published port."""
+    places = []
+    for address in addresses:
+        with grpc.insecure_channel(address) as channel:
+            info = acker_pb2_grpc.AckerStub(channel).Describe(acker_pb2.DescribeRequest(), timeout=10)
+        places.append((info.shard_index, info.shard_count, info.layout.epoch))
+    return places
+
+
+@pytest.mark.chaos  # kills and restarts ackers of its own project
+def test_ackers_restarted_after_a_grow_come_back_as_shards_of_four(reshard_cluster: ComposeCluster) -> None:
+    """Each acker's layout file on its named volume: acker-0 crashed and acker-3 restarted both serve the grown layout."""
+    addresses = [reshard_cluster.network_address(shard) for shard in range(4)]
+    grown = _host_ctl(
+        "--ackers", ",".join(addresses[:3]), "reshard", "--shards", "4", "--addresses", ",".join(addresses)
+    )
+    published = reshard_cluster.addresses
+    assert _places(published) == [(i, 4, grown["epoch"]) for i in range(4)]
+    incarnations = reshard_cluster.restart_count(0)
+    reshard_cluster.crash(0)  # the restart policy brings the same container back
+    reshard_cluster.restart(3)
+    deadline = time.monotonic() + 60
+    while reshard_cluster.restart_count(0) == incarnations and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for shard in (0, 3):
+        reshard_cluster.wait_healthy(shard)
+    # Their variables say shard 0 of 3 and shard 3 of 4 at epoch 0; the files say the grown layout.
+    assert _places(published) == [(i, 4, grown["epoch"]) for i in range(4)]

@@ -87,6 +87,19 @@ def _bind_mounts(service: dict[str, Any]) -> dict[str, Path]:
     return mounts
 
 
+def _named_volumes(service: dict[str, Any]) -> dict[str, str]:
+    """Container path -> volume name of a resolved service's named volumes (short or long syntax)."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, str):
+            source, target = volume.split(":")[:2]
+        else:
+            source, target = volume.get("source", ""), volume["target"]
+        if source and not source.startswith(("/", ".")):
+            mounts[target] = source
+    return mounts
+
+
 def test_compose_file_validates(docker_compose: str, repo: Path) -> None:
     """`docker-compose config` accepts the compose file."""
     done = _run([docker_compose, "-f", "deploy/docker-compose.yml", "config", "--quiet"], repo)
@@ -277,3 +290,22 @@ def test_the_registry_free_command_starts_only_locally_built_images(
     assert {resolved[s]["image"] for s in services} <= local
     # Every service but the ones needing a registry is started, and none of those is.
     assert set(services) == {s for s, spec in resolved.items() if spec["image"] in local}
+
+
+def test_reshard_override_gives_every_acker_a_layout_file_on_its_own_volume(
+    docker_compose: str, load_yaml: Callable[[str], Any], repo: Path
+) -> None:
+    """With docker-compose.reshard.yml each of acker-0..3 keeps its layout in a named volume no other acker shares."""
+    done = _run(
+        [docker_compose, "-f", "deploy/docker-compose.yml", "-f", "deploy/docker-compose.reshard.yml", "config"], repo
+    )
+    assert done.returncode == 0, done.stderr
+    resolved = load_yaml(done.stdout)
+    volumes = {}
+    for index in range(4):
+        service = resolved["services"][f"acker-{index}"]
+        path = Path(service["environment"]["ACKER_LAYOUT_FILE"])
+        named = [source for target, source in _named_volumes(service).items() if path.is_relative_to(target)]
+        assert len(named) == 1, f"acker-{index}: {path} is not on a named volume"
+        volumes[index] = named[0]
+    assert len(set(volumes.values())) == 4 and set(volumes.values()) <= set(resolved["volumes"])

@@ -72,11 +72,27 @@ def test_overlay_keeps_one_copy_and_lets_an_added_pod_join() -> None:
         # The index as the pod's own host name gives it (then the flag is spent: this test runs under another name).
         derived = environ_with_shard_index(env, hostname=lambda: pod)
         derived.pop(FROM_HOSTNAME_ENV)
+        derived.pop("ACKER_LAYOUT_FILE")  # a path on the pod's volume, not on this machine (checked below)
         return config_from_args(build_parser(derived).parse_args([]))
 
     added = config_of(f"{sts['metadata']['name']}-{count}")
     assert added.shard_index == count and not added.in_layout
     assert config_of(f"{sts['metadata']['name']}-0").in_layout
+
+
+def test_each_pod_keeps_its_layout_on_a_claim_of_its_own() -> None:
+    """ACKER_LAYOUT_FILE lies on a volume claim template (it survives rescheduling), writable by the acker's group."""
+    (sts,) = [doc for doc in _rendered() if doc["kind"] == "StatefulSet"]
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    path = Path(_env(container)["ACKER_LAYOUT_FILE"])
+    (mount,) = [m for m in container["volumeMounts"] if path.is_relative_to(m["mountPath"])]
+    assert path != Path(mount["mountPath"]) and not mount.get("readOnly")
+    claims = {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]}
+    assert mount["name"] in claims and mount["name"] not in {v["name"] for v in pod.get("volumes", [])}
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    # A pod removed by scaling down (after its drain) leaves no stale layout for a pod added back later.
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Delete"
 
 
 def _run_job_script(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess:

@@ -130,3 +130,21 @@ def test_join_is_needed_for_an_index_at_or_above_the_count():
     with pytest.raises(ConfigError, match="shard index must be 0..2"):
         ServerConfig(port=0, shard_index=-1, shard_count=3, join=True)
     assert not ServerConfig(port=0, shard_index=3, shard_count=3, join=True).in_layout
+
+
+def test_a_prepare_whose_layout_file_cannot_be_written_is_unavailable_and_changes_nothing(servers, tmp_path):
+    """The layout file's directory gone: PrepareLayout answers UNAVAILABLE naming the file; the acker keeps serving."""
+    folder = tmp_path / "state"
+    folder.mkdir()
+    a = servers(0, 1, layout_file=str(folder / "layout.json")).address
+    folder.rmdir()
+    with grpc.insecure_channel(a) as channel:
+        stub = acker_pb2_grpc.AckerStub(channel)
+        layout = acker_pb2.Layout(epoch=1, shard_count=1, shard_index=0, addresses=[a])
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.PrepareLayout(acker_pb2.PrepareLayoutRequest(layout=layout), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert str(folder / "layout.json") in refused.value.details() and "nothing changed" in refused.value.details()
+        stub.Apply(acker_pb2.ApplyRequest(kinds=[1], root_ids=[2], values=[5], spouts=["s"]), timeout=5)
+    described = _describe(a)
+    assert (described.move_state, described.layout.epoch, described.pending_trees) == ("serving", 0, 1)

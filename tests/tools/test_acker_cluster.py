@@ -238,11 +238,13 @@ def test_cli_flags_fall_back_to_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("ACKER_CLUSTER_COUNT", "5")
     monkeypatch.setenv("ACKER_CLUSTER_METRICS_BASE_PORT", "9300")
     monkeypatch.setenv("ACKER_CLUSTER_RESTART", "0")
+    monkeypatch.setenv("ACKER_CLUSTER_LAYOUT_DIR", "/srv/layouts")
     parser = cluster_module._parser()
     args = parser.parse_args([])
-    assert (args.count, args.metrics_base_port, args.restart) == (5, 9300, False)
+    assert (args.count, args.metrics_base_port, args.restart, args.layout_dir) == (5, 9300, False, "/srv/layouts")
     help_text = " ".join(parser.format_help().split())
-    for flag in ("COUNT", "HOST", "BASE_PORT", "METRICS_BASE_PORT", "MESSAGE_TIMEOUT", "BUCKETS", "RESTART"):
+    flags = ("COUNT", "HOST", "BASE_PORT", "METRICS_BASE_PORT", "MESSAGE_TIMEOUT", "BUCKETS", "RESTART", "LAYOUT_DIR")
+    for flag in flags:
         assert f"ACKER_CLUSTER_{flag}" in help_text
 
 

@@ -41,6 +41,9 @@ _FLAGS: tuple[tuple[str, Callable[[str], object], str | None, str], ...] = (
     ("--startup-timeout", float, "30", "seconds to wait for all shards to be healthy"),
     ("--log-dir", str, None,
      "keep each shard's output in LOG_DIR/shard-<i>.log (default: a temporary directory removed on exit)"),
+    ("--layout-dir", str, None,
+     "keep each shard's committed layout in LAYOUT_DIR/shard-<i>.layout.json, so a restarted shard comes back "
+     "in the layout of the last acker-ctl reshard (default: none, a restart takes --count)"),
 )  # fmt: skip
 
 
@@ -99,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         extra_args=args.server_args,
         restart=args.restart,
         log_dir=args.log_dir,
+        layout_dir=args.layout_dir,
     )
     try:
         cluster.start(timeout=args.startup_timeout)
