@@ -13,10 +13,11 @@ of the shared fixtures. The rest is split in two halves of about the same length
 each building its own SparkSession once: ``spark-read`` (the executor-read
 ``SourcePipeline``, Structured Streaming, and everything on the Spark Connect
 server, which is built once in that half) and ``spark`` (the driver-fed pipeline,
-bolts, DataFrames, output, leases, redrive). As one unit, ``tests/spark`` took
-the whole first tier's length on one worker (the other worker idle for minutes
-at the end). The longest units are handed out first, so none runs alone at the
-end. Run serially (plain ``pytest``), nothing here changes the order.
+bolts, DataFrames, output, leases, redrive). As one unit, the non-subprocess
+part of ``tests/spark`` held one worker for most of the first tier (about 700 s
+of serial test time on a loaded machine, against the tier's 823 s). The longest
+units are handed out first, so none runs alone at the end. Run serially (plain
+``pytest``), nothing here changes the order.
 """
 
 from __future__ import annotations
