@@ -26,7 +26,9 @@ from typing import Any
 
 import pytest
 
-_FIRST = ("spark", "spark-read", "spark-subprocess", "packaging", "tools")
+# Longest first, by --durations runs of each folder: tools and packaging (Spark benches, the demo, the
+# documentation's Spark blocks, the packed venv) each take several times the subprocess unit's ~140 s.
+_FIRST = ("spark", "spark-read", "tools", "packaging", "spark-subprocess")
 _SUBPROCESS_DRIVERS = {
     "tests/spark/test_exactly_once_faults.py",
     "tests/spark/test_source_restart.py",
