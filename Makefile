@@ -80,8 +80,12 @@ lint: $(VENV)/.installed
 # Both tiers always run; make test fails when either fails (pytest's exit 5, no test selected, counts as a
 # failure unless PYTEST_ARGS narrow the run). Each tier ends with pytest's own closing line; the last line
 # repeats both. --durations: each tier's slowest tests, to keep `make test` within its 10-minute budget.
+# When test-images just built the images, the packed-venv test reuses the project wheel that build.sh
+# made from this tree a moment before (ACKER_TEST_WHEEL) instead of building the same wheel again.
 test: $(VENV)/.installed system-deps lint native-test test-images
 	@logs=$$(mktemp -d); \
+	wheel=$${ACKER_TEST_WHEEL:-$$(docker info >/dev/null 2>&1 && ls $(CURDIR)/build/docker/wheels/pyspark_acker-*.whl 2>/dev/null | head -n 1)}; \
+	export ACKER_TEST_WHEEL=$$wheel; \
 	{ $(PY) -m pytest -m "not chaos" --durations=30 $(PYTEST_WORKERS) $(PYTEST_ARGS); echo $$? >$$logs/rest.rc; } | tee $$logs/rest.out; \
 	{ $(PY) -m pytest -m chaos --durations=30 $(PYTEST_ARGS); echo $$? >$$logs/chaos.rc; } | tee $$logs/chaos.out; \
 	rest=$$(cat $$logs/rest.rc); chaos=$$(cat $$logs/chaos.rc); \

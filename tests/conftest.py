@@ -6,12 +6,18 @@ docs/testing.md). Tests that share expensive session fixtures must run in one
 worker, or each worker would build them again, so the unit of work is a whole
 top-level folder (``tests/spark`` with
 its one SparkSession and Spark Connect server, ``tests/compose`` with its
-compose project, ``tests/deploy`` with its Prometheus, ...), except that the
-Spark tests which run a driver of their own in a subprocess (a killed driver,
-speculation on a standalone cluster) are a unit apart: they need none of the
-shared fixtures and would otherwise make ``tests/spark`` the run's long tail.
-The longest units are handed out first, so none runs alone at the end. Run
-serially (plain ``pytest``), nothing here changes the order.
+compose project, ``tests/deploy`` with its Prometheus, ...), except that
+``tests/spark`` is three units. The Spark tests which run a driver of their own
+in a subprocess (a killed driver, speculation on a standalone cluster) need none
+of the shared fixtures. The rest is split in two halves of about the same length,
+each building its own SparkSession once: ``spark-read`` (the executor-read
+``SourcePipeline``, Structured Streaming, and everything on the Spark Connect
+server, which is built once in that half) and ``spark`` (the driver-fed pipeline,
+bolts, DataFrames, output, leases, redrive). As one unit, the non-subprocess
+part of ``tests/spark`` held one worker for most of the first tier (about 700 s
+of serial test time on a loaded machine, against the tier's 823 s). The longest
+units are handed out first, so none runs alone at the end. Run serially (plain
+``pytest``), nothing here changes the order.
 """
 
 from __future__ import annotations
@@ -20,20 +26,26 @@ from typing import Any
 
 import pytest
 
-_FIRST = ("spark", "spark-subprocess", "packaging", "tools")
+# Longest first, by --durations runs of each folder: tools and packaging (Spark benches, the demo, the
+# documentation's Spark blocks, the packed venv) each take several times the subprocess unit's ~140 s.
+_FIRST = ("spark", "spark-read", "tools", "packaging", "spark-subprocess")
 _SUBPROCESS_DRIVERS = {
     "tests/spark/test_exactly_once_faults.py",
     "tests/spark/test_source_restart.py",
     "tests/spark/test_source_speculation.py",
     "tests/spark/test_speculation.py",
 }
+# The spark-read half: every file that uses the Spark Connect server is here, so it starts once.
+_SPARK_READ_PREFIXES = ("tests/spark/test_source_", "tests/spark/test_connect", "tests/spark/test_stream")
 
 
 def unit_of(nodeid: str) -> str:
-    """The work unit of a node id: its top-level folder (``tests/client/...`` -> ``client``), or ``spark-subprocess``."""
+    """The work unit of a node id: its top-level folder (``tests/client/...`` -> ``client``), or a Spark unit."""
     path = nodeid.split("::", 1)[0]
     if path in _SUBPROCESS_DRIVERS:
         return "spark-subprocess"
+    if path.startswith(_SPARK_READ_PREFIXES):
+        return "spark-read"
     parts = path.split("/")
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else "top"
 

@@ -137,6 +137,10 @@ class BlipProxy:
     def close(self) -> None:
         """Stop accepting and reset every connection."""
         self._closed = True
+        # close() alone does not wake a thread blocked in accept() on Linux (the join below
+        # would wait its whole 2 s); shutdown() does, and accept() then raises.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:

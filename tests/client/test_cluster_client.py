@@ -109,7 +109,10 @@ def test_background_errors_reach_on_error(make_ackers, make_client):
     servers = make_ackers(1)
     errors: list[AckerError] = []
     got = threading.Event()
-    client = make_client([servers[0].address], flush_interval=0.01, on_error=lambda e: (errors.append(e), got.set()))
+    # wait_for_shard 1 s: the stopped shard's batch is given up (and reported) after 1 s, not the default 20 s.
+    client = make_client(
+        [servers[0].address], flush_interval=0.01, wait_for_shard=1.0, on_error=lambda e: (errors.append(e), got.set())
+    )
     servers[0].stop(0)
     client.ack(new_id(), 5)
     assert got.wait(30)
