@@ -405,6 +405,7 @@ class Spout:
         """A shard's outcome stream broke (pause its backstop clock) or is open again (resume it)."""
         with self._cond:
             self._pending.set_stream_down(shard, not connected, self._clock())
+            self._cond.notify_all()  # wait_streams_open
 
     def _on_dropped(self, count: int) -> None:
         with self._cond:
@@ -462,6 +463,23 @@ class Spout:
     def stats(self) -> SpoutStats:
         """A consistent snapshot of the counts."""
         return self._settlement.stats(self._subscriptions, getattr(self.cluster, "stats", None))
+
+    def wait_streams_open(self, timeout: float | None = None) -> bool:
+        """Wait until the outcome stream of every acker the spout started with is open; False on timeout.
+
+        A stream opens in the background after :meth:`start` (its own connection to
+        the acker). Until it has opened once, its backstop runs as for an open stream:
+        a record whose stream never opened before a network cut ends LOST at the
+        backstop (and is replayed) rather than with the acker's own outcome. A
+        readiness check, or a job that wants the acker's verdict through a cut right
+        at its start, waits here first.
+        """
+        with self._cond:
+            return self._cond.wait_for(self._streams_open, timeout)
+
+    def _streams_open(self) -> bool:
+        first = self._subscriptions[: self.cluster.shard_count]  # those of later layouts are not waited for
+        return len(first) == self.cluster.shard_count and all(sub.connected for sub in first)
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until nothing is pending and every callback has returned; False on timeout."""

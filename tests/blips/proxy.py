@@ -34,6 +34,12 @@ def _reset(sock: socket.socket) -> None:
     """Close with an RST (SO_LINGER 0), as a broken network would, instead of a polite FIN."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    # close() alone does not wake the pump thread blocked in recv() on this socket, and the
+    # kernel sends the RST only once that recv returns: on an idle connection (an outcome
+    # stream between batches) not before the next keepalive ping. shutdown(SHUT_RD) wakes it
+    # without sending a FIN.
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RD)
     with contextlib.suppress(OSError):
         sock.close()
 

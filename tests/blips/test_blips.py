@@ -166,6 +166,8 @@ def test_backstop_reports_the_ackers_timeout_after_a_cut_longer_than_its_margin(
             spout = Spout(client, on_ack=lambda m: calls.append((m, None)), on_fail=lambda m, r: calls.append((m, r)))
             assert spout.timeout == pytest.approx(4.0)
             with spout:
+                # Outcome streams open on connections of their own: cut them once open, as the test means.
+                assert spout.wait_streams_open(10.0)
                 for i in range(40):
                     spout.emit(i, i)  # nobody acks: the ackers will time these out
                 client.flush()

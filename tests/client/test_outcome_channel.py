@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import pytest
 from acker_client import ClusterClient, Spout
+from acker_client.testing import local_cluster
 
 from acker_service.config import ServerConfig
 from acker_service.server import AckerServer
@@ -65,3 +66,13 @@ def test_outcomes_come_on_a_connection_apart_from_apply(recorder, apply_stream):
         server.stop(0)
     assert peers["Apply"] and peers["Subscribe"], dict(peers)
     assert not peers["Apply"] & peers["Subscribe"], f"outcomes shared the Apply connection: {dict(peers)}"
+
+
+def test_wait_streams_open_returns_once_every_outcome_stream_is_open():
+    """wait_streams_open: False while an acker's stream cannot open, True once every stream is open."""
+    with local_cluster(2, message_timeout=5.0) as cluster, ClusterClient(cluster.addresses) as client:
+        spout = Spout(client, on_ack=lambda m: None, on_fail=lambda m, r: None)
+        assert not spout.wait_streams_open(0.0), "not started: no stream is open"
+        with spout:
+            assert spout.wait_streams_open(10.0)
+            assert all(sub.connected for sub in spout._subscriptions)
