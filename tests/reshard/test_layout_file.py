@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from acker_service import shard as shard_module
 from acker_service.config import ConfigError, ServerConfig
 from acker_service.layout import CUT, SERVING, Layout, LayoutMachine, LayoutRefused
 from acker_service.layout_file import FORMAT, LayoutFile, LayoutFileError, LayoutNotRecorded, starting_layout
 from acker_service.process_cluster import layout_conflicts
-from acker_service import shard as shard_module
 from acker_service.shard import Shard
 
 FOUR = ("h:1", "h:2", "h:3", "h:4")
