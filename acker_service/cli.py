@@ -124,8 +124,9 @@ _FLAGS = (
     _Flag(
         "max_held_operations",
         int,
-        "during a layout change, most operations held for trees still moving to this acker "
-        "(UNAVAILABLE above: the client retries); 0 for no limit",
+        "most operations held unapplied for trees still moving to this acker (layout change) or for "
+        "ranges awaiting their partner's copy (catch-up after a restart with --peers); "
+        "UNAVAILABLE above, the client retries; 0 for no limit",
     ),
     _Flag(
         "min_ping_interval",

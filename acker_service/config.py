@@ -51,7 +51,8 @@ class ServerConfig:
     max_concurrent_rpcs: int = 4096
     max_streams_per_connection: int = 256
     max_subscriptions: int = 1024
-    # During a layout change: operations held for trees still moving to this acker (0 = no limit).
+    # Operations held unapplied (0 = no limit): during a layout change, for trees still moving to this acker;
+    # during a restarted replica's catch-up, for ranges awaiting their partner's copy (each bounded apart).
     max_held_operations: int = 1_000_000
     min_ping_interval: float = grpc_options.MIN_PING_INTERVAL_MS / 1000
     # Security (see docs/security.md). PEM file paths; None = off.

@@ -12,6 +12,9 @@ set-once init, idempotent fail). Pure data: no gRPC, no clock.
 The number held is bounded (``--max-held-operations``): past the bound the
 shard refuses the request whole (UNAVAILABLE, retried by the client), so a
 slow handoff costs memory only up to the bound.
+
+A restarted replica's catch-up holds its operations the same way, keyed by
+the range awaiting its partner's copy instead of an old owner (catchup.py).
 """
 
 from __future__ import annotations
@@ -20,13 +23,22 @@ __all__ = ["HeldOperations"]
 
 
 class HeldOperations:
-    """Held requests per old owner (its shard index in the layout left), and how many operations they carry."""
+    """Held requests per source, and how many operations they carry.
+
+    The source is an old owner (its shard index in the layout left) during a
+    layout change, a range awaiting its copy during a catch-up.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit  # 0: no limit
         self._by_source: dict[int, list[bytes]] = {}
         self._counts: dict[int, int] = {}
         self.operations = 0
+
+    @property
+    def requests(self) -> int:
+        """How many requests (or parts of one, one per source) are held."""
+        return sum(map(len, self._by_source.values()))
 
     def room_for(self, n: int) -> bool:
         """Whether ``n`` more operations stay within the limit."""

@@ -167,7 +167,19 @@ class _AckerCollector(Collector):
             value=c.copied_entries,
         )
         yield GaugeMetricFamily(
-            "acker_catchup_held_requests", "Apply requests held until the catch-up ends.", value=len(c.held)
+            "acker_catchup_held_requests",
+            "Apply requests (one part per range) held until their range is copied.",
+            value=c.held.requests,
+        )
+        yield GaugeMetricFamily(
+            "acker_catchup_held_operations",
+            "Operations held until their range is copied (bounded by --max-held-operations).",
+            value=c.held.operations,
+        )
+        yield CounterMetricFamily(
+            "acker_catchup_refused",
+            "Apply requests refused UNAVAILABLE during the catch-up: the held operations were at their bound.",
+            value=c.refused,
         )
         yield CounterMetricFamily(
             "acker_catchup_lost_ranges",

@@ -21,7 +21,7 @@ import numpy as np
 from acker_protocol.text import clip
 from acker_protocol.wire import check_spout_name
 
-from .batch import BatchError, InvalidBatch, WrongShard
+from .batch import Batch, BatchError, InvalidBatch, WrongShard
 from .catchup import CatchUp, check_request
 from .config import ServerConfig
 from .engines import new_ledger
@@ -129,7 +129,11 @@ class Shard:
         )
         # A restarted replica copies its two ranges from its partners before it applies anything (catchup.py).
         self.catchup = CatchUp.for_shard(
-            config.shard_index, config.shard_count, config.replicas, enabled=bool(config.peer_addresses)
+            config.shard_index,
+            config.shard_count,
+            config.replicas,
+            enabled=bool(config.peer_addresses),
+            max_held=config.max_held_operations,
         )
         self.metrics.catchup = self.catchup
         self._closing = False
@@ -186,10 +190,7 @@ class Shard:
                 f"this acker {place} and owns no roots; ask Describe for the layout and send to the shards it names"
             )
         if self.catchup.holding:
-            # Validated now (a refusal is answered now), applied after the copies (see catchup.py).
-            check_request(data, self.limits)
-            self.catchup.hold(data)
-            return ColumnarResult(0, 0, 0, OutcomeColumns.empty(), OutcomeColumns.empty())
+            return self._apply_catching_up(data)
         # Due trees collect in slices on the ticker, not in Apply's latency; a due
         # tree the batch touches still expires first (exactly one outcome).
         result = self.ledger.apply(data, self.limits, max_expired=0)
@@ -213,23 +214,57 @@ class Shard:
         route = self.layout.route(batch.roots)
         if route.refused >= 0:
             raise WrongShard(self.layout.refusal(int(batch.roots[route.refused])))
-        held = route.source >= 0
-        n_held = int(held.sum())
-        if not n_held:
-            result = self.ledger.apply(data, self._any_root, max_expired=0)
-        elif not self.held.room_for(n_held):
-            raise ApplyHeld(
+        return self._apply_holding(
+            data,
+            batch,
+            route.source,
+            self.held,
+            self._any_root,
+            lambda n: (
                 f"this acker holds {self.held.operations} operations for trees still moving to it, its limit "
                 f"(--max-held-operations {self.held.limit}); nothing was applied, retry the same batch shortly"
-            )
+            ),
+        )
+
+    def _apply_catching_up(self, data: bytes) -> ColumnarResult:
+        """Apply while catching up: operations on a copied range apply now, the others wait for their range's copy.
+
+        Validated whole first (a refusal is answered now, nothing held); refused
+        whole with UNAVAILABLE when what it would hold passes the bound.
+        """
+        batch = check_request(data, self.limits)
+        return self._apply_holding(
+            data, batch, self.catchup.awaited(batch.roots), self.catchup.held, self.limits, self.catchup.refusal
+        )
+
+    def _apply_holding(
+        self,
+        data: bytes,
+        batch: Batch,
+        source: np.ndarray,
+        held: HeldOperations,
+        limits: Limits,
+        refusal: Callable[[int], str],
+    ) -> ColumnarResult:
+        """Apply the operations whose ``source`` is -1 now and hold the others per source, in arrival order.
+
+        Nothing is applied or held when the operations to hold pass ``held``'s
+        bound: :class:`ApplyHeld` (UNAVAILABLE) carries ``refusal(n)``'s message.
+        """
+        holding = source >= 0
+        n_held = int(holding.sum())
+        if not n_held:
+            result = self.ledger.apply(data, limits, max_expired=0)
+        elif not held.room_for(n_held):
+            raise ApplyHeld(refusal(n_held))
         elif n_held < len(batch):
-            result = self.ledger.apply(encode_part(batch, ~held), self._any_root, max_expired=0)
+            result = self.ledger.apply(encode_part(batch, ~holding), limits, max_expired=0)
         else:
             result = ColumnarResult(0, 0, 0, OutcomeColumns.empty(), OutcomeColumns.empty())
         # Held after the part applied now: that one could still have been refused (it never is, validated).
-        for source in np.unique(route.source[held]).tolist():
-            mask = route.source == source
-            self.held.hold(source, encode_part(batch, mask), int(mask.sum()))
+        for key in np.unique(source[holding]).tolist():
+            mask = source == key
+            held.hold(key, encode_part(batch, mask), int(mask.sum()))
         self._applied(result)
         result.held = n_held
         return result
@@ -521,8 +556,9 @@ class Shard:
     def install_snapshot(self, range_index: int, moved: MovedEntries | None) -> bool:
         """Take a partner's copy of ``range_index`` (None: it lost the range too); True once caught up.
 
-        A copy of a range already installed is ignored. After the last range, the
-        held requests are applied in arrival order through the ledger's rules.
+        A copy of a range already installed is ignored. The operations held for
+        the range are then applied in arrival order through the ledger's rules,
+        whether or not the other range is copied yet.
         """
         if not self.catchup.lost(range_index):
             return not self.catchup.holding
@@ -533,11 +569,9 @@ class Shard:
             try:
                 result = self.ledger.apply(data, self.limits, max_expired=0)
             except BatchError as exc:  # validated when held: only a changed layout could refuse it now
-                log.error("a held Apply request could not be applied after the catch-up: %s", exc)
+                log.error("a held Apply request could not be applied after its range's copy: %s", exc)
                 continue
-            self._settle(result.ended)
-            self.hub.publish(result.timeout_resets)
-            self.metrics.batch_operations.observe(result.operations)
+            self._applied(result)
         return not self.catchup.holding
 
     def tree_ages(self) -> tuple[list[int], float, float]:

@@ -16,6 +16,7 @@ from acker_service.batch import Batch, WrongShard
 from acker_service.catchup import CATCHING_UP, CAUGHT_UP, OFF
 from acker_service.config import ConfigError, ServerConfig
 from acker_service.handoff import MovedEntries
+from acker_service.layout import ApplyHeld
 from acker_service.shard import Shard
 from tests.client.polling import wait_until
 from tests.ledger.driver import request_of
@@ -94,8 +95,8 @@ def test_peers_are_checked_at_start():
         ServerConfig(shard_count=2, replicas=2, peers="a:1,b:2", peer_token_file=__file__)
 
 
-def test_the_shard_holds_every_request_until_both_ranges_are_installed():
-    """Held requests are validated at once, applied after the last copy, and what the copy has is recognised."""
+def test_the_shard_holds_each_request_until_its_range_is_installed():
+    """Held requests are validated at once, applied after their range's copy, and what the copy has is recognised."""
     config = ServerConfig(shard_index=1, shard_count=3, replicas=2, peers="a:1,b:2,c:3")
     shard = Shard(config)
     assert shard.catchup.state == CATCHING_UP and shard.catchup.waiting == {1: 2, 0: 0}
@@ -103,20 +104,100 @@ def test_the_shard_holds_every_request_until_both_ranges_are_installed():
     shard.apply_request(request_of(Batch.of([INIT, ACK], [3, 3], [5, 5], dedup_keys=[0, 66], spouts=["s"])))
     with pytest.raises(WrongShard, match="this acker is shard 1"):  # refused now, not held: shards 2 and 0 keep 5
         shard.apply_request(request_of(Batch.of([INIT], [5], [1], spouts=["s"])))
-    assert shard.pending_trees == 0 and len(shard.catchup.held) == 2
+    assert shard.pending_trees == 0 and (shard.catchup.held.requests, shard.catchup.held.operations) == (2, 3)
     # The partner of range 1 applied the init of 4 and the ack keyed 55 before its copy.
     partner = Shard(ServerConfig(shard_index=2, shard_count=3, replicas=2))
     partner.apply_request(request_of(Batch.of([INIT, ACK], [4, 4], [3, 1], dedup_keys=[0, 55], spouts=["s"])))
     assert not shard.install_snapshot(1, partner.snapshot(3, 1))
-    assert shard.pending_trees == 1, "the copy is installed, the held requests still wait for range 0"
+    assert shard.ledger.pending_roots() == [4], "range 1's copy and its held ack applied; root 3 waits for range 0"
+    assert shard.ledger.stats.deduplicated == 1
     assert shard.install_snapshot(0, None)  # range 0's partner lost it too: nothing to copy
-    assert shard.catchup.state == CAUGHT_UP and not shard.catchup.held
+    assert shard.catchup.state == CAUGHT_UP and not shard.catchup.held.requests
     # Root 4: the held ack keyed 55 was in the copy (not applied twice: 3 ^ 1 stays pending). Root 3: acked.
     assert shard.ledger.pending_roots() == [4]
     assert shard.ledger.stats.deduplicated == 1
     assert (shard.catchup.copied_entries, shard.catchup.lost_ranges) == (1, 1)
     assert shard.install_snapshot(1, None)  # a late copy is ignored
     assert shard.ledger.pending_roots() == [4]
+
+
+def _catching_up(**overrides) -> Shard:
+    """Shard 1 of 3, restarted with two replicas and peers: ranges 1 (partner shard 2) and 0 (shard 0) awaited."""
+    return Shard(ServerConfig(shard_index=1, shard_count=3, replicas=2, peers="a:1,b:2,c:3", **overrides))
+
+
+def _request(kinds, roots, values, keys=()) -> bytes:
+    return request_of(Batch.of(kinds, roots, values, dedup_keys=list(keys) or (), spouts=["s"]))
+
+
+def test_a_range_already_copied_applies_at_once_while_the_other_still_holds():
+    """Range 0 installed, range 1 not: an operation on range 0 applies now, one on range 1 is held for its copy."""
+    shard = _catching_up()
+    assert not shard.install_snapshot(0, None)
+    now = shard.apply_request(_request([INIT], [3], [9]))
+    assert (now.applied, now.held) == (1, 0) and shard.ledger.pending_roots() == [3]
+    later = shard.apply_request(_request([INIT], [4], [9]))
+    assert (later.applied, later.held) == (0, 1) and shard.ledger.pending_roots() == [3]
+    assert shard.install_snapshot(1, None)
+    assert sorted(shard.ledger.pending_roots()) == [3, 4]
+
+
+def test_held_operations_of_a_range_apply_in_arrival_order_once_it_is_installed():
+    """A request mixing both ranges is split: its range-0 part applies with range 0's copy, its range-1 part waits,
+    and range 1's held parts apply in arrival order (the first init of root 4 wins, so its ack ends the tree)."""
+    shard = _catching_up()
+    mixed = shard.apply_request(_request([INIT, INIT], [3, 4], [9, 5]))
+    shard.apply_request(_request([INIT], [4], [6]))  # set-once: ignored if it comes after the first init
+    shard.apply_request(_request([ACK], [4], [5], keys=[71]))
+    assert (mixed.applied, mixed.held) == (0, 2) and shard.catchup.held.operations == 4
+    assert not shard.install_snapshot(0, None)
+    assert shard.ledger.pending_roots() == [3], "range 0's part applied, range 1's parts still held"
+    assert shard.catchup.held.operations == 3
+    assert shard.install_snapshot(1, None)
+    assert shard.ledger.pending_roots() == [3], "root 4: init 5, init 6 ignored, ack 5: acked"
+    assert (shard.ledger.stats.acked, shard.ledger.stats.duplicate_inits) == (1, 1)
+
+
+def test_past_the_bound_a_request_is_refused_whole_and_changes_nothing():
+    """At --max-held-operations a request that would be held is refused (ApplyHeld: UNAVAILABLE), nothing applied
+    or held, the refusal counted; an operation on a copied range still applies, and after the copy all is taken."""
+    shard = _catching_up(max_held_operations=2)
+    assert not shard.install_snapshot(0, None)
+    shard.apply_request(_request([INIT, ACK], [4, 4], [5, 1], keys=[0, 8]))
+    with pytest.raises(ApplyHeld, match=r"--max-held-operations 2\).*nothing was applied, retry"):
+        shard.apply_request(_request([INIT, INIT], [3, 7], [9, 9]))  # root 3 could apply, root 7 must be held
+    assert shard.ledger.pending_roots() == [] and shard.catchup.held.operations == 2
+    assert shard.metrics.sample("acker_catchup_refused_total") == 1
+    assert shard.metrics.sample("acker_catchup_held_operations") == 2
+    assert shard.apply_request(_request([INIT], [3], [9])).applied == 1, "range 0 is copied: no hold, no bound"
+    assert shard.install_snapshot(1, None)
+    again = shard.apply_request(_request([INIT, INIT], [3, 7], [9, 9]))
+    assert (again.held, sorted(shard.ledger.pending_roots())) == (0, [3, 4, 7])
+
+
+def test_the_bound_answers_unavailable_over_grpc_until_the_copy_arrives(make_server, connect):
+    """Shard 2 (range 1's partner) is down: past the bound Apply fails UNAVAILABLE with the flag to raise, nothing
+    changes; once shard 2 is up and range 1 copied, the same request is applied."""
+    shard0 = make_server(shard_index=0, shard_count=3, replicas=2)
+    port2 = _free_port()
+    peers = f"{shard0.address},127.0.0.1:{_free_port()},127.0.0.1:{port2}"
+    restarted = make_server(
+        shard_index=1, shard_count=3, replicas=2, peers=peers, catchup_delay=0.0, max_held_operations=1
+    )
+    stub = connect(restarted)
+    assert _apply(stub, [INIT], [7], [9]).held == 1
+    with pytest.raises(grpc.RpcError) as caught:
+        _apply(stub, [INIT], [4], [9])
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "--max-held-operations 1" in caught.value.details()
+    assert restarted.shard.metrics.sample("acker_catchup_refused_total") == 1
+    wait_until(lambda: 0 not in restarted.call(lambda: dict(restarted.shard.catchup.waiting)), timeout=60)
+    assert _apply(stub, [INIT], [3], [9]).applied == 1, "range 0 is copied: applied while range 1 still waits"
+    assert _pending(restarted) == {3}
+    make_server(shard_index=2, shard_count=3, replicas=2, port=port2)
+    wait_until(lambda: stub.Describe(acker_pb2.DescribeRequest()).catchup_state == CAUGHT_UP, timeout=60)
+    assert _apply(stub, [INIT], [4], [9]).applied == 1
+    assert _pending(restarted) == {3, 4, 7}
 
 
 def test_a_restarted_acker_holds_apply_until_its_down_partner_answers(make_server, connect):
@@ -130,11 +211,11 @@ def test_a_restarted_acker_holds_apply_until_its_down_partner_answers(make_serve
     stub = connect(restarted)
     _apply(stub, [INIT], [3], [9])  # its own copy of root 3's init (also in shard 0's snapshot)
     _apply(stub, [INIT], [7], [9])  # range 1: shards 1 and 2
-    # Range 0 may be copied already (shard 0 is up); range 1 waits for shard 2, and both requests are held.
+    # Range 0 is copied (shard 0 is up) and its held init applied; range 1 waits for shard 2, its request held.
     wait_until(lambda: stub.Describe(acker_pb2.DescribeRequest()).catchup_entries == 1, timeout=60)
     assert stub.Describe(acker_pb2.DescribeRequest()).catchup_state == CATCHING_UP
     assert _pending(restarted) == {3}
-    assert restarted.shard.metrics.sample("acker_catchup_held_requests") == 2
+    assert restarted.shard.metrics.sample("acker_catchup_held_requests") == 1
     shard2 = make_server(shard_index=2, shard_count=3, replicas=2, port=port2)
     _apply(connect(shard2), [INIT], [4], [9])  # range 1, applied at the partner only
     wait_until(lambda: stub.Describe(acker_pb2.DescribeRequest()).catchup_state == CAUGHT_UP, timeout=60)
