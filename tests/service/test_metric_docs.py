@@ -15,6 +15,8 @@ _CATCHUP = {
     "acker_catchup_state",
     "acker_catchup_entries_total",
     "acker_catchup_held_requests",
+    "acker_catchup_held_operations",
+    "acker_catchup_refused_total",
     "acker_catchup_lost_ranges_total",
 }
 _NOT_ON_A_PLAIN_SERVER = {"acker_auth_refusals_total"} | _CATCHUP
