@@ -127,7 +127,7 @@ class Shard:
             shard_count=self.place[1],
             engine=config.engine,
         )
-        # A restarted replica copies its two ranges from its partners before it applies anything (catchup.py).
+        # A restarted replica copies each of its two ranges from a partner before it applies its operations (catchup.py).
         self.catchup = CatchUp.for_shard(
             config.shard_index,
             config.shard_count,
