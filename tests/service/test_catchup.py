@@ -7,9 +7,11 @@ nothing listens on until the test starts an acker there.
 from __future__ import annotations
 
 import socket
+import threading
 
 import grpc
 import pytest
+from acker_client import ClusterClient
 from acker_protocol.v1 import acker_pb2
 
 from acker_service.batch import Batch, WrongShard
@@ -257,3 +259,41 @@ def test_a_large_copy_streams_in_chunks_that_add_up(monkeypatch):
     assert whole.rows() == moved.rows()
     (lost,) = catchup_peer.snapshot_chunks(None, 42)
     assert lost.lost and lost.last
+
+
+def test_the_client_sends_a_refused_batch_again_until_the_copy_lets_it_in(make_server, connect):
+    """The real client retries the bound's UNAVAILABLE (nothing dropped): its init of root 4 is refused while range
+    1's partner is down and applied once that partner is up and range 1 copied."""
+    shard0 = make_server(shard_index=0, shard_count=3, replicas=2)
+    port2 = _free_port()
+    restarted = make_server(
+        shard_index=1,
+        shard_count=3,
+        replicas=2,
+        peers=f"{shard0.address},127.0.0.1:{_free_port()},127.0.0.1:{port2}",
+        catchup_delay=0.0,
+        max_held_operations=1,
+    )
+    assert _apply(connect(restarted), [INIT], [7], [9]).held == 1  # the bound is full until range 1 is copied
+    addresses = [shard0.address, restarted.address, f"127.0.0.1:{port2}"]
+    # One replica on the client's side: root 4 goes to shard 1 only, so only the retry can bring it there.
+    with ClusterClient(addresses, replicas=1, verify=False, wait_for_shard=60.0) as client:
+        client.init(4, 9, "s")
+        flushed: list[BaseException | None] = []
+
+        def flush() -> None:
+            try:
+                client.flush()
+                flushed.append(None)
+            except BaseException as exc:  # reported to the test thread
+                flushed.append(exc)
+
+        sender = threading.Thread(target=flush)
+        sender.start()
+        wait_until(lambda: restarted.shard.metrics.sample("acker_catchup_refused_total") >= 1, timeout=60)
+        assert _pending(restarted) == set()
+        make_server(shard_index=2, shard_count=3, replicas=2, port=port2)
+        sender.join(timeout=90)
+        assert flushed == [None]
+        assert client.stats.operations_dropped == 0 and client.stats.batches_retried >= 1
+    assert _pending(restarted) == {4, 7}
