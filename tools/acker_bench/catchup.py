@@ -5,8 +5,8 @@ Three embedded ackers (``AckerServer`` in this process, free ports on
 ``--pending-trees`` trees are left pending (init and a first ack), and a
 steady workload starts complete trees (init, two acks) at a fixed pace. Then
 shard 1 is stopped (its ledger gone, as at kill -9), more pending trees are
-started while it is down, and it is started again: it holds Apply, copies its
-two ranges from shards 0 and 2 (the catch-up), then applies what it held. Once
+started while it is down, and it is started again: it holds the operations of each of its two ranges until it
+has copied that range from shard 0 or 2 (the catch-up), then applies them. Once
 it is caught up, shard 2 (the other keeper of the roots shard 1 owns) is
 stopped for good. At the end every pending tree gets its last ack, except a
 tenth kept incomplete.
