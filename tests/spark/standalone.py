@@ -216,7 +216,7 @@ class StandaloneCluster:
         try:
             with urllib.request.urlopen(url, timeout=2.0) as response:
                 state: dict[str, Any] = json.load(response)
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or a UI still starting answers an empty page
             return 0
         return int(state.get("aliveworkers", 0))
 
