@@ -89,8 +89,8 @@ def test_grow_to_four_and_drain_back_to_three_under_load(reshard_cluster: Compos
         figures = load.finish(timeout=60)
     print(
         figures.line("reshard 3 -> 4 -> 3")
-        + f" moved_up={grown['moved_trees']} held_up={grown['held_seconds']}s"
-        + f" moved_back={back['moved_trees']} held_back={back['held_seconds']}s"
+        + f" moved_up={grown['moved_trees']} move_up={grown['move_seconds']}s"
+        + f" moved_back={back['moved_trees']} move_back={back['move_seconds']}s"
     )
     assert figures.records > 0 and figures.acked >= figures.records
     assert (figures.lost_records, figures.replayed, figures.false_acks, figures.duplicate_callbacks) == (0, 0, 0, 0)
