@@ -89,6 +89,8 @@ def run_cuts(
             emitting = time.monotonic() - started
             drained = load.stop(drain_timeout)
             result = load.report()
+            # Connections the clients opened while a cut refused them: the cut reached them.
+            result["refused_connections"] = sum(proxy.refused for proxy in broken)
     outage = cuts * seconds
     result.update(
         mode=fault,

@@ -54,7 +54,9 @@ def test_cut_loses_no_completed_work(ackers, side):
     result = run_cuts(ackers.addresses, cuts=CUTS, seconds=SECONDS, gap=1.0, side=side, workload=WORKLOAD)
     _check(result)
     client = result["spout_client"] if side != "bolt" else result["bolt_client"]
-    assert client["batches_retried"] > 0, "the cut never hit a batch: the test tested nothing"
+    # A cut resets the connections at once: a batch in flight then is retried, and a client between
+    # batches reconnects into the refusals; either way the cut reached it (else the test tested nothing).
+    assert client["batches_retried"] > 0 or result["refused_connections"] > 0, "the cut never reached the client"
 
 
 def test_half_open_connections_are_detected_and_nothing_is_replayed(ackers):
