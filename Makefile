@@ -14,8 +14,9 @@ PYTEST_WORKERS ?= -n 2 --dist loadscope
 # System packages the tests use for real components: a Prometheus server and
 # promtool (metrics test), docker-compose (validates deploy/docker-compose.yml,
 # runs the compose suite), Java 17 (PySpark), debootstrap (the local Debian base
-# image, see deploy/images/build.sh).
-SYSTEM_BINARIES := prometheus promtool docker-compose java debootstrap
+# image, see deploy/images/build.sh), redis-server and rabbitmq-server (the queue sources' tests
+# start brokers of their own).
+SYSTEM_BINARIES := prometheus promtool docker-compose java debootstrap redis-server rabbitmq-server
 
 .PHONY: fuzz-native demo test lint bench venv system-deps images test-images proto clean help native-test
 
@@ -62,10 +63,14 @@ system-deps:
 	  echo "installing system packages for:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
 	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus docker-compose openjdk-17-jre-headless debootstrap >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus docker-compose openjdk-17-jre-headless debootstrap redis-server rabbitmq-server >/dev/null; \
 	fi
 	@# Debian starts the packaged Prometheus as a service; the tests run their own.
 	@command -v systemctl >/dev/null 2>&1 && systemctl stop prometheus >/dev/null 2>&1 || true
+	@# The same for the brokers: the queue tests start redis-server and rabbitmq-server nodes of their own.
+	@for s in redis-server rabbitmq-server; do \
+	  (command -v systemctl >/dev/null 2>&1 && systemctl stop $$s >/dev/null 2>&1) || service $$s stop >/dev/null 2>&1 || true; \
+	done
 
 DEMO_ARGS ?= --spark-read
 
@@ -80,7 +85,7 @@ lint: $(VENV)/.installed
 # Both tiers always run; make test fails when either fails (pytest's exit 5, no test selected, counts as a
 # failure unless PYTEST_ARGS narrow the run). Each tier ends with pytest's own closing line; the last line
 # repeats both. --durations: each tier's slowest tests, to keep `make test` within its 10-minute budget.
-# When test-images just built the images, the packed-venv test reuses the project wheel that build.sh
+# When test-images just built the images, the packed-venv and wheel-install tests reuse the project wheel that build.sh
 # made from this tree a moment before (ACKER_TEST_WHEEL) instead of building the same wheel again.
 test: $(VENV)/.installed system-deps lint native-test test-images
 	@logs=$$(mktemp -d); \

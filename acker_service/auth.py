@@ -38,6 +38,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from acker_protocol.apply_codec import decode_apply_request
 from acker_protocol.packed import ApplyHeader, decode_apply_header
 from acker_protocol.text import clip
 from acker_protocol.v1 import acker_pb2
@@ -75,7 +76,7 @@ def load_tokens(path: str) -> list[tuple[str, bytes]]:
     return tokens
 
 
-# The operator calls: failing trees from outside and the steps of a layout change (issue 29).
+# The operator calls: failing trees from outside and the steps of a layout change (reshard, drain).
 # Snapshot: a restarted replica copying its range from its partner (catch-up).
 ADMIN_METHODS = ("ForceFail", "PrepareLayout", "CutLayout", "CommitLayout", "Handoff", "Snapshot")
 
@@ -199,9 +200,10 @@ def _apply_header(request: bytes | acker_pb2.ApplyRequest) -> ApplyHeader | None
         except ValueError:
             # Let protobuf have the last word, so the check never reads less than the ledger will.
             try:
-                request = acker_pb2.ApplyRequest.FromString(request)
+                columns = decode_apply_request(request)
             except Exception:  # undecodable: the servicer refuses it with INVALID_ARGUMENT
                 return None
+            return ApplyHeader(columns.kinds, columns.spouts, columns.spout_index.astype(np.uint64))
     return ApplyHeader(
         np.asarray(request.kinds, dtype=np.int64), list(request.spouts), np.asarray(request.spout_index, np.uint64)
     )

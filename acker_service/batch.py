@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from acker_protocol.apply_codec import UndecodableRequest, decode_apply_request, not_an_apply_request
 from acker_protocol.wire import OpKind, check_spout_name, shard_of
+
+from .ledger import Limits
 
 __all__ = [
     "Batch",
@@ -20,6 +23,8 @@ __all__ = [
     "BatchTooLarge",
     "WrongShard",
     "validate_batch",
+    "check_request",
+    "undecodable",
 ]
 
 
@@ -80,6 +85,33 @@ class WrongShard(BatchError):
 
 def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
+
+
+def undecodable(detail: object) -> InvalidBatch:
+    """The refusal for request bytes that are not an ApplyRequest (INVALID_ARGUMENT, never UNKNOWN)."""
+    return InvalidBatch(not_an_apply_request(detail))
+
+
+def check_request(data: bytes, limits: Limits) -> Batch:
+    """Decode serialized ``ApplyRequest`` bytes and validate them whole as Apply would; the operations.
+
+    Raises the :class:`BatchError` Apply would raise (:func:`undecodable` for
+    bytes that do not decode), so a request routed per operation (a layout
+    change's holds, a catch-up's) is refused at once, whole, never half applied.
+    """
+    try:
+        columns = decode_apply_request(data)
+    except UndecodableRequest as exc:
+        raise undecodable(exc.detail) from exc
+    batch = Batch(*columns)
+    validate_batch(
+        batch,
+        shard_index=limits.shard_index,
+        shard_count=limits.shard_count,
+        max_batch=limits.max_batch,
+        replicas=limits.replicas,
+    )
+    return batch
 
 
 def validate_batch(batch: Batch, *, shard_index: int, shard_count: int, max_batch: int, replicas: int = 1) -> None:

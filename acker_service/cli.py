@@ -12,7 +12,7 @@ from typing import Any
 
 from ._version import __version__
 from .config import ConfigError, ServerConfig
-from .layout_file import LayoutFileError
+from .moving.layout_file import LayoutFileError
 from .server import PortInUse, serve
 from .shard_identity import FROM_HOSTNAME_ENV, ShardIdentityError, environ_with_shard_index
 

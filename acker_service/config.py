@@ -32,7 +32,7 @@ class ServerConfig:
     # A shard index at or above the count starts the acker outside the layout, owning no roots,
     # until `acker-ctl reshard` gives it a place (a StatefulSet pod added by scaling up).
     join: bool = False
-    # Where the acker keeps its last committed layout, so a restart comes back in it (layout_file.py). None = off.
+    # Where the acker keeps its last committed layout, so a restart comes back in it (moving/layout_file.py). None = off.
     layout_file: str | None = None
     message_timeout: float = 30.0
     buckets: int = 3
@@ -62,7 +62,7 @@ class ServerConfig:
     metrics_tls_cert: str | None = None
     metrics_tls_key: str | None = None
     metrics_tls_client_ca: str | None = None
-    # Calls to the other ackers (handoffs of a layout change; acker_service.peers). None = derived from the above.
+    # Calls to the other ackers (handoffs of a layout change; acker_service.moving.peers). None = derived from the above.
     peer_tls_ca: str | None = None  # CA of the other ackers' certificates (default: tls_client_ca, else system roots)
     peer_tls_cert: str | None = None  # client certificate for peers under mTLS (default: tls_cert)
     peer_tls_key: str | None = None
@@ -78,7 +78,7 @@ class ServerConfig:
     # them after the copy was taken) once the copy is taken.
     catchup_delay: float = 2.0
     # A bearer token for the catch-up's calls to its partners (Snapshot is an admin call); the channel's
-    # TLS is the peer_tls_* settings above (acker_service.peers).
+    # TLS is the peer_tls_* settings above (acker_service.moving.peers).
     peer_token_file: str | None = None
 
     def __post_init__(self) -> None:

@@ -28,7 +28,7 @@ def new_ledger(
 ) -> Ledger:
     """A ledger of the named engine (``native`` needs the built extension ``acker_service._native``).
 
-    ``timeout_mode`` and ``max_tree_lifetime`` (0: no cap) are the progress-timeout rules (issue 21).
+    ``timeout_mode`` and ``max_tree_lifetime`` (0: no cap) are the progress-timeout rules (tree_info.py).
     """
     if engine == "native":
         from .native_ledger import NativeLedger  # only this engine needs the extension

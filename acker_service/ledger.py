@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
+import numpy as np
+
 from .handoff import MovedEntries
 from .outcome_columns import ColumnarResult, OutcomeColumns
 from .tree_info import TreeInfo
@@ -136,7 +138,7 @@ class Ledger(Protocol):
         """Root ids of all entries (diagnostics and tests; not the hot path)."""
         ...
 
-    # -- operating a running ledger (issue 21): read-only views and failing from outside --
+    # -- operating a running ledger: read-only views and failing from outside --
 
     def inspect(self, roots: Sequence[int]) -> list[TreeInfo]:
         """The state of each root now (read-only: nothing rotates or expires here)."""
@@ -163,6 +165,21 @@ class Ledger(Protocol):
         """Remove and return the live entries whose root is not ``keep_index``'s under ``shard_count`` shards (-1: all).
 
         Due entries stay: they time out here, as they would have without the move.
+        """
+        ...
+
+    def moving_roots(self, shard_count: int, keep_index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The roots and ages (microseconds since the tree started) :meth:`export_moving` would take out; nothing removed.
+
+        A cut lists what leaves in one step, refuses those roots from then on, and
+        takes the entries out in slices (:meth:`export_roots`), youngest first.
+        """
+        ...
+
+    def export_roots(self, roots: np.ndarray, last: bool = True) -> MovedEntries:
+        """Remove and return the live entries among ``roots`` (absent and due ones are skipped: due ones time out here).
+
+        ``last``: the cut's last slice, after which the table may give back memory.
         """
         ...
 

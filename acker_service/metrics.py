@@ -20,7 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ._version import __version__
-from .catchup import CatchUp
+from .moving.catchup import CatchUp
+from .moving.transfers import Transfers
 from .outcome_hub import OutcomeHub
 from .reference_ledger import LedgerStats
 
@@ -147,8 +148,45 @@ class _AckerCollector(Collector):
             "Trees an operator ended FAILED with ForceFail (also counted as failed).",
             value=s.force_failed,
         )
+        yield from self._transfers()
         yield from self._catchup()
         yield from self._tree_ages()
+
+    def _transfers(self) -> Iterator[CounterMetricFamily]:
+        """Trees and entries copied in and out by way: the terms of docs/acker-semantics.md's conservation identity."""
+        t = self._m.transfers
+        trees_in = CounterMetricFamily(
+            "acker_trees_copied_in",
+            "Pending trees taken in from another acker, by way: handoff (a layout change) or catchup (a partner's "
+            "copy after a restart).",
+            labels=["via"],
+        )
+        entries_in = CounterMetricFamily(
+            "acker_entries_copied_in",
+            "Entries taken in from another acker (pending trees and entries awaiting their init), by way.",
+            labels=["via"],
+        )
+        for via, trees, entries in t.copied_in():
+            trees_in.add_metric([via], trees)
+            entries_in.add_metric([via], entries)
+        trees_out = CounterMetricFamily(
+            "acker_trees_copied_out",
+            "Pending trees copied to another acker, by way: handoff (removed here at a layout change's cut) or "
+            "snapshot (a copy for a restarted partner, kept here).",
+            labels=["via"],
+        )
+        entries_out = CounterMetricFamily(
+            "acker_entries_copied_out",
+            "Entries copied to another acker (pending trees and entries awaiting their init), by way.",
+            labels=["via"],
+        )
+        for via, trees, entries in t.copied_out():
+            trees_out.add_metric([via], trees)
+            entries_out.add_metric([via], entries)
+        yield trees_in
+        yield entries_in
+        yield trees_out
+        yield entries_out
 
     def _catchup(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         """A restarted replica's catch-up (docs/acker-semantics.md, "Replicated trees"); nothing without one."""
@@ -228,6 +266,8 @@ class AckerMetrics:
         self.tree_ages: TreeAges | None = None
         # Set by the shard: its catch-up (read at scrape time; None or not enabled: no catch-up metrics).
         self.catchup: CatchUp | None = None
+        # Trees and entries copied in and out (plain ints the shard's event loop increments).
+        self.transfers = Transfers()
         self.complete_latency = ExactHistogram(
             "acker_complete_latency_seconds",
             "Time from a tree's init to its outcome, every tree (exact, not sampled).",

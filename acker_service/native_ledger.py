@@ -136,7 +136,7 @@ class NativeLedger:
         """Root ids of all entries (for tests and diagnostics; not the hot path)."""
         return self._core.roots().tolist()
 
-    # -- operating a running ledger (issue 21; the core is native/src/ledger/admin.rs) --
+    # -- operating a running ledger: inspect, force-fail (the core is native/src/ledger/admin.rs) --
 
     def inspect(self, roots: Sequence[int]) -> list[TreeInfo]:
         """The state of each root now (read-only: nothing rotates or expires here)."""
@@ -164,13 +164,27 @@ class NativeLedger:
         self._sync()
         return _columns(raw)
 
-    # -- moving trees between ackers (issue 29; the core is native/src/ledger/handoff.rs) --
+    # -- moving trees between ackers: export, import (the core is native/src/ledger/handoff.rs) --
 
     def export_moving(self, shard_count: int, keep_index: int) -> MovedEntries:
         """Remove and return the live entries whose root is not ``keep_index``'s under ``shard_count`` shards (-1: all)."""
         if shard_count < 1:
             raise ValueError(f"shard_count must be at least 1, got {shard_count}")
         raw = self._core.export_moving(int(shard_count), int(keep_index), self._clock())
+        self._sync()
+        return MovedEntries(*raw)
+
+    def moving_roots(self, shard_count: int, keep_index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The roots and ages (microseconds) of the live entries :meth:`export_moving` would take out; nothing removed."""
+        if shard_count < 1:
+            raise ValueError(f"shard_count must be at least 1, got {shard_count}")
+        roots, ages = self._core.moving_roots(int(shard_count), int(keep_index), self._clock())
+        self._sync()
+        return roots, ages
+
+    def export_roots(self, roots: np.ndarray, last: bool = True) -> MovedEntries:
+        """Remove and return the live entries among ``roots`` (one slice of a cut; absent and due ones are skipped)."""
+        raw = self._core.export_roots(np.ascontiguousarray(roots, np.uint64), self._clock(), bool(last))
         self._sync()
         return MovedEntries(*raw)
 

@@ -1,4 +1,4 @@
-"""Operating a running shard (issue 21): the checks and limits of Inspect and ForceFail, without gRPC.
+"""Operating a running shard (Inspect, ForceFail): the checks and limits of Inspect and ForceFail, without gRPC.
 
 The servicer hands the request's roots here; :func:`check_roots` refuses what
 Apply would refuse (a zero root, a root another shard owns) plus too many roots

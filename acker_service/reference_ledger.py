@@ -28,11 +28,9 @@ from itertools import repeat
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import OpKind, Outcome
-from google.protobuf.message import DecodeError
 
-from .batch import Batch, InvalidBatch, validate_batch
+from .batch import Batch, check_request
 from .handoff import MovedEntries, merge_keys, owned
 from .ledger import LedgerStats, Limits
 from .outcome_columns import ColumnarResult, OutcomeColumns, Resolution
@@ -42,7 +40,7 @@ from .tree_info import TIMEOUT_MODES, TreeInfo, TreeStatus, check_timeout_rules
 if TYPE_CHECKING:
     from .ledger import Ledger
 
-__all__ = ["ReferenceLedger", "LedgerStats", "Resolution", "BatchResult", "undecodable"]
+__all__ = ["ReferenceLedger", "LedgerStats", "Resolution", "BatchResult"]
 
 Clock = Callable[[], float]
 
@@ -66,14 +64,6 @@ class _Entry:
         self.resets = 0  # RESET_TIMEOUTs applied (Inspect shows it)
         # Set when the entry becomes due: whether it had reached the lifetime cap at that rotation.
         self.outlived = False
-
-
-def undecodable(detail: object) -> InvalidBatch:
-    """The refusal for request bytes that are not an ApplyRequest (INVALID_ARGUMENT, never UNKNOWN)."""
-    return InvalidBatch(
-        f"the request is not a valid acker_service.v1.ApplyRequest ({detail}); "
-        "send a message encoded from proto/acker_protocol/v1/acker.proto"
-    )
 
 
 @dataclass
@@ -169,20 +159,7 @@ class ReferenceLedger:
 
         Raises a :class:`~acker_service.batch.BatchError` and changes nothing on refusal.
         """
-        try:
-            message = acker_pb2.ApplyRequest.FromString(request)
-        except DecodeError as exc:
-            raise undecodable(exc) from exc
-        batch = Batch.of(
-            message.kinds, message.root_ids, message.values, message.dedup_keys, message.spouts, message.spout_index
-        )
-        validate_batch(
-            batch,
-            shard_index=limits.shard_index,
-            shard_count=limits.shard_count,
-            max_batch=limits.max_batch,
-            replicas=limits.replicas,
-        )
+        batch = check_request(request, limits)
         result = self._apply_batch(batch, max_expired)
         return ColumnarResult(
             result.applied,
@@ -402,7 +379,7 @@ class ReferenceLedger:
             roots.extend(bucket)
         return roots
 
-    # -- operating a running ledger (issue 21): the cap, inspecting, failing from outside --
+    # -- operating a running ledger: the lifetime cap, inspecting, failing from outside --
 
     def _micros(self, t: float) -> int:
         """Whole microseconds from the ledger's creation to clock time ``t`` (the native core's rounding)."""
@@ -524,7 +501,7 @@ class ReferenceLedger:
                 self.stats.timed_out += timed_out
         return OutcomeColumns.from_resolutions(resolutions)
 
-    # -- moving trees between ackers (issue 29): see acker_service.handoff --
+    # -- moving trees between ackers (layout changes, catch-up): see acker_service.handoff --
 
     def export_moving(self, shard_count: int, keep_index: int) -> MovedEntries:
         """Remove and return the live entries whose root is not ``keep_index``'s under ``shard_count`` shards (-1: all).
@@ -534,13 +511,36 @@ class ReferenceLedger:
         """
         if shard_count < 1:
             raise ValueError(f"shard_count must be at least 1, got {shard_count}")
+        return self._export(lambda root: not owned(root, shard_count, keep_index))
+
+    def moving_roots(self, shard_count: int, keep_index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The roots and ages (microseconds) of the live entries :meth:`export_moving` would take out; nothing removed."""
+        if shard_count < 1:
+            raise ValueError(f"shard_count must be at least 1, got {shard_count}")
+        self._advance_some(0)
+        now_us = self._micros(self._clock())
+        roots, ages = [], []
+        for bucket in self._pending.live_buckets():
+            for root, entry in bucket.items():
+                if not owned(root, shard_count, keep_index):
+                    roots.append(root)
+                    ages.append(max(0, now_us - self._micros(entry.started)))
+        return np.asarray(roots, np.uint64), np.asarray(ages, np.uint64)
+
+    def export_roots(self, roots: np.ndarray, last: bool = True) -> MovedEntries:
+        """Remove and return the live entries among ``roots`` (one slice of a cut; absent and due ones are skipped)."""
+        wanted = set(np.asarray(roots, np.uint64).tolist())
+        return self._export(wanted.__contains__)
+
+    def _export(self, leaving: Callable[[int], bool]) -> MovedEntries:
+        """Remove and return the live entries whose root ``leaving`` names, after rotating as due."""
         self._advance_some(0)
         now_us = self._micros(self._clock())
         names: dict[str, int] = {}
         roots, values, spout_index, ages, gens, failed, resets, key_counts, keys = ([] for _ in range(9))
         trees = 0
         for generation, bucket in enumerate(self._pending.live_buckets()):
-            for root in [r for r in bucket if not owned(r, shard_count, keep_index)]:
+            for root in [r for r in bucket if leaving(r)]:
                 entry = bucket.pop(root)
                 roots.append(root)
                 values.append(entry.val)

@@ -24,15 +24,15 @@ from acker_protocol.v1 import acker_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .auth import Authenticator, AuthInterceptor
-from .catchup_peer import catch_up, peer_channel
 from .config import ServerConfig
 from .decode_guard import DecodeGuardInterceptor
 from .interceptors import MetricsInterceptor
 from .ledger import Ledger
 from .metrics import AckerMetrics, MetricsHttpServer
+from .moving.catchup_peer import catch_up, peer_channel
+from .moving.peers import catchup_security
 from .operate import AGE_BUCKETS
 from .outcome_hub import OutcomeHub
-from .peers import catchup_security
 from .reflection import enable_reflection
 from .servicer import AckerServicer, add_acker_servicer
 from .shard import EXPIRY_SLICE, Shard
@@ -211,14 +211,14 @@ class AckerServer:
             return
         self._done = asyncio.Event()
         self._ticker = asyncio.create_task(self._tick())
-        if self.shard.catchup.holding:
-            # Restarted with --replicas 2 and --peers: copy both ranges from the partners (catchup.py).
+        if self.shard.membership.catchup.holding:
+            # Restarted with --replicas 2 and --peers: copy both ranges from the partners (moving/catchup.py).
             self._catchup = asyncio.create_task(
                 catch_up(
-                    dict(self.shard.catchup.waiting),
+                    dict(self.shard.membership.catchup.waiting),
                     self.config.peer_addresses,
                     self.config.shard_count,
-                    self.shard.install_snapshot,
+                    self.shard.membership.install_snapshot,
                     delay=self.config.catchup_delay,
                     give_up_after=self.config.message_timeout,
                     channel=peer_channel(catchup_security(self.config)),
@@ -376,10 +376,10 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
 def start_line(server: AckerServer) -> str:
     """The one line logged at start: shard, addresses, timeout, buckets and ledger engine."""
     c = server.config
-    index, count = server.shard.place  # the layout file's when it overrode the flags
+    index, count = server.shard.membership.place  # the layout file's when it overrode the flags
     metrics = f"metrics on {server.metrics_url}" if server.metrics_url else "metrics off"
     transport = ", mutual TLS" if c.tls_client_ca else ", TLS" if c.tls_cert else ""
-    epoch = server.shard.layout.current.epoch
+    epoch = server.shard.membership.layout.current.epoch
     layout = f", layout epoch {epoch}" if epoch else ""
     return (
         f"acker shard {index}/{count} serving on {server.address}, {metrics}, "
@@ -408,7 +408,7 @@ def serve(config: ServerConfig) -> None:
             # asleep in one long wait would never see it and the server would not stop.
             while not stop.wait(_SIGNAL_CHECK_SECONDS):
                 pass
-            index, count = server.shard.place
+            index, count = server.shard.membership.place
             log.info("acker shard %d/%d stopping (grace %gs)", index, count, config.grace)
         finally:
             server.stop(config.grace)

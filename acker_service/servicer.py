@@ -24,10 +24,10 @@ from acker_protocol.wire import Outcome
 from ._version import __version__
 from .apply_stream import RefusedRequest, serve_apply_stream
 from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
-from .catchup_peer import snapshot_chunks
-from .layout import CUT, ApplyHeld, Layout, LayoutMachine, LayoutRefused
-from .layout_file import LayoutNotRecorded
-from .reshard import HandoffFailed, from_bytes
+from .moving.catchup_peer import snapshot_chunks
+from .moving.layout import CUT, ApplyHeld, Layout, LayoutMachine, LayoutRefused
+from .moving.layout_file import LayoutNotRecorded
+from .moving.reshard import HandoffFailed, from_bytes
 from .shard import BadSpoutName, Shard, ShardClosing, SubscribeRefused, Superseded, TooManySubscriptions
 from .tree_info import TreeInfo
 
@@ -35,6 +35,9 @@ __all__ = ["AckerServicer", "OUTCOMES_PER_MESSAGE", "add_acker_servicer"]
 
 # Outcomes per OutcomeBatch message: ~20 bytes each, so well under any message limit.
 OUTCOMES_PER_MESSAGE = 4096
+# A Handoff up to this size is decoded on the event loop (about a millisecond): a cut's first chunk
+# to each new owner (its youngest entries and the manifest of every root coming) is this small.
+_DECODE_INLINE_BYTES = 1 << 20
 
 _STATUS_OF = {
     InvalidBatch: grpc.StatusCode.INVALID_ARGUMENT,
@@ -56,6 +59,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
 
     def __init__(self, shard: Shard) -> None:
         self._shard = shard
+        self._membership = shard.membership  # the layout, its changes and the catch-up
 
     # The generated base class types the request as ApplyRequest; here it is its bytes (add_acker_servicer).
     async def Apply(self, request: bytes, context: grpc.aio.ServicerContext):  # type: ignore[override]
@@ -151,7 +155,7 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
     async def Describe(self, request: acker_pb2.DescribeRequest, context: grpc.aio.ServicerContext):
         """Shard, timeouts, retention, pending trees and version."""
         c = self._shard.config
-        layout = self._shard.layout.current
+        layout = self._membership.layout.current
         return acker_pb2.DescribeResponse(
             # The current layout's place (a drained acker, index -1, keeps its last one).
             shard_index=layout.index if layout.index >= 0 else c.shard_index,
@@ -168,16 +172,17 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             max_tree_lifetime_seconds=c.max_tree_lifetime,
             replicas=c.replicas,
             apply_stream=True,
-            layout=_layout_message(self._shard.layout.current),
-            move_state=self._shard.layout.state,
-            catchup_state=self._shard.catchup.state,
-            catchup_entries=self._shard.catchup.copied_entries,
+            layout=_layout_message(self._membership.layout.current),
+            move_state=self._membership.layout.state,
+            catchup_state=self._membership.catchup.state,
+            catchup_entries=self._membership.catchup.copied_entries,
             # Only once cut: before, this acker refuses no moving root, and a client that routed by the
             # next layout could reach an acker not prepared for it yet.
-            next_layout=_layout_message(self._shard.layout.next if self._shard.layout.state == CUT else None),
+            next_layout=_layout_message(self._membership.layout.next if self._membership.layout.state == CUT else None),
+            tree_counts=_tree_counts(self._shard),
         )
 
-    # -- layout changes (issue 29; the rules are in layout.py and the ledger engines) --
+    # -- layout changes (the rules are in moving/layout.py and the ledger engines) --
 
     async def PrepareLayout(self, request: acker_pb2.PrepareLayoutRequest, context: grpc.aio.ServicerContext):
         """Learn this acker's place in the next layout (and in the one left): hold the roots moving here."""
@@ -186,17 +191,17 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
             Layout(p.epoch, p.shard_count, p.shard_index, tuple(p.addresses)) if request.HasField("previous") else None
         )
         try:
-            self._shard.prepare_layout(Layout(m.epoch, m.shard_count, m.shard_index, tuple(m.addresses)), previous)
+            self._membership.prepare_layout(Layout(m.epoch, m.shard_count, m.shard_index, tuple(m.addresses)), previous)
         except (LayoutRefused, LayoutNotRecorded) as exc:
             await context.abort(_STATUS_OF[type(exc)], str(exc))
-        return _layout_response(self._shard.layout)
+        return _layout_response(self._membership.layout)
 
     async def CutLayout(self, request: acker_pb2.CutLayoutRequest, context: grpc.aio.ServicerContext):
         """Take out the entries the next layout gives away, refuse their roots, and hand them to their new owners."""
         # The handoffs carry the caller's credentials: an operator allowed to cut may hand over.
         metadata = tuple((k, v) for k, v in context.invocation_metadata() or () if k == "authorization")
         try:
-            trees, entries = await self._shard.cut_layout(request.epoch, metadata)
+            trees, entries = await self._membership.cut_layout(request.epoch, metadata)
         except (LayoutRefused, HandoffFailed) as exc:
             await context.abort(_STATUS_OF[type(exc)], str(exc))
         return acker_pb2.CutLayoutResponse(moved_trees=trees, moved_entries=entries)
@@ -204,31 +209,35 @@ class AckerServicer(acker_pb2_grpc.AckerServicer):
     async def CommitLayout(self, request: acker_pb2.CommitLayoutRequest, context: grpc.aio.ServicerContext):
         """Make the next layout the current one."""
         try:
-            self._shard.commit_layout(request.epoch)
+            self._membership.commit_layout(request.epoch)
         except LayoutRefused as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        return _layout_response(self._shard.layout)
+        return _layout_response(self._membership.layout)
 
     # The generated base class types the request as HandoffRequest; here it is its bytes (add_acker_servicer).
     async def Handoff(self, request: bytes, context: grpc.aio.ServicerContext):  # type: ignore[override]
         """Merge the entries another acker hands over in a cut."""
         try:
-            # Off the event loop serving Apply: only the merge itself must run on it.
-            h, moved = await asyncio.to_thread(from_bytes, request)
+            # Off the event loop serving Apply (only the merge itself must run on it), but for a
+            # small chunk, a cut's first one, whose held operations wait for it: a thread's queue costs more.
+            if len(request) <= _DECODE_INLINE_BYTES:
+                h, moved = from_bytes(request)
+            else:
+                h, moved = await asyncio.to_thread(from_bytes, request)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}; nothing merged")
         try:
-            imported = self._shard.take_handoff(h.epoch, h.source, h.chunks, h.chunk_key, moved, h.manifest)
+            imported = self._membership.take_handoff(h.epoch, h.source, h.chunks, h.chunk_key, moved, h.manifest)
         except (LayoutRefused, BatchError) as exc:
             await context.abort(_STATUS_OF.get(type(exc), grpc.StatusCode.FAILED_PRECONDITION), str(exc))
         return acker_pb2.HandoffResponse(imported=imported)
 
-    # -- a restarted replica's catch-up (--replicas 2; catchup.py) --
+    # -- a restarted replica's catch-up (--replicas 2; moving/catchup.py) --
 
     async def Snapshot(self, request: acker_pb2.SnapshotRequest, context: grpc.aio.ServicerContext):
         """Copy one of this acker's ranges for a restarted partner (in one step) and stream it in chunks."""
         try:
-            moved = self._shard.snapshot(request.shard_count, request.range)
+            moved = self._membership.snapshot(request.shard_count, request.range)
         except BatchError as exc:
             await context.abort(_STATUS_OF[type(exc)], str(exc))
         for chunk in snapshot_chunks(moved, self._shard.incarnation):
@@ -312,7 +321,7 @@ def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None
             request_deserializer=acker_pb2.ForceFailRequest.FromString,
             response_serializer=acker_pb2.ForceFailResponse.SerializeToString,
         ),
-        # The steps of a layout change (issue 29), plain protobuf both ways.
+        # The steps of a layout change (prepare, cut, handoff, commit), plain protobuf both ways.
         **{
             name: grpc.unary_unary_rpc_method_handler(
                 getattr(servicer, name),
@@ -335,3 +344,18 @@ def add_acker_servicer(servicer: AckerServicer, server: grpc.aio.Server) -> None
     service = acker_pb2.DESCRIPTOR.services_by_name["Acker"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
     server.add_registered_method_handlers(service, handlers)
+
+
+def _tree_counts(shard: Shard) -> acker_pb2.TreeCounts:
+    """The terms of the conservation identity for this acker lifetime (acker_service.moving.transfers)."""
+    stats, t = shard.ledger.stats, shard.metrics.transfers
+    return acker_pb2.TreeCounts(
+        trees_initialized=stats.inits,
+        acked=stats.acked,
+        failed=stats.failed,
+        timed_out=stats.timed_out,
+        trees_copied_in_handoff=t.handoff_in_trees,
+        trees_copied_in_catchup=t.catchup_in_trees,
+        trees_copied_out_handoff=t.handoff_out_trees,
+        trees_copied_out_snapshot=t.snapshot_out_trees,
+    )

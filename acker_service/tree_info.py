@@ -1,4 +1,4 @@
-"""What both ledger engines report about single trees, and the timeout rules they share (issue 21).
+"""What both ledger engines report about single trees, and the timeout rules they share (progress timeouts, the lifetime cap).
 
 :class:`TreeInfo` is one root's state as ``inspect`` and ``oldest`` return it;
 :class:`TreeStatus` mirrors the proto enum of the same name.

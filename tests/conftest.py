@@ -12,8 +12,8 @@ in a subprocess (a killed driver, speculation on a standalone cluster) need none
 of the shared fixtures. The rest is split in two halves of about the same length,
 each building its own SparkSession once: ``spark-read`` (the executor-read
 ``SourcePipeline``, Structured Streaming, and everything on the Spark Connect
-server, which is built once in that half) and ``spark`` (the driver-fed pipeline,
-bolts, DataFrames, output, leases, redrive). As one unit, the non-subprocess
+server, which is built once in that half) and ``spark`` (RDD and DataFrame
+bolts over SourcePipeline's records, output, leases, redrive). As one unit, the non-subprocess
 part of ``tests/spark`` held one worker for most of the first tier (about 700 s
 of serial test time on a loaded machine, against the tier's 823 s). The longest
 units are handed out first, so none runs alone at the end. Run serially (plain
@@ -25,6 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Property tests check what code does, not how fast: hypothesis' default 200 ms deadline per example
+# turns a loaded 2-core machine into failures (the speed targets are the benchmarks' job).
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 # Longest first, by --durations runs of each folder: tools and packaging (Spark benches, the demo, the
 # documentation's Spark blocks, the packed venv) each take several times the subprocess unit's ~140 s.

@@ -1,7 +1,7 @@
 """The executor-read driver's record table at a million roots: the timings its code's choices rest on.
 
 Each line is the best of three runs on this machine, in milliseconds; what each
-pair compares is a choice made in ``acker_spark.executor_read.record_table`` or
+pair compares is a choice made in ``acker_spark.tracking.record_table`` or
 ``emission_log`` (docs/benchmarks.md keeps the figures):
 
     python tools/record_table_bench.py
@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from acker_spark.executor_read.emission_log import Emissions
-from acker_spark.executor_read.record_table import RecordTable
+from acker_spark.tracking.emission_log import Emissions
+from acker_spark.tracking.record_table import RecordTable
 
 ROOTS = 1_000_000
 

@@ -11,7 +11,6 @@ That columnar ack costs the same few nanoseconds per record in every mode.
     python scripts/spout_bench.py --mode bulk      # emit_many() + on_outcomes
     python scripts/spout_bench.py --mode bulk-per-record  # emit_many() + on_ack/on_fail
     python scripts/spout_bench.py --mode columns   # emit_columns() + on_outcomes
-    python scripts/spout_bench.py --mode replaying # acker_spark's ReplayingSpout (GuaranteedPipeline's spout)
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import numpy as np
 from acker_client import ClusterClient, Spout
 from acker_client.testing import local_cluster
 
-MODES = ("scalar", "bulk", "bulk-per-record", "columns", "replaying")
+MODES = ("scalar", "bulk", "bulk-per-record", "columns")
 
 
 class Tally:
@@ -66,45 +65,8 @@ def ids_of(tracked: list) -> tuple[np.ndarray, np.ndarray]:
     return np.array([r for r, _ in pairs], dtype=np.uint64), np.array([e for _, e in pairs], dtype=np.uint64)
 
 
-def run_replaying(records: int, batch: int, fail_every: int, addresses: list[str]) -> float:
-    """GuaranteedPipeline's driver side without Spark: ReplayingSpout.take and its outcome callback."""
-    from acker_spark import Delivery, ReplayPolicy
-    from acker_spark.driver_fed.replaying_spout import ReplayingSpout
-
-    settled = []
-    source = iter(range(records))
-
-    def fresh():
-        i = next(source, None)
-        return None if i is None else Delivery(str(i), i, 1)
-
-    with ClusterClient(addresses) as client:
-        spout = ReplayingSpout(
-            client,
-            on_outcome=lambda d, o, final: settled.append(final),
-            max_pending=4 * batch,
-            policy=ReplayPolicy(max_attempts=1),
-            timeout=600.0,
-        ).start()
-        cpu = time.process_time()
-        while True:
-            tracked = spout.take(batch, fresh)
-            if not tracked:
-                break
-            complete(client, *ids_of(tracked), fail_every)
-        while spout.busy():
-            time.sleep(0.001)
-        cpu = time.process_time() - cpu
-        spout.close()
-    assert len(settled) == records
-    return cpu
-
-
 def run(mode: str, records: int, batch: int, fail_every: int, addresses: list[str]) -> dict:
     """Emit ``records`` in batches of ``batch`` through a spout in ``mode``; CPU and wall time per record."""
-    if mode == "replaying":
-        cpu = run_replaying(records, batch, fail_every, addresses)
-        return {"mode": mode, "records": records, "batch": batch, "cpu_us_per_record": round(cpu / records * 1e6, 2)}
     tally = Tally()
     with ClusterClient(addresses) as client:
         if mode in ("bulk", "columns"):

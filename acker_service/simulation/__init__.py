@@ -1,4 +1,4 @@
-"""A seeded, deterministic simulation of ackers, clients, replicas and handoffs (issue 29, item 4).
+"""A seeded, deterministic simulation of ackers, clients, replicas and handoffs.
 
 Each run is drawn from one seed: one ``random.Random(seed)`` decides the
 cluster, the traffic, the faults (message loss, duplication, reordering by

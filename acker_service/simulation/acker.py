@@ -15,22 +15,58 @@ reshard that leaves one acker out)
        merged; an old owner still applies the roots it owns under the old
        layout until its cut.
     2. *Cut*: the controller then sends the cut to every old owner. At its
-       cut, in one step, an old owner collects its due trees, takes out every
-       entry it does not own under the new layout, from then on refuses those
-       roots (naming the new layout), and sends each new owner its entries
-       (an empty handoff too, so every new owner learns that ``o`` is done),
-       re-sent until acknowledged.
+       cut, in one step, an old owner collects its due trees, lists every
+       entry it does not own under the new layout and from then on refuses
+       those roots (naming the new layout). It sends each new owner its
+       entries (an empty handoff too, so every new owner learns that ``o`` is
+       done), re-sent until acknowledged: the first chunk at once, each other
+       one taken out of its ledger only when it is sent, a little later; an
+       entry meanwhile stays there untouched and may time out there.
     3. *Merge*: a new owner merges the first handoff from each old owner (a
        re-sent or duplicated one is acknowledged and ignored): an entry it
        cannot already hold is re-created as it was (value, spout, failed flag,
        dedup keys), then the operations it held for that old owner are applied
        in arrival order through the ledger's normal rules.
+    The handoff travels as the server sends it: one to four *chunks* per new
+    owner, each under its own key and re-sent until acknowledged, the first
+    carrying the *manifest* (every root of all the chunks). A new owner merges
+    each key once and applies what it held for a root as soon as no entry can
+    be on its way for it: the root's chunk was merged, the manifest does not
+    name it, or every chunk was merged (the others stay held, in order).
     Holding, rather than applying and merging by XOR later, is what makes a
     client's retry across the cut harmless: a batch applied by the old owner
     whose reply was lost is re-sent to the new owner, and applying it there
     after the handoff is deduplicated (the ACK's key travels with the entry, an
     INIT is set-once, a FAIL idempotent), where an XOR merge of two applied
     copies would cancel it (``--broken reshard-xor`` shows the false acks).
+
+Reshard with two replicas (``reshard-replicas``)
+    Root ``r`` lives on two ackers in each layout; it is *moving* when its set
+    of holders changes (an unchanged set, even with the roles swapped, keeps
+    serving as before). Every operation carries the epoch of the layout the
+    client routed it by. For a moving root:
+    1. *Prepare*: an old holder still applies the operations routed by the old
+       layout until its own cut; a new holder holds those routed by the new
+       layout, unapplied, until its own cut and the root's entry from the
+       root's old owner (its *source*) is merged or known not to be coming.
+    2. *Cut*: in one step an old holder takes out every entry of a moving root
+       it holds (the copies of which it is not the source are dropped: the
+       source's copy replaces them), refuses from then on the operations on
+       moving roots routed by the old layout, and sends each new holder the
+       entries it is the source of (in chunks with a manifest, as above; to
+       itself too when it stays a holder). Chunks that reach a new holder
+       before its own cut wait there until the cut.
+    3. A client refused for a moving root adopts the new layout and sends
+       *every* copy of the operation again, to the new holders, whatever the
+       old holders answered: a copy applied by the old follower is dropped with
+       its entry, and one the source applied before its cut is in the handoff
+       (the dedup key, a set-once init and an idempotent fail absorb the
+       repeat). So every new holder's entry is the source's copy at its cut
+       plus every operation routed after it, each applied once.
+    Refusing operations routed by the old layout once cut, instead of by the
+    root alone, is what lets an acker that keeps a moving root go on serving
+    the new layout's operations on it: an old-layout copy applied there after
+    the cut would reach neither the handoff nor the other new holder.
 
 A kill during a reshard (one replica)
     An old owner keeps what its cut handed to each new owner for the whole
@@ -64,6 +100,19 @@ Catch-up after a restart (two replicas)
     operations whose other copy is still in flight back into the send queue),
     and a copy is skipped for a down replica only after the other copy was
     applied. Then every operation is either in the snapshot or reaches ``R``.
+
+Batches and the held-operation bound
+    Clients send each acker *batches* (the copies buffered for it within a few
+    milliseconds). An acker routes a batch per operation as the server does:
+    refused whole when one root is not served here, else each operation applies
+    or is held. The operations held are bounded per protocol
+    (``--max-held-operations``: the reshard's holds and the catch-up's each):
+    a batch whose held part passes the bound is answered ``held-full``, nothing
+    applied or held. The client retries such a batch and never skips it for the
+    other replica: the acker is alive and will need the operation once its copy
+    is installed. (Skipping it, as for an unreachable replica, loses the update
+    when the partner applied its copy after the snapshot's cut: ``--broken
+    bound-skip`` replays trees so.)
 """
 
 from __future__ import annotations
@@ -77,7 +126,10 @@ from ..tree_info import TreeStatus
 from .events import World
 from .transfer import EntryCopy, Op, apply_op, collect_due, copy_entries, import_ops, xor_merge_ops
 
-__all__ = ["Layout", "SimAcker", "RETRY_SECONDS"]
+__all__ = ["Layout", "SimAcker", "RETRY_SECONDS", "HELD_FULL"]
+
+# The answer to a batch refused at the bound of held operations (the server's UNAVAILABLE with its message).
+HELD_FULL = "held-full"
 
 # A message unanswered for this long is sent again (handoffs, snapshot requests, client copies).
 RETRY_SECONDS = 0.2
@@ -108,9 +160,35 @@ class Layout:
 
 @dataclass
 class Counters:
-    """What one ledger incarnation handed over, for the conservation check."""
+    """What one ledger incarnation handed over, and the batches it refused at the bound of held operations."""
 
     exported_trees: int = 0
+    refused_at_bound: int = 0
+
+
+@dataclass
+class Arrivals:
+    """A new owner's view of one old owner's handoff: the chunk keys merged, the manifest, the roots merged."""
+
+    keys: set[int] = field(default_factory=set)
+    manifest: frozenset[int] | None = None
+    merged: set[int] = field(default_factory=set)
+
+    def waiting(self, root: int) -> bool:
+        """Whether an entry for ``root`` may still be on its way (always, until the manifest came)."""
+        if root in self.merged:
+            return False
+        return self.manifest is None or root in self.manifest
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One handoff message: its key, its place among ``count`` chunks, its entries, the manifest (the first only)."""
+
+    key: int
+    count: int
+    entries: list[EntryCopy]
+    manifest: frozenset[int] | None
 
 
 @dataclass
@@ -125,20 +203,25 @@ class SimAcker:
     emit: Callable[[SimAcker, list[Resolution]], None]
     problem: Callable[[str], None]
     broken: str | None = None
+    max_held: int = 0  # bound on the operations held per protocol (0: none), --max-held-operations
     peers: dict[int, SimAcker] = field(default_factory=dict)
     up: bool = True
     incarnation: int = 0
     old: Layout | None = None
     cut_done: bool = True
     awaiting: set[int] = field(default_factory=set)
+    arrivals: dict[int, Arrivals] = field(default_factory=dict)  # per old owner awaited: its chunks so far
     held: dict[int, list[Op]] = field(default_factory=dict)
     catching: dict[int, int] = field(default_factory=dict)  # shard index of a range -> partner acker id
     catch_held: dict[int, list[Op]] = field(default_factory=dict)
     counters: Counters = field(default_factory=Counters)
     # What this acker's cut handed to each new owner, kept for the whole epoch: a new owner that
     # restarts during the move lost what it merged, and is sent it again.
-    outbox: dict[int, list[EntryCopy]] = field(default_factory=dict)
+    outbox: dict[int, list[Chunk]] = field(default_factory=dict)
     outbox_epoch: int = -1
+    untaken: set[tuple[int, int]] = field(default_factory=set)  # (new owner, chunk index) still in the ledger
+    # Two replicas: chunks that reached this new holder before its own cut (merged at the cut), by old owner.
+    early_chunks: list[tuple[int, Chunk]] = field(default_factory=list)
     ledger: ReferenceLedger = field(init=False)
 
     def __post_init__(self) -> None:
@@ -147,27 +230,50 @@ class SimAcker:
     # -- operations from clients --
 
     def receive(self, op: Op, reply: Reply) -> None:
-        """An operation arrives: apply it, hold it, or refuse it naming the newest layout."""
+        """One operation arrives alone (a batch of one), routed by this acker's own layout."""
+        self.receive_batch([op], reply, [self.layout.epoch])
+
+    def receive_batch(self, ops: list[Op], reply: Reply, epochs: list[int]) -> None:
+        """A batch arrives (each operation with the epoch it was routed by): refused whole, refused at the held
+        bound, or each operation applied or held."""
         if not self.up:
             return  # the connection broke with the process: the client's retry timer re-sends
-        verdict, source = self._route(op.root)
+        routes = [self._route(op.root, epoch) for op, epoch in zip(ops, epochs)]
         if self.world.tracing:
-            self.world.log(
-                f"acker {self.ident} {verdict} {op.kind.name} {op.root:#x} value {op.value:#x} key {op.key:#x}"
-            )
-        if verdict == "refuse":
+            for op, (verdict, _) in zip(ops, routes):
+                self.world.log(
+                    f"acker {self.ident} {verdict} {op.kind.name} {op.root:#x} value {op.value:#x} key {op.key:#x}"
+                )
+        if any(verdict == "refuse" for verdict, _ in routes):
             self.world.send(reply, "refused", self.layout, self.incarnation)
             return
-        if verdict == "hold-reshard":
-            self.held.setdefault(source, []).append(op)
-        elif verdict == "hold-catchup":
-            self.catch_held[source].append(op)
-        else:
-            self._apply(op)
+        to_hold = sum(verdict == "hold-reshard" for verdict, _ in routes)
+        to_catch = sum(verdict == "hold-catchup" for verdict, _ in routes)
+        if self.max_held and (
+            (to_hold and sum(map(len, self.held.values())) + to_hold > self.max_held)
+            or (to_catch and sum(map(len, self.catch_held.values())) + to_catch > self.max_held)
+        ):
+            self.counters.refused_at_bound += 1
+            self.world.count("batches refused at the held bound")
+            self.world.log(f"acker {self.ident} refuses a batch of {len(ops)}: held operations at their bound")
+            self.world.send(reply, HELD_FULL, self.layout, self.incarnation)
+            return
+        self.world.count("batches applied")
+        if len(ops) > 1:
+            self.world.count("batches of several operations")
+        for op, (verdict, source) in zip(ops, routes):
+            if verdict == "hold-reshard":
+                self.held.setdefault(source, []).append(op)
+            elif verdict == "hold-catchup":
+                self.catch_held[source].append(op)
+            else:
+                self._apply(op)
         self.world.send(reply, "ok", self.layout, self.incarnation)
 
-    def _route(self, root: int) -> tuple[str, int]:
-        """Whether this acker applies, holds (and for whom) or refuses an operation on ``root``."""
+    def _route(self, root: int, epoch: int) -> tuple[str, int]:
+        """Whether this acker applies, holds (and for whom) or refuses an operation on ``root`` routed by ``epoch``."""
+        if self.replicas == 2 and self.old is not None:
+            return self._route_replicated_move(root, epoch)
         if self.replicas == 2:
             shard = self.layout.shard(root)
             if self.ident not in self.layout.holders(root, 2):
@@ -178,12 +284,31 @@ class SimAcker:
         if self.layout.holders(root, 1)[0] == self.ident:
             if self.old is not None and self.broken != "reshard-xor":
                 source = self.old.holders(root, 1)[0]
-                if source != self.ident and source in self.awaiting:
+                if source != self.ident and source in self.awaiting and self.arrivals[source].waiting(root):
                     return "hold-reshard", source
             return "apply", -1
         if self.old is not None and not self.cut_done and self.old.holders(root, 1)[0] == self.ident:
             return "apply", -1  # still the old owner: its cut has not come yet
         return "refuse", -1
+
+    def _route_replicated_move(self, root: int, epoch: int) -> tuple[str, int]:
+        """Two replicas during a move: see "Reshard with two replicas" above."""
+        assert self.old is not None
+        old_holders, new_holders = self.old.holders(root, 2), self.layout.holders(root, 2)
+        if set(old_holders) == set(new_holders):
+            return ("apply", -1) if self.ident in new_holders else ("refuse", -1)
+        if epoch < self.layout.epoch and (self.broken != "no-epoch" or self.ident not in new_holders):
+            if self.ident in old_holders and not self.cut_done:
+                return "apply", -1
+            return "refuse", -1
+        if self.ident not in new_holders:
+            return "refuse", -1
+        source = old_holders[0]
+        if self.broken != "reshard-xor" and (
+            not self.cut_done or (source in self.awaiting and self.arrivals[source].waiting(root))
+        ):
+            return "hold-reshard", source
+        return "apply", -1
 
     def _apply(self, op: Op) -> None:
         self.emit(self, apply_op(self.ledger, op))
@@ -216,60 +341,156 @@ class SimAcker:
         if layout.epoch > self.layout.epoch:
             self.old, self.layout = self.layout, layout
             self.cut_done = self.ident not in self.old.ackers
-            self.awaiting = {o for o in self.old.ackers if o != self.ident} if self.ident in layout.ackers else set()
+            self.awaiting = self._sources(self.old, layout)
+            self.arrivals = {o: Arrivals() for o in self.awaiting}
+            self.early_chunks = []
             self.world.log(f"acker {self.ident} prepared epoch {layout.epoch} {layout.ackers}")
             self._maybe_settled()
         self.world.send(reply, self.ident)
+
+    def _sources(self, old: Layout, new: Layout) -> set[int]:
+        """The old ackers whose handoff this acker awaits in ``new`` (two replicas: itself too, merged at its cut)."""
+        if self.ident not in new.ackers:
+            return set()
+        return {o for o in old.ackers if o != self.ident or self.replicas == 2}
 
     def cut(self, epoch: int, reply: Callable[[int], None]) -> None:
         """Take the cut: in one step, stop serving the roots that leave, and hand their entries to their new owners."""
         if not self.up:
             return
-        if epoch == self.layout.epoch and not self.cut_done:
+        if epoch == self.layout.epoch and not self.cut_done and self.replicas == 2:
+            self._cut_replicated(epoch)
+        elif epoch == self.layout.epoch and not self.cut_done:
             self.emit(self, collect_due(self.ledger))
-            moving = copy_entries(self.ledger, lambda r: self.layout.holders(r, 1)[0] != self.ident, remove=True)
-            self.counters.exported_trees += sum(1 for e in moving if e.spout is not None)
             if self.broken == "cut-late":
+                moving = copy_entries(self.ledger, lambda r: self.layout.holders(r, 1)[0] != self.ident, remove=True)
+                self.counters.exported_trees += sum(1 for e in moving if e.spout is not None)
                 # Not atomic: the entries left, but the roots are still served for a while (lost updates).
                 self.world.at(0.3, self._finish_cut, epoch)
             else:
+                # As the server cuts: the moving roots are listed and refused in this step, their
+                # entries stay (untouched, and may still time out here) until their chunk is taken out.
+                moving = copy_entries(self.ledger, lambda r: self.layout.holders(r, 1)[0] != self.ident, remove=False)
                 self.cut_done = True
             self.world.log(f"acker {self.ident} cut epoch {epoch}: {len(moving)} entries leave")
             self.outbox_epoch = epoch
+            self.untaken = set()
             self.outbox = {
-                dest: [e for e in moving if self.layout.holders(e.root, 1)[0] == dest]
+                dest: self._chunks([e for e in moving if self.layout.holders(e.root, 1)[0] == dest])
                 for dest in self.layout.ackers
                 if dest != self.ident
             }
-            for dest, part in self.outbox.items():
-                self._send_handoff(dest, epoch, part, self.incarnation, [False])
+            for dest, chunks in self.outbox.items():
+                for i, chunk in enumerate(chunks):
+                    if self.broken == "cut-late":
+                        self._send_handoff(dest, epoch, chunk, self.incarnation, [False])
+                    else:  # the first chunk now, the others a little later, each taken out as it is sent
+                        self.untaken.add((dest, i))
+                        self.world.at(0.0 if i == 0 else self.world.rng.uniform(0.0, 1.5), self._take_chunk,
+                                      dest, epoch, i, self.incarnation)  # fmt: skip
             self.check_conservation()
             self._maybe_settled()
         self.world.send(reply, self.ident)
+
+    def _cut_replicated(self, epoch: int) -> None:
+        """Two replicas: take out every moving root's entry, hand on those this acker is the source of, merge."""
+        old, new = self.old, self.layout
+        assert old is not None
+        self.emit(self, collect_due(self.ledger))
+        moving = copy_entries(self.ledger, lambda r: set(old.holders(r, 2)) != set(new.holders(r, 2)), remove=True)
+        self.counters.exported_trees += sum(1 for e in moving if e.spout is not None)
+        self.cut_done = True
+        sourced = [e for e in moving if old.holders(e.root, 2)[0] == self.ident]
+        self.world.log(f"acker {self.ident} cut epoch {epoch}: {len(moving)} entries out, {len(sourced)} handed on")
+        self.outbox_epoch = epoch
+        self.outbox = {
+            dest: self._chunks([e for e in sourced if dest in new.holders(e.root, 2)]) for dest in new.ackers
+        }
+        for dest, chunks in self.outbox.items():
+            for chunk in chunks:
+                if dest == self.ident:
+                    self._merge(epoch, self.ident, chunk)
+                else:
+                    self._send_handoff(dest, epoch, chunk, self.incarnation, [False])
+        early, self.early_chunks = self.early_chunks, []
+        for source, chunk in early:
+            self._merge(epoch, source, chunk)
+        for source in list(self.held):
+            self._release(source, self.arrivals.get(source))
+        self.check_conservation()
+        self._maybe_settled()
+
+    def _take_chunk(self, dest: int, epoch: int, index: int, incarnation: int) -> None:
+        """Take chunk ``index`` for ``dest`` out of the ledger (its roots refused since the cut) and send it.
+
+        A tree among its roots that timed out here meanwhile, or ended, is not in
+        it: the manifest still names it, so the new owner holds its operations
+        until every chunk is merged, then applies them as for a tree that ended
+        before the cut. A crash before this step loses the entries with the ledger.
+        """
+        if not self.up or incarnation != self.incarnation or self.outbox_epoch != epoch:
+            return
+        planned = self.outbox[dest][index]
+        self.untaken.discard((dest, index))
+        roots = {e.root for e in planned.entries}
+        self.emit(self, collect_due(self.ledger))  # the ticker's work, done here so a due entry stays and times out
+        taken = copy_entries(self.ledger, roots.__contains__, remove=True)
+        self.counters.exported_trees += sum(1 for e in taken if e.spout is not None)
+        chunk = Chunk(planned.key, planned.count, taken, planned.manifest)
+        self.outbox[dest][index] = chunk  # what a restarted new owner is sent again
+        self._send_handoff(dest, epoch, chunk, self.incarnation, [False])
+        self.check_conservation()
 
     def _finish_cut(self, epoch: int) -> None:
         if self.layout.epoch == epoch:
             self.cut_done = True
             self._maybe_settled()
 
-    def _send_handoff(
-        self, dest: int, epoch: int, entries: list[EntryCopy], incarnation: int, acked: list[bool]
-    ) -> None:
+    def _chunks(self, entries: list[EntryCopy]) -> list[Chunk]:
+        """One new owner's part as the server cuts it: one to four chunks (at least one, even empty), the manifest in the first."""
+        count = max(1, min(len(entries), self.world.rng.randint(1, 4)))
+        manifest = frozenset(e.root for e in entries)
+        size = -(-len(entries) // count) if entries else 0
+        return [
+            Chunk(
+                self.world.rng.getrandbits(63) | 1,
+                count,
+                entries[i * size : (i + 1) * size],
+                manifest if i == 0 else None,
+            )
+            for i in range(count)
+        ]
+
+    def _send_handoff(self, dest: int, epoch: int, chunk: Chunk, incarnation: int, acked: list[bool]) -> None:
         if acked[0] or not self.up or incarnation != self.incarnation:
             return
 
         def done(_: int) -> None:
             acked[0] = True
 
-        self.world.send(self.peers[dest].handoff, epoch, self.ident, entries, done)
-        self.world.at(RETRY_SECONDS, self._send_handoff, dest, epoch, entries, incarnation, acked)
+        self.world.send(self.peers[dest].handoff, epoch, self.ident, chunk, done)
+        self.world.at(RETRY_SECONDS, self._send_handoff, dest, epoch, chunk, incarnation, acked)
 
-    def handoff(self, epoch: int, source: int, entries: list[EntryCopy], reply: Callable[[int], None]) -> None:
-        """Merge the first handoff from ``source`` for this epoch, then apply what was held for it."""
+    def handoff(self, epoch: int, source: int, chunk: Chunk, reply: Callable[[int], None]) -> None:
+        """Merge a chunk from ``source`` once per key (two replicas: kept until this acker's own cut), acknowledge it."""
         if not self.up:
             return
-        if epoch == self.layout.epoch and source in self.awaiting:
-            for entry in entries:
+        if epoch > self.layout.epoch:
+            # Not prepared for that layout yet: no answer, so the sender keeps the chunk and sends it again
+            # (the server refuses it, FAILED_PRECONDITION). Acknowledged unmerged, it would never come back.
+            return
+        if self.replicas == 2 and not self.cut_done and epoch == self.layout.epoch and source in self.awaiting:
+            if all(c.key != chunk.key for _, c in self.early_chunks):
+                self.early_chunks.append((source, chunk))
+        else:
+            self._merge(epoch, source, chunk)
+        self.world.send(reply, self.ident)
+
+    def _merge(self, epoch: int, source: int, chunk: Chunk) -> None:
+        """Merge a chunk from ``source`` once per key, then apply what was held for the roots no longer awaited."""
+        arrivals = self.arrivals.get(source)
+        if epoch == self.layout.epoch and source in self.awaiting and arrivals and chunk.key not in arrivals.keys:
+            for entry in chunk.entries:
                 if self.broken == "reshard-xor":
                     ops = xor_merge_ops(self.ledger, entry)
                 else:
@@ -279,15 +500,33 @@ class SimAcker:
                     ops = import_ops(entry)
                 for op in ops:
                     self._apply(op)
-            self.awaiting.discard(source)
-            for op in self.held.pop(source, []):
-                self._apply(op)
-            self.world.log(f"acker {self.ident} merged {len(entries)} entries from {source} (epoch {epoch})")
+            arrivals.keys.add(chunk.key)
+            self.world.count("handoff chunks merged")
+            arrivals.merged.update(e.root for e in chunk.entries)
+            if chunk.manifest is not None:
+                arrivals.manifest = chunk.manifest
+            if len(arrivals.keys) >= chunk.count:
+                self.awaiting.discard(source)
+                del self.arrivals[source]
+            self._release(source, arrivals if source in self.awaiting else None)
+            self.world.log(
+                f"acker {self.ident} merged {len(chunk.entries)} entries from {source} "
+                f"({len(arrivals.keys)} of {chunk.count} chunks, epoch {epoch})"
+            )
             self._maybe_settled()
-        self.world.send(reply, self.ident)
+
+    def _release(self, source: int, arrivals: Arrivals | None) -> None:
+        """Apply, in arrival order, what was held for ``source``'s roots that no entry can be on its way for."""
+        held = self.held.pop(source, [])
+        still = [op for op in held if arrivals is not None and arrivals.waiting(op.root)]
+        for op in held:
+            if arrivals is None or not arrivals.waiting(op.root):
+                self._apply(op)
+        if still:
+            self.held[source] = still
 
     def _maybe_settled(self) -> None:
-        if self.old is not None and self.cut_done and not self.awaiting:
+        if self.old is not None and self.cut_done and not self.awaiting and not self.early_chunks:
             self.old = None
 
     @property
@@ -302,6 +541,9 @@ class SimAcker:
         self.up = False
         self.incarnation += 1
         self.held.clear()
+        self.arrivals.clear()
+        self.early_chunks.clear()
+        self.untaken.clear()
         self.catching.clear()
         self.catch_held.clear()
         self.world.log(f"acker {self.ident} crashed")
@@ -327,11 +569,13 @@ class SimAcker:
                 old, new = move
                 self.old, self.layout = old, new
                 self.awaiting = {o for o in old.ackers if o != self.ident} if self.ident in new.ackers else set()
+                self.arrivals = {o: Arrivals() for o in self.awaiting}
                 if self.ident in old.ackers:
                     self.outbox_epoch = new.epoch
-                    self.outbox = {dest: [] for dest in new.ackers if dest != self.ident}
-                    for dest in self.outbox:
-                        self._send_handoff(dest, new.epoch, [], self.incarnation, [False])
+                    self.outbox = {dest: self._chunks([]) for dest in new.ackers if dest != self.ident}
+                    for dest, chunks in self.outbox.items():
+                        for chunk in chunks:
+                            self._send_handoff(dest, new.epoch, chunk, self.incarnation, [False])
                 self._maybe_settled()
             for source in sorted(self.awaiting):
                 self._ask_handoff(source, self.incarnation)
@@ -360,7 +604,9 @@ class SimAcker:
         if self.broken == "no-resend":
             return  # wrong on purpose: the restarted new owner waits for a handoff that never comes again
         if self.up and self.cut_done and self.outbox_epoch == self.layout.epoch and ident in self.outbox:
-            self._send_handoff(ident, self.outbox_epoch, self.outbox[ident], self.incarnation, [False])
+            for index, chunk in enumerate(self.outbox[ident]):
+                if (ident, index) not in self.untaken:  # one not taken out yet is sent when it is
+                    self._send_handoff(ident, self.outbox_epoch, chunk, self.incarnation, [False])
 
     @property
     def caught_up(self) -> bool:

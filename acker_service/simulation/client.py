@@ -8,17 +8,30 @@ refused) waits and retries; with two replicas it is skipped instead once the
 other copy was applied by a live incarnation. When an acker crashes, the
 copies it had applied of operations whose other copy is still in flight are
 sent again (see the catch-up protocol in :mod:`acker_service.simulation.acker`).
+
+Copies travel in *batches*, as the real client's buffers do: a copy for an
+acker waits up to ``FLUSH_SECONDS`` for others bound there and they go as one
+message, lost, duplicated or refused together; the answer settles each copy.
+A batch refused at the acker's bound of held operations is retried, never
+skipped (``--broken bound-skip`` skips it as for an unreachable replica).
+Every copy carries the epoch of the layout it was routed by. With two
+replicas a refusal that names a newer layout sends *every* copy of the
+operation again by that layout, whatever the other copy's answer was (see
+"Reshard with two replicas" in :mod:`acker_service.simulation.acker`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .acker import RETRY_SECONDS, Layout, SimAcker
+from .acker import HELD_FULL, RETRY_SECONDS, Layout, SimAcker
 from .events import World
 from .transfer import Op
 
-__all__ = ["SimClient"]
+__all__ = ["SimClient", "FLUSH_SECONDS"]
+
+# How long a copy waits in its acker's buffer for others (the client's flush interval).
+FLUSH_SECONDS = 0.005
 
 
 @dataclass
@@ -37,6 +50,8 @@ class _Copy:
 class _Pending:
     op: Op
     copies: list[_Copy]
+    epoch: int = 0  # the layout its copies are routed by
+    generation: int = 0  # bumped when every copy is sent again by a newer layout: older answers are ignored
 
 
 @dataclass
@@ -51,11 +66,13 @@ class SimClient:
     skipped: int = 0
     _open: dict[int, _Pending] = field(default_factory=dict)
     _ids: int = 0
+    # Per acker: the copies buffered for its next batch (key, operation, copy, attempt, epoch, generation).
+    _buffers: dict[int, list[tuple[int, _Pending, _Copy, int, int, int]]] = field(default_factory=dict)
 
     def submit(self, op: Op) -> None:
         """Send ``op`` to each of its holders until delivered."""
         self._ids += 1
-        pending = _Pending(op, [_Copy(role) for role in range(self.replicas)])
+        pending = _Pending(op, [_Copy(role) for role in range(self.replicas)], self.layout.epoch)
         self._open[self._ids] = pending
         for copy in pending.copies:
             self._send(self._ids, pending, copy)
@@ -74,6 +91,16 @@ class SimClient:
     def _send(self, key: int, pending: _Pending, copy: _Copy) -> None:
         if copy.done:
             return
+        if self.replicas == 2 and self.layout.epoch > pending.epoch and self.broken != "reroute-one-copy":
+            # Routed by an older layout: every copy goes again, to the new holders, whatever the old ones
+            # answered (see the module docstring); answers to the older copies are ignored from now on.
+            pending.epoch = self.layout.epoch
+            pending.generation += 1
+            for each in pending.copies:
+                each.applied_by, each.skipped = None, False
+            for each in pending.copies:
+                self._send(key, pending, each)
+            return
         copy.attempt += 1
         attempt = copy.attempt
         target = self.layout.holders(pending.op.root, self.replicas)[copy.role]
@@ -88,11 +115,25 @@ class SimClient:
             self.world.at(RETRY_SECONDS, self._send, key, pending, copy)
             return
 
-        def answer(status: str, layout: Layout, incarnation: int) -> None:
-            self._answer(key, pending, copy, attempt, target, status, layout, incarnation)
-
-        self.world.send(acker.receive, pending.op, answer)
+        buffer = self._buffers.setdefault(target, [])
+        if not buffer:
+            self.world.at(FLUSH_SECONDS, self._flush, target)
+        buffer.append((key, pending, copy, attempt, self.layout.epoch, pending.generation))
         self.world.at(RETRY_SECONDS, self._timeout, key, pending, copy, attempt)
+
+    def _flush(self, target: int) -> None:
+        """Send what is buffered for ``target`` as one batch; its answer settles every copy in it."""
+        batch = [item for item in self._buffers.pop(target, []) if not item[2].done]
+        if not batch:
+            return
+
+        def answer(status: str, layout: Layout, incarnation: int) -> None:
+            for key, pending, copy, attempt, epoch, generation in batch:
+                if generation == pending.generation:
+                    self._answer(key, pending, copy, attempt, target, status, layout, incarnation, epoch)
+
+        ops = [item[1].op for item in batch]
+        self.world.send(self.ackers[target].receive_batch, ops, answer, [item[4] for item in batch])
 
     def _may_skip(self, pending: _Pending, copy: _Copy, other: _Copy) -> bool:
         """Whether a copy for a down replica may be skipped: only once the other copy is applied by a live one."""
@@ -107,7 +148,16 @@ class SimClient:
             self._send(key, pending, copy)
 
     def _answer(
-        self, key: int, pending: _Pending, copy: _Copy, attempt: int, target: int, status: str, layout: Layout, inc: int
+        self,
+        key: int,
+        pending: _Pending,
+        copy: _Copy,
+        attempt: int,
+        target: int,
+        status: str,
+        layout: Layout,
+        inc: int,
+        epoch: int,
     ) -> None:
         if copy.done:
             return
@@ -117,10 +167,21 @@ class SimClient:
             return
         if attempt != copy.attempt:
             return  # an older attempt's refusal: the newer attempt is already on its way
+        if status == HELD_FULL:
+            other = pending.copies[1 - copy.role] if self.replicas == 2 else None
+            if self.broken == "bound-skip" and other is not None and self._alive(other.applied_by):
+                # Wrong on purpose: skipped as if the acker were unreachable, though it will need the update.
+                copy.skipped = True
+                self.skipped += 1
+                self._close_if_done(key, pending)
+                return
+            self.world.at(RETRY_SECONDS, self._send, key, pending, copy)
+            return
         if layout.epoch > self.layout.epoch:
             self.layout = layout
             self.world.log(f"client adopts layout epoch {layout.epoch} {layout.ackers}")
-            self._send(key, pending, copy)
+        if layout.epoch > epoch:
+            self._send(key, pending, copy)  # by the newer layout (two replicas: every copy, see _send)
         else:
             self.world.at(RETRY_SECONDS, self._send, key, pending, copy)
 

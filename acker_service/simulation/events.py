@@ -33,6 +33,7 @@ class World:
         self._queue: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
         self._trace = trace
+        self.tally: dict[str, int] = {}  # what happened how often (batches, chunks, refusals), for the summary
 
     def clock(self) -> float:
         """The simulated monotonic clock (what every ledger is given)."""
@@ -47,6 +48,10 @@ class World:
         """Record one line of the run's trace (kept only when a trace was asked for)."""
         if self._trace is not None:
             self._trace.append(f"{self.now:9.4f} {message}")
+
+    def count(self, what: str, n: int = 1) -> None:
+        """Add ``n`` to the run's tally of ``what``."""
+        self.tally[what] = self.tally.get(what, 0) + n
 
     def at(self, delay: float, action: Callable[..., None], *args: Any) -> None:
         """Run ``action(*args)`` ``delay`` simulated seconds from now."""

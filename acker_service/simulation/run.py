@@ -8,6 +8,7 @@ Scenarios (drawn from the seed):
              caught up one of its partners is killed and restarted.
 ``crashes``  one or two replicas, acker kills at random moments.
 ``reshard-kill``  a reshard, and a kill of one of its ackers soon after it starts.
+``reshard-replicas``  two replicas, a reshard (sometimes back) or a drain; no crashes.
 
 Checked in every run: no false ack (an ACKED outcome from any acker for a tree
 whose every ack had not been sent), exactly one spout callback per emit,
@@ -34,7 +35,7 @@ from .transfer import Op
 
 __all__ = ["BROKEN_VARIANTS", "SCENARIOS", "SimResult", "run_seed", "run_seeds"]
 
-SCENARIOS = ("reshard", "drain", "catchup", "crashes", "reshard-kill")
+SCENARIOS = ("reshard", "drain", "catchup", "crashes", "reshard-kill", "reshard-replicas")
 # Deliberately wrong protocols, each with the scenario that exercises it (the checks must catch them).
 BROKEN_VARIANTS = {
     "catchup-xor": "catchup",  # the restarted replica applies at once and merges the snapshot by XOR
@@ -43,6 +44,11 @@ BROKEN_VARIANTS = {
     "handoff-no-keys": "reshard",  # a handoff carries no dedup keys, so a retry across the cut applies twice  # the cut is not atomic: moved roots are still served after their entries left
     "no-resend": "reshard-kill",  # an old owner does not hand its entries again to a new owner that restarted
     "client-skip": "catchup",  # a copy is skipped while the other replica is reachable, not once it applied
+    "bound-skip": "catchup",  # a copy refused at the held-operation bound is skipped as for an unreachable replica
+    # Two replicas: a copy refused by a newer layout goes to its new holder alone, the other copy's answer kept.
+    "reroute-one-copy": "reshard-replicas",
+    # Two replicas: an acker that keeps a moving root serves it by root alone, whatever layout routed the operation.
+    "no-epoch": "reshard-replicas",
 }
 
 MESSAGE_TIMEOUT = 10.0  # the ackers' timeout, simulated seconds
@@ -77,15 +83,21 @@ class SimResult:
     trees: int
     outcomes: dict[str, int]
     trace: list[str] | None = None
+    tally: dict[str, int] = field(default_factory=dict)  # batches, chunks, refusals at the held bound
 
 
 class _Run:
-    def __init__(self, seed: int, broken: str | None, trace: bool) -> None:
+    def __init__(
+        self, seed: int, broken: str | None, trace: bool, scenario: str | None = None, tight_bound: bool = False
+    ) -> None:
         if broken is not None and broken not in BROKEN_VARIANTS:
             raise ValueError(f"unknown broken variant {broken!r}; choose from {sorted(BROKEN_VARIANTS)}")
+        if scenario is not None and scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r}; choose from {list(SCENARIOS)}")
         self.rng = rng = random.Random(seed)
         self.seed = seed
-        self.scenario = BROKEN_VARIANTS[broken] if broken else rng.choice(SCENARIOS)
+        # A broken variant or a named scenario is not drawn, so the same seed runs the same world under either.
+        self.scenario = scenario or (BROKEN_VARIANTS[broken] if broken else rng.choice(SCENARIOS))
         self.broken = broken
         self.trace: list[str] | None = [] if trace else None
         faults = NetworkFaults(
@@ -98,7 +110,7 @@ class _Run:
         self.trees: dict[int, _Tree] = {}
         self.callbacks: dict[int, list[Outcome]] = {}
         self.strict = self.scenario not in ("crashes", "reshard-kill")
-        if self.scenario == "catchup":
+        if self.scenario in ("catchup", "reshard-replicas"):
             replicas, n = 2, rng.randint(2, 4)
         elif self.scenario == "drain":
             replicas, n = 1, rng.randint(2, 4)
@@ -108,14 +120,28 @@ class _Run:
             replicas = rng.choice((1, 2))
             n = rng.randint(2 if replicas == 2 else 1, 4)
         self.replicas = replicas
+        # Half the runs bound the held operations tightly (--max-held-operations), so batches are refused at it.
+        tight_bound = tight_bound or broken == "bound-skip"
+        self.max_held = rng.randint(1, 6) if tight_bound or rng.random() < 0.5 else 0
         layout = Layout(0, tuple(range(n)))
         self._layout = layout  # the controller's view: the layout of the last finished move
         self._move: tuple[Layout, Layout] | None = None  # (old, new) while a move is under way
-        self.world.log(f"seed {seed}: scenario {self.scenario}, {n} ackers, replicas {replicas}, {faults}")
+        self.world.log(
+            f"seed {seed}: scenario {self.scenario}, {n} ackers, replicas {replicas}, "
+            f"max held {self.max_held or 'unbounded'}, {faults}"
+        )
         self.ackers: dict[int, SimAcker] = {}
         for ident in range(n + 4):  # spare ackers a reshard may add
             self.ackers[ident] = SimAcker(
-                self.world, ident, layout, replicas, MESSAGE_TIMEOUT, self._emitted, self._problem, broken
+                self.world,
+                ident,
+                layout,
+                replicas,
+                MESSAGE_TIMEOUT,
+                self._emitted,
+                self._problem,
+                broken,
+                max_held=self.max_held,
             )
         for acker in self.ackers.values():
             acker.peers = self.ackers
@@ -272,6 +298,15 @@ class _Run:
             target = Layout(1, tuple(range(m)))
             back = Layout(2, layout.ackers) if rng.random() < 0.5 else None
             self.world.at(rng.uniform(0.5, 4.0), self._reshard, target, back)
+        elif self.scenario == "reshard-replicas":
+            if n >= 3 and rng.random() < 0.3:  # a drain: two replicas need two ackers left
+                leaving = rng.randrange(n)
+                target = Layout(1, tuple(a for a in layout.ackers if a != leaving))
+                self.world.at(rng.uniform(0.5, 4.0), self._reshard, target, None)
+            else:
+                m = rng.choice([k for k in range(2, 6) if k != n])
+                back = Layout(2, layout.ackers) if rng.random() < 0.5 else None
+                self.world.at(rng.uniform(0.5, 4.0), self._reshard, Layout(1, tuple(range(m))), back)
         elif self.scenario == "drain":
             leaving = rng.randrange(n)
             target = Layout(1, tuple(a for a in layout.ackers if a != leaving))
@@ -301,7 +336,9 @@ class _Run:
         for calls in self.callbacks.values():
             for outcome in calls:
                 outcomes[outcome.name] = outcomes.get(outcome.name, 0) + 1
-        return SimResult(self.seed, self.scenario, self.failures, len(self.trees), outcomes, self.trace)
+        return SimResult(
+            self.seed, self.scenario, self.failures, len(self.trees), outcomes, self.trace, dict(self.world.tally)
+        )
 
     def _final_checks(self) -> None:
         expected = {"complete": Outcome.ACKED, "failed": Outcome.FAILED, "hung": Outcome.TIMED_OUT}
@@ -316,7 +353,7 @@ class _Run:
                 continue
             acker.check_conservation()
             left = acker.ledger.pending_roots()
-            if left or acker.held or acker.catch_held or acker.moving or acker.catching:
+            if left or acker.held or acker.catch_held or acker.moving or acker.catching or acker.early_chunks:
                 self._problem(
                     f"acker {acker.ident} not drained after the traffic: {len(left)} entries, "
                     f"holds {sum(map(len, acker.held.values()))}+{sum(map(len, acker.catch_held.values()))}, "
@@ -327,9 +364,17 @@ class _Run:
                 self._problem(f"client {i} still has {client.in_flight} operations in flight")
 
 
-def run_seed(seed: int, broken: str | None = None, *, trace: bool = False) -> SimResult:
-    """Run the simulation drawn from ``seed`` (``broken``: a deliberately wrong protocol from BROKEN_VARIANTS)."""
-    return _Run(seed, broken, trace).run()
+def run_seed(
+    seed: int, broken: str | None = None, *, trace: bool = False, scenario: str | None = None, tight_bound: bool = False
+) -> SimResult:
+    """Run the simulation drawn from ``seed`` (``broken``: a deliberately wrong protocol from BROKEN_VARIANTS).
+
+    ``scenario`` (one of SCENARIOS) and ``tight_bound`` (a bound of 1 to 6
+    held operations) fix what the seed would draw, as a broken variant fixes
+    its own: ``run_seed(s, scenario="catchup", tight_bound=True)`` is the world
+    of ``run_seed(s, "bound-skip")`` under the correct rules.
+    """
+    return _Run(seed, broken, trace, scenario, tight_bound).run()
 
 
 def run_seeds(seeds: Iterable[int], broken: str | None = None) -> dict[str, object]:
@@ -338,10 +383,13 @@ def run_seeds(seeds: Iterable[int], broken: str | None = None) -> dict[str, obje
     count = 0
     failing: list[int] = []
     scenarios: dict[str, int] = {}
+    tally: dict[str, int] = {}
     first_failure: str | None = None
     for seed in seeds:
         result = run_seed(seed, broken)
         count += 1
+        for what, n in result.tally.items():
+            tally[what] = tally.get(what, 0) + n
         scenarios[result.scenario] = scenarios.get(result.scenario, 0) + 1
         if result.failures:
             failing.append(seed)
@@ -354,6 +402,7 @@ def run_seeds(seeds: Iterable[int], broken: str | None = None) -> dict[str, obje
         "first_failure": first_failure,
         "failing_seeds": failing[:20],
         "scenarios": scenarios,
+        "tally": tally,
         "broken": broken,
         "seconds": round(time.perf_counter() - started, 2),
     }

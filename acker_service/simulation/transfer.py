@@ -1,10 +1,11 @@
 """Ledger entries copied out of and into a :class:`~acker_service.reference_ledger.ReferenceLedger`.
 
-The ledger contract has no entry export yet (issue 29 items 1-3 add it to the
-server), so the simulation reads the reference engine's buckets here, in one
-place. Importing goes through the ledger's own ``apply`` only: an entry is
-re-created by the operations that rebuild it, so every rule of the ledger
-(set-once init, dedup keys, settling) applies to imported entries as to any.
+The simulation moves entries by reading the reference engine's buckets here,
+in one place, not through the ledger contract's export and import (the
+server's handoffs use those). Importing goes through the ledger's own
+``apply`` only: an entry is re-created by the operations that rebuild it, so
+every rule of the ledger (set-once init, dedup keys, settling) applies to
+imported entries as to any.
 """
 
 from __future__ import annotations

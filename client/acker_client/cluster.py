@@ -266,20 +266,26 @@ class ClusterClient:
             st.relayout = self._relayout
             self._proc = st
             if self._learn_replicas:
-                self._learn_replicas = False
-                self._replicas_from_any_shard(st)
+                # Asked again by the next process state (a forked worker's) if no shard answered.
+                self._learn_replicas = not self._replicas_from_any_shard(st)
             return st
 
-    def _replicas_from_any_shard(self, st: ProcessState) -> None:
+    def _replicas_from_any_shard(self, st: ProcessState) -> bool:
         """Without verification, take the replication factor from the first shard that answers Describe.
 
         An unverified client (a Spark executor's) must still send every operation
         to both replicas of a replicated cluster; with no shard answering it keeps
         one replica, which is safe (a replica missing updates never acks falsely)
-        but forgoes the second copy.
+        but forgoes the second copy. The calls wait for a connection (a channel
+        still connecting, or back from a blip, is given the deadline) rather than
+        settling for one replica at the first refused connection. True if a
+        shard answered.
         """
         answered: queue.SimpleQueue = queue.SimpleQueue()
-        calls = [stub.Describe.future(acker_pb2.DescribeRequest(), timeout=self.deadline) for stub in st.stubs]
+        calls = [
+            stub.Describe.future(acker_pb2.DescribeRequest(), timeout=self.deadline, wait_for_ready=True)
+            for stub in st.stubs
+        ]
         for call in calls:
             call.add_done_callback(answered.put)
         for _ in calls:  # in the order they answer: one dead shard does not hold up the others
@@ -292,13 +298,17 @@ class ClusterClient:
             break
         else:
             log.warning("no acker answered Describe; sending every operation to one replica only")
+            for call in calls:
+                call.cancel()
+            return False
         for call in calls:
             call.cancel()
+        return True
 
     def _stub(self, shard: int) -> acker_pb2_grpc.AckerStub:
         return self._state().stubs[shard]
 
-    # -- following a layout change (issue 29; see relayout.py) ---------------
+    # -- following a layout change: reshard, drain (see relayout.py) ---------
 
     @property
     def layout_epoch(self) -> int:
@@ -402,9 +412,15 @@ class ClusterClient:
 
     # -- verification --------------------------------------------------------
 
-    def describe(self, shard: int) -> acker_pb2.DescribeResponse:
-        """The shard's Describe response; raises ShardUnavailable if it cannot be reached."""
+    def describe(self, shard: int, *, wait: float | None = None) -> acker_pb2.DescribeResponse:
+        """The shard's Describe response; raises ShardUnavailable if it cannot be reached.
+
+        ``wait``: seconds to wait for a connection (a channel reconnecting after a
+        blip is given that long to come back) instead of failing at once.
+        """
         try:
+            if wait is not None:
+                return self._stub(shard).Describe(acker_pb2.DescribeRequest(), timeout=wait, wait_for_ready=True)
             return self._stub(shard).Describe(acker_pb2.DescribeRequest(), timeout=self.deadline)
         except grpc.RpcError as exc:
             raise batch_error([shard_failure(shard, self._addresses[shard], exc, 0)]) from exc

@@ -27,6 +27,8 @@ __all__ = [
     "as_ids",
     "as_roots",
     "random_ids",
+    "distinct",
+    "member_of",
     "fold_xor",
     "mix64",
     "pair_digest",
@@ -124,6 +126,29 @@ def distinct(ids: np.ndarray) -> np.ndarray:
     if ordered.size < 2:
         return ordered
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+
+
+def member_of(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """For each value, True if it is in ``sorted_set`` (sorted): ``np.isin(values, sorted_set)``, by one sort.
+
+    Looking ``values`` up in sorted order keeps the binary searches in cache:
+    over a million random 64-bit ids about three times faster than searching
+    them in their own order, or than ``np.isin`` (figures: docs/benchmarks.md).
+
+    >>> member_of(np.array([5, 4, 3], dtype=np.uint64), np.array([3, 5], dtype=np.uint64))
+    array([ True, False,  True])
+    """
+    if not len(sorted_set) or not len(values):
+        return np.zeros(len(values), dtype=bool)
+    if len(sorted_set) > 1 and not (sorted_set[1:] >= sorted_set[:-1]).all():
+        # A binary search in an unsorted set misses members silently: loud instead (one pass, cheap beside the sort).
+        raise ValueError("member_of needs sorted_set sorted (np.sort or distinct it first)")
+    order = np.argsort(values)
+    ordered = values[order]
+    found = np.minimum(np.searchsorted(sorted_set, ordered), len(sorted_set) - 1)
+    out = np.empty(len(values), dtype=bool)
+    out[order] = sorted_set[found] == ordered
+    return out
 
 
 def fold_xor(roots: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,6 +29,9 @@ The rules (the API docs in ``docs/client.md`` repeat them):
   answered) and dropped no batch since its operations were buffered: the live
   replica has the operations, and a replica that misses updates can never
   reach a false zero (``docs/acker-semantics.md``). Until then it is retried.
+  A refusal at the acker's bound of held operations (UNAVAILABLE ending with
+  ``HELD_AT_BOUND``) is never skipped: that acker is alive and will need the
+  operations once its copy is installed.
   Skipping only after the other copy applied is what lets a restarted replica
   catch up from its partner's snapshot: every operation it missed is either in
   the snapshot or reaches it. For the same reason a copy counts as delivered
@@ -52,6 +55,7 @@ from typing import Any
 
 import grpc
 from acker_protocol.v1 import acker_pb2
+from acker_protocol.wire import held_at_bound
 
 from .batching import OpBuffer
 from .errors import REFUSAL_CODES, ShardFailure
@@ -427,6 +431,7 @@ def _await_or_retry(
                 if (
                     reason is None
                     and partners
+                    and not held_at_bound(failure.detail)
                     and _partners_applied(st, partners, delivery.taken_at)
                     and st.connections.fall_back(delivery.shard, partners, delivery.buffered_since)
                 ):

@@ -48,21 +48,12 @@ def default_backstop(
 
 def cluster_backstop(cluster: Any) -> float:
     """The backstop for ``cluster``'s trees: :func:`default_backstop` of the slowest shard that answers Describe."""
-    timeouts = []
-    for shard in range(cluster.shard_count):
-        try:
-            info = cluster.describe(shard)
-        except ShardUnavailable as exc:
-            log.warning("backstop: %s", exc)
-            continue
-        timeouts.append(
-            default_backstop(
-                info.message_timeout_seconds,
-                info.buckets,
-                timeout_mode=info.timeout_mode or "fixed",  # "" from an acker older than the field
-                max_tree_lifetime=info.max_tree_lifetime_seconds,
-            )
-        )
+    timeouts = _backstops(cluster, None)
+    # A driver starting while the ackers it can reach restart (a killed acker coming back) waits for
+    # them, up to the client's wait_for_shard in all, instead of failing the run at its first step.
+    wait = float(getattr(cluster, "wait_for_shard", 0.0) or 0.0)
+    if not timeouts and wait:
+        timeouts = _backstops(cluster, wait / max(1, cluster.shard_count))
     if not timeouts:
         raise ShardUnavailable([], "no acker answered Describe; cannot choose the spout's backstop timeout")
     return max(timeouts)
@@ -242,3 +233,23 @@ class PendingTrees:
             owner = (shard - k) % n  # the tables whose trees ``shard`` keeps
             replicas = {(owner + j) % n for j in range(self.replicas)}
             self.clocks[owner].set_down(replicas <= self._streams_down, clock_now)
+
+
+def _backstops(cluster: Any, wait: float | None) -> list[float]:
+    """The backstop of each shard that answers Describe (``wait``: seconds each may take to connect)."""
+    timeouts = []
+    for shard in range(cluster.shard_count):
+        try:
+            info = cluster.describe(shard) if wait is None else cluster.describe(shard, wait=wait)
+        except ShardUnavailable as exc:
+            log.warning("backstop: %s", exc)
+            continue
+        timeouts.append(
+            default_backstop(
+                info.message_timeout_seconds,
+                info.buckets,
+                timeout_mode=info.timeout_mode or "fixed",  # "" from an acker older than the field
+                max_tree_lifetime=info.max_tree_lifetime_seconds,
+            )
+        )
+    return timeouts

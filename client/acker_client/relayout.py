@@ -1,4 +1,4 @@
-"""Following a layout change of the ackers (issue 29): learn the new layout, re-route a refused batch.
+"""Following a layout change of the ackers (a reshard or a drain): learn the new layout, re-route a refused batch.
 
 During ``acker-ctl reshard`` or ``drain``, an acker refuses a batch holding a
 root it no longer serves (FAILED_PRECONDITION; nothing of it was applied): a
@@ -17,37 +17,21 @@ answers UNAVAILABLE, which the client retries as it retries any blip.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import grpc
-import numpy as np
-from acker_protocol.v1 import acker_pb2
+from acker_protocol.apply_codec import split_by_owner
 
 __all__ = ["split_request", "send_until_applied"]
 
 
 def split_request(request: bytes, shard_count: int) -> dict[int, bytes]:
-    """A serialized ApplyRequest's operations regrouped by ``root % shard_count``, every field of each kept."""
-    message = acker_pb2.ApplyRequest.FromString(request)
-    roots = np.array(message.root_ids, dtype=np.uint64)
-    owners = (roots % np.uint64(shard_count)).astype(np.int64)
-    columns: dict[str, Sequence[Any]] = {
-        "kinds": message.kinds,
-        "root_ids": message.root_ids,
-        "values": message.values,
-        "dedup_keys": message.dedup_keys,
-        "spout_index": message.spout_index,
-    }
-    out = {}
-    for shard in np.unique(owners).tolist():
-        at = np.flatnonzero(owners == shard)
-        part = acker_pb2.ApplyRequest(spouts=list(message.spouts))
-        for name, values in columns.items():
-            if len(values):  # empty: the field is absent in the original too (defaults apply)
-                getattr(part, name).extend(np.asarray(values)[at].tolist())
-        out[shard] = part.SerializeToString()
-    return out
+    """A serialized ApplyRequest's operations regrouped by ``root % shard_count``, every field of each kept.
+
+    The acker splits a request it holds in parts with the same codec (:mod:`acker_protocol.apply_codec`).
+    """
+    return split_by_owner(request, shard_count)
 
 
 def send_until_applied(

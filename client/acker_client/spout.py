@@ -373,7 +373,7 @@ class Spout:
         """Outcomes from the acker that was ``shard`` when the spout started; after a layout change, from any acker.
 
         The pending map keeps the shard count the spout started with: once the ackers
-        moved to another layout (issue 29), an acker's outcomes are settled in the
+        moved to another layout (a reshard or a drain), an acker's outcomes are settled in the
         tables of their roots, whichever acker reports them.
         """
         if not getattr(self.cluster, "layout_epoch", 0):

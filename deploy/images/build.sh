@@ -4,7 +4,7 @@
 # registry: a Debian base made by debootstrap and `docker import`, the project's wheels
 # and its dependencies' built on the host and copied in.
 #
-#   deploy/images/build.sh [all|base|acker|spark|prometheus]     (make images runs "all")
+#   deploy/images/build.sh [all|base|acker|spark|prometheus|brokers]     (make images runs "all")
 #
 # Environment (defaults in brackets):
 #   ACKER_BASE_IMAGE        base image to build on [pyspark-acker-base:$DEBIAN_SUITE];
@@ -15,6 +15,8 @@
 #                           Debian mirror, pyspark, pyarrow and pandas at the versions PYTHON has
 #   ACKER_PROMETHEUS_IMAGE  the local Prometheus image [pyspark-acker-prometheus:latest];
 #                           built only when not present locally
+#   ACKER_BROKERS_IMAGE     Redis and RabbitMQ from Debian's packages, for the compose file's
+#                           queue services [pyspark-acker-brokers:latest]; built only when not present
 #   DEBIAN_SUITE            Debian release of the base [bookworm: its python3 is 3.11]
 #   DEBIAN_MIRROR           mirror for debootstrap [read from /etc/apt/sources.list*]
 #   PYTHON                  Python that builds the wheels [.venv/bin/python, else python3];
@@ -29,6 +31,7 @@ ACKER_IMAGE=${ACKER_IMAGE:-pyspark-acker:latest}
 ACKER_BUILD_STAGE_IMAGE=${ACKER_BUILD_STAGE_IMAGE:-pyspark-acker-build:latest}
 PROMETHEUS_IMAGE=${ACKER_PROMETHEUS_IMAGE:-pyspark-acker-prometheus:latest}
 SPARK_IMAGE=${ACKER_SPARK_IMAGE:-pyspark-acker-spark:latest}
+BROKERS_IMAGE=${ACKER_BROKERS_IMAGE:-pyspark-acker-brokers:latest}
 WHEELS="$REPO/build/docker/wheels"
 # Kept between builds: pyspark alone is a 400 MB wheel, fetched and installed again only
 # when a pin changes.
@@ -89,6 +92,9 @@ build_wheels() {
   local started=$SECONDS
   rm -rf "$WHEELS"
   mkdir -p "$WHEELS"
+  # pip builds the project in place, and setuptools copies build/lib into the wheel as it
+  # finds it: a module deleted from the tree since the last build would ship again.
+  rm -rf "$REPO"/build/lib.* "$REPO"/build/bdist.*
   log "building the project's wheel and its dependencies' into ${WHEELS#"$REPO"/}"
   # Whatever the project's build backend makes (pure Python or with a native
   # extension), plus every dependency of the server (the [server] extra), for
@@ -206,12 +212,23 @@ build_prometheus() {
   log "$PROMETHEUS_IMAGE built in $((SECONDS - started)) s"
 }
 
+build_brokers() {
+  if image_exists "$BROKERS_IMAGE"; then
+    log "brokers image $BROKERS_IMAGE is present: not rebuilding it"
+    return
+  fi
+  local started=$SECONDS
+  docker build --quiet --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$BROKERS_IMAGE" "$HERE/brokers" >/dev/null
+  log "$BROKERS_IMAGE built in $((SECONDS - started)) s"
+}
+
 docker info >/dev/null 2>&1 || die "no Docker engine answers (docker info failed)"
 case "${1:-all}" in
-  all) build_base; build_acker; build_spark; build_prometheus ;;
+  all) build_base; build_acker; build_spark; build_prometheus; build_brokers ;;
   base) build_base ;;
   acker) build_base; build_acker ;;
   spark) build_base; check_python_match; build_wheels; build_spark ;;
   prometheus) build_base; build_prometheus ;;
-  *) die "unknown target '$1' (all, base, acker, spark or prometheus)" ;;
+  brokers) build_base; build_brokers ;;
+  *) die "unknown target '$1' (all, base, acker, spark, prometheus or brokers)" ;;
 esac

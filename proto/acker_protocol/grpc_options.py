@@ -37,7 +37,7 @@ __all__ = [
 # The channel argument that sets the minimum is "grpc.http2.min_ping_interval_
 # without_data_ms" (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS). An
 # unknown option name is ignored without a word: spelled after the C macro, as
-# it was until issue 21, the server kept gRPC's default of five minutes, every
+# it once was here, the server kept gRPC's default of five minutes, every
 # 4 s keepalive ping of an idle stream was a strike, and the eleventh closed the
 # connection about 40 s in. tests/service/test_keepalive.py keeps a stream idle
 # past the strike limit.

@@ -31,6 +31,8 @@ __all__ = [
     "check_id",
     "check_spout_name",
     "check_mirrors",
+    "HELD_AT_BOUND",
+    "held_at_bound",
 ]
 
 # Ids are unsigned 64-bit (fixed64 on the wire); root id 0 means "no tree".
@@ -146,3 +148,15 @@ def check_spout_name(name: str) -> None:
         raise ValueError(
             f"spout name {clip(name)} is {size} bytes; spout names must be 1 to {MAX_SPOUT_NAME_BYTES} bytes"
         )
+
+
+# Ends the message of an UNAVAILABLE refusal at an acker's bound of held operations (a layout change's or a
+# catch-up's, --max-held-operations). The acker is alive and will need the operations once what it awaits is
+# installed, so a client retries such a batch and never skips it as it may skip a copy for an unreachable
+# replica (skipped after the partner's cut, the update would be missed: docs/acker-semantics.md).
+HELD_AT_BOUND = "[held operations at their bound]"
+
+
+def held_at_bound(detail: str) -> bool:
+    """Whether a refusal's message says the acker refused at its bound of held operations (retry, never skip)."""
+    return detail.endswith(HELD_AT_BOUND)

@@ -1,4 +1,4 @@
-"""Spark integration for the acker service: tracked bolts over RDDs and DataFrames, a replaying driver spout.
+"""Spark integration for the acker service: tracked bolts over RDDs and DataFrames, one replaying batch driver.
 
 Records read by Spark itself (``spark.read...``), each tree started in the executor that reads it,
 replays by re-reading, a durable checkpoint::
@@ -6,30 +6,24 @@ replays by re-reading, a durable checkpoint::
     pipeline = SourcePipeline(spark, ClusterClient(addresses), "checkpoint/", dead_letters=DeadLetterStore(db))
     stats = pipeline.run(spark.read.parquet("in/"), job, key="id")   # or spark.read.text(dir), no key
 
-Records fed from the driver (in-memory sources)::
-
-    from acker_spark import Bolt, GuaranteedPipeline, DeadLetterStore
-    split = Bolt(split_fn, addresses, name="split")    # emits children anchored to each input, acks it
-    store = Bolt(write_fn, addresses, name="store")    # writes its rows idempotently, then acks them
-    pipeline = GuaranteedPipeline(spark, ClusterClient(addresses), dead_letters=DeadLetterStore(db))
-    stats = pipeline.run(records, lambda rdd: store.apply(split.apply(rdd)).count())
-
-DataFrames (classic Spark and Spark Connect): ``pipeline.run(records, job, as_dataframe=True)``
-with column-wise ``ArrowBolt(fn, addresses, schema=...).apply_df(df)`` steps (see
-:mod:`acker_spark.steps.arrow_bolt`; needs pyarrow), or row functions with ``bolt.apply_df(df, schema)``.
+In-memory records (``records_from(values)``, a list of ``Record``) go through the same
+driver: copied once into the checkpoint, then read by Spark like any source. A job's
+steps are column-wise ``ArrowBolt(fn, addresses, schema=...).apply_df(df)`` (see
+:mod:`acker_spark.steps.arrow_bolt`; needs pyarrow) or row functions with
+``Bolt(fn, addresses).apply_df(df, schema)``; ``Bolt.apply(tracked_rdd(df))`` runs one over an RDD.
 Structured Streaming: ``register_acker_spout(spark)``, then ``spark.readStream.format("acker_spout")``
-(see :mod:`acker_spark.streaming`; needs the ``[streaming]`` extra, pyarrow).
+(see :mod:`acker_spark.streaming`; needs the ``[streaming]`` extra, pyarrow); over a Redis stream or
+a RabbitMQ queue, ``register_acker_queue(spark)`` and ``format("acker_queue")``.
 """
 
 from typing import Any
 
+from . import moved_modules
 from .budget import BudgetExceeded, FailureBudget
 from .dead_letter import DeadLetter, DeadLetterStore, Select
-from .driver_fed.pipeline import GuaranteedPipeline, Job, run_untracked
-from .executor_read.stream_undelivered import record_commit_errors
 from .redrive import RedriveReport, RedriveUnfinished
 from .replay_policy import ReplayPolicy
-from .run_report import AcksUndelivered, PipelineStats, RecordsFailed, RunStats, RunStopped, ShardDown, SourceStats
+from .run_report import AcksUndelivered, RecordsFailed, RunError, RunStats, RunStopped, ShardDown, SourceStats
 from .session import LOCAL_MASTER, local_session
 from .sources import Delivery, Record, TextDirectorySource, generated_sentences, records_from
 from .steps.executor import (
@@ -43,6 +37,7 @@ from .steps.executor import (
 )
 from .steps.frames import TRACKING_COLUMN, pack_ids, unpack_ids
 from .steps.ids import DeterministicEdgeIds, dedup_key, stable_id
+from .steps.rdd_rows import tracked_rdd
 
 # Imported on first use: the streaming source imports pyspark.sql, and the Arrow bolts pyarrow,
 # which `import acker_spark` does not.
@@ -54,9 +49,12 @@ _LAZY = {
     "AckerSpoutDataSource": "streaming.data_source",
     "DuplicateIdentity": "executor_read.source_pipeline",
     "SourcePipeline": "executor_read.source_pipeline",
-    "UnstableIdentity": "executor_read.identity",
+    "PipelineOptions": "executor_read.pipeline_options",
+    "UnstableIdentity": "tracking.identity",
+    "record_commit_errors": "streaming.stream_undelivered",
     "StreamOptions": "streaming.stream_options",
     "register_acker_spout": "streaming.data_source",
+    "register_acker_queue": "streaming.queue_source",
     "BatchOutput": "output",
     "FileOutput": "output",
     "StreamOutput": "output",
@@ -71,6 +69,9 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+moved_modules.install()  # the old paths of modules that moved still import, with a warning naming the new one
 
 
 __all__ = [
@@ -94,11 +95,9 @@ __all__ = [
     "FileOutput",
     "DeterministicEdgeIds",
     "DuplicateIdentity",
-    "GuaranteedPipeline",
-    "Job",
     "LOCAL_MASTER",
-    "PipelineStats",
     "RecordsFailed",
+    "RunError",
     "RunStats",
     "RunStopped",
     "ShardDown",
@@ -123,8 +122,9 @@ __all__ = [
     "pack_ids",
     "record_commit_errors",
     "records_from",
+    "register_acker_queue",
     "register_acker_spout",
-    "run_untracked",
     "stable_id",
+    "tracked_rdd",
     "unpack_ids",
 ]

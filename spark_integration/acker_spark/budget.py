@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .job_errors import error_type
+from .run_report import RunError
 
 __all__ = ["BudgetExceeded", "CauseCount", "CauseTally", "FailureBudget", "top_causes"]
 
@@ -33,13 +34,12 @@ class CauseCount:
     example_cause: str
 
 
-class BudgetExceeded(RuntimeError):
+class BudgetExceeded(RunError, RuntimeError):
     """More records failed than the run's :class:`FailureBudget` allows; ``causes`` are the top ones."""
 
     def __init__(self, message: str, dead: int, read: int, causes: list[CauseCount]) -> None:
         super().__init__(message)
         self.dead, self.read, self.causes = dead, read, causes
-        self.stats: Any = None  # the run's stats when it stopped (set by the pipeline)
         # How far past the budget the run went before it stopped: records read and seconds from
         # the moment the budget was seen passed to the end of the cancelled job (0 between rounds).
         self.read_after = 0

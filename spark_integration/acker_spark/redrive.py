@@ -47,8 +47,17 @@ from typing import Any
 from acker_client import new_id
 
 from .dead_letter import ACKED, DEAD, DeadLetterStore, Select
+from .run_report import RunError
 
-__all__ = ["ChunkRunner", "Redrive", "RedriveChunk", "RedriveReport", "RedriveUnfinished", "Select"]
+__all__ = [
+    "ChunkRunner",
+    "Redrive",
+    "RedriveChunk",
+    "RedriveRefused",
+    "RedriveReport",
+    "RedriveUnfinished",
+    "Select",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +82,11 @@ causes. Every other letter of the chunk was acked."""
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
-class RedriveUnfinished(RuntimeError):
+class RedriveRefused(RunError, TypeError):
+    """The job was found wrong before the redrive sent a letter (see :mod:`acker_spark.executor_read.job_check`)."""
+
+
+class RedriveUnfinished(RunError, RuntimeError):
     """A redrive of another selection was started and not finished: it must be finished (or abandoned) first."""
 
 
@@ -84,9 +97,11 @@ class RedriveReport:
     redrive_id: str
     selection: str
     claimed: int = 0  # letters the redrive holds
-    sent: int = 0  # letters this call sent through the job (chunks already recorded are not sent again)
-    acked: int = 0  # of the claimed letters, acked in the end
+    sent: int = 0  # letters this call redrove: sent through the job (chunks already recorded are not sent again)
+    acked: int = 0  # of the claimed letters, acked (and, with an output, their rows committed)
     dead: int = 0  # of the claimed letters, dead again
+    still_failing: int = 0  # of the claimed letters, without an outcome yet (a stopped chunk: run the redrive again)
+    output: str = "none"  # where the redriven rows were committed
     resumed: bool = False  # this call finished a redrive a killed one had started
     seconds: float = 0.0
     causes: dict[str, int] = field(default_factory=dict)  # cause kinds of the letters that died again
@@ -103,8 +118,11 @@ class RedriveReport:
             "selection": self.selection,
             "claimed": self.claimed,
             "sent": self.sent,
+            "redriven": self.sent,
             "acked": self.acked,
             "dead": self.dead,
+            "still_failing": self.still_failing,
+            "output": self.output,
             "resumed": self.resumed,
             "seconds": round(self.seconds, 3),
             "records_per_s": round(self.records_per_s, 1),
@@ -181,7 +199,16 @@ class Redrive:
             self._pace(started, report.sent)
             first, last = part[0][0], part[-1][0]
             letters = RedriveChunk(*self.store.claimed_records(redrive_id, first, last))
-            dead = dict(self.runner(letters, self.folder / redrive_id / f"chunk-{number:05d}"))
+            try:
+                dead = dict(self.runner(letters, self.folder / redrive_id / f"chunk-{number:05d}"))
+            except RedriveRefused as refused:
+                if unfinished is not None or report.sent:
+                    raise  # chunks were sent: the claim stays, the same redrive finishes them once fixed
+                # Nothing was sent: the claim is released, as if the redrive had not started.
+                released = self.store.abandon_redrive(redrive_id)
+                raise type(refused)(
+                    f"{refused}. The redrive was not started: its {released} letters are as they were"
+                ) from refused
             unknown = set(dead).difference(letters.keys)
             if unknown:
                 raise RuntimeError(f"the redrive's run reported keys it was not given: {sorted(unknown)[:5]}")
@@ -190,14 +217,16 @@ class Redrive:
         self.store.end_redrive(redrive_id)
         report.acked, report.causes = self.store.outcomes(redrive_id)
         report.dead = sum(report.causes.values())
+        report.still_failing = report.claimed - report.acked - report.dead
         report.seconds = self.clock() - started
         log.info(
-            "redrive %s: %d acked, %d dead again of %d (%d sent in %.1f s)",
+            "redrive %s: %d redriven, %d acked, %d dead again, %d still failing of %d claimed (%.1f s)",
             redrive_id,
+            report.sent,
             report.acked,
             report.dead,
+            report.still_failing,
             report.claimed,
-            report.sent,
             report.seconds,
         )
         return report

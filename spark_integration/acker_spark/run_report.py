@@ -1,17 +1,24 @@
 """What a run reports: its counters (:class:`RunStats`) and the errors that end it, for every driver of the package.
 
-Both families of drivers, the driver-fed :class:`~acker_spark.driver_fed.pipeline.GuaranteedPipeline`
-and the executor-read :class:`~acker_spark.executor_read.source_pipeline.SourcePipeline`,
-fill the same :class:`RunStats` and raise the same errors, so a caller handles
-a run the same way whichever driver ran it. ``PipelineStats`` and
-``SourceStats`` are the names each driver's stats had before: they stay as
-aliases of :class:`RunStats`.
+The batch driver :class:`~acker_spark.executor_read.source_pipeline.SourcePipeline`
+and the stream fill the same :class:`RunStats` and raise the same errors, so a
+caller handles a run the same way whichever ran it. ``SourceStats`` is the
+name the batch driver's stats had before: it stays as an alias of :class:`RunStats`.
+
+Everything that ends a run derives from :class:`RunError`, as everything the
+client raises derives from ``acker_client.AckerError``: ``except RunError`` handles
+a stopped run, a mistaken job, a source without stable identities or a dead
+shard alike, with the run's stats. Each error also keeps the built-in base it
+had (``TypeError`` for a mistaken job, ``ValueError`` for a bad source,
+``RuntimeError``, ``AckerError``), so handlers written for those still match.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from acker_client import AckerError
 
@@ -22,8 +29,8 @@ if TYPE_CHECKING:
 __all__ = [
     "AcksUndelivered",
     "DownShard",
-    "PipelineStats",
     "RecordsFailed",
+    "RunError",
     "RunStats",
     "RunStopped",
     "ShardDown",
@@ -35,9 +42,8 @@ __all__ = [
 class RunStats:
     """What a run did. Per-record counts: emitted, acked, dead_lettered; per-delivery: the rest.
 
-    The executor-read drivers compute the counts from their checkpoint, so a
-    resumed run counts the whole run; the driver-fed one counts what this
-    driver did.
+    The drivers compute the counts from their checkpoint, so a resumed run
+    counts the whole run.
     """
 
     emitted: int = 0  # distinct records read or taken from the source
@@ -50,7 +56,7 @@ class RunStats:
     attempts: int = 0  # all deliveries: emitted + replayed
     pending: int = 0  # trees in flight now
     awaiting_replay: int = 0  # failed records waiting for their backoff
-    jobs: int = 0  # Spark jobs this driver ran (a micro-batch, or a round over the source)
+    jobs: int = 0  # Spark jobs this driver ran (one per round over the source)
     job_errors: int = 0  # jobs that raised (their unfinished trees were failed and replayed)
     # ... ACKS_UNDELIVERED: timed out or lost because a bolt's acks for it never reached its acker
     acks_undelivered: int = 0
@@ -61,12 +67,6 @@ class RunStats:
     output_rows: int = 0  # rows this driver committed to the output
     staged_rows: int = 0  # output rows this driver's jobs staged (every delivery's, copies included)
     output_commits: int = 0  # commits this driver made
-    replayed_keys: set[str] = field(default_factory=set, repr=False)  # driver-fed runs: the keys delivered again
-
-    @property
-    def batches(self) -> int:
-        """The driver-fed pipeline's name for :attr:`jobs` (one Spark job per micro-batch)."""
-        return self.jobs
 
     @property
     def rounds(self) -> int:
@@ -74,21 +74,45 @@ class RunStats:
         return self.jobs
 
     def as_dict(self) -> dict[str, Any]:
-        """The counters as a plain dict (no key sets; commit errors summed over bolts), for JSON and tables."""
+        """The counters as a plain dict (commit errors summed over bolts), for JSON and tables."""
         data = asdict(self)
-        data.pop("replayed_keys")
         data["commit_errors"] = sum(self.commit_errors.values())
         return data
 
-
-PipelineStats = RunStats
-"""The driver-fed pipeline's stats: the one :class:`RunStats` (the name stays for the public API)."""
 
 SourceStats = RunStats
 """The source pipeline's stats: the one :class:`RunStats` (the name stays for the public API)."""
 
 
-class AcksUndelivered(AckerError):
+class RunError(Exception):
+    """The root of every error that ends a pipeline's run; ``stats`` is the run's :class:`RunStats` then.
+
+    ``stats`` is None only for an error raised outside a run (a pipeline's
+    ``run`` fills it in on the way out: :func:`fills_run_stats`).
+    """
+
+    stats: RunStats | None = None
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def fills_run_stats(method: _Method) -> _Method:
+    """Decorate a driver's ``run``: a :class:`RunError` leaving it carries the driver's ``stats``."""
+
+    @functools.wraps(method)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except RunError as error:
+            if error.stats is None:
+                error.stats = self.stats
+            raise
+
+    return run  # type: ignore[return-value]
+
+
+class AcksUndelivered(RunError, AckerError):
     """Records failed because executors could not deliver their acks (raised by a pipeline's ``run``).
 
     ``stats`` is the finished run's :class:`RunStats`; ``errors`` what each
@@ -111,7 +135,7 @@ def _undelivered_message(stats: RunStats, errors: dict[str, CommitErrors]) -> st
     )
 
 
-class RecordsFailed(AckerError):
+class RecordsFailed(RunError, AckerError):
     """Records were dead-lettered because a job raised, or the run stopped on a misconfiguration (from ``run``).
 
     ``stats`` is the finished run's :class:`RunStats`; ``causes`` the
@@ -138,7 +162,7 @@ class RecordsFailed(AckerError):
 _CAUSES_SHOWN = 3
 
 
-class RunStopped(RuntimeError):
+class RunStopped(RunError, RuntimeError):
     """The run stopped on failed Spark jobs a replay cannot cure (raised by ``SourcePipeline.run``).
 
     ``cause`` is the last job's error (e.g. ``ClusterMisconfigured``: bolts given
@@ -161,7 +185,7 @@ class DownShard:
     cause: str
 
 
-class ShardDown(AckerError):
+class ShardDown(RunError, AckerError):
     """An acker shard stayed unreachable longer than the pipeline's bound (raised by ``run``).
 
     ``shard`` is the :class:`DownShard`; ``stats`` the

@@ -5,7 +5,10 @@ connection to one upstream address, with two threads per connection (one per
 direction). What it can do to the traffic, each for a bounded time:
 
 - :meth:`cut`: reset every open connection and refuse new ones (connections are
-  accepted and reset at once), like a cable pulled out and put back;
+  accepted and reset at once), like a cable pulled out and put back; with
+  ``others_only=True`` only the connections made by other processes than this
+  one (a Spark job's executors, while the driver in this process keeps its own),
+  which is one machine's network cut while the driver's stays up;
 - :meth:`half_open`: keep the open connections but silently swallow every byte
   both ways, and refuse new ones, like a peer host that vanished without a FIN
   (only keepalive can tell);
@@ -20,6 +23,7 @@ direction). What it can do to the traffic, each for a bounded time:
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import struct
 import threading
@@ -44,6 +48,39 @@ def _reset(sock: socket.socket) -> None:
         sock.close()
 
 
+def _peer_in_this_process(sock: socket.socket) -> bool:
+    """Whether the loopback client end of an accepted ``sock`` is a socket of this very process (Linux /proc).
+
+    The kernel's TCP table names the inode of the connecting socket (its local
+    port is our peer's port, its remote port our listening port); this process
+    owns it if one of its file descriptors is that socket.
+    """
+    try:
+        peer_port = sock.getpeername()[1]
+        our_port = sock.getsockname()[1]
+    except OSError:
+        return False
+    suffix_local, suffix_remote = f":{peer_port:04X}", f":{our_port:04X}"
+    inode = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            for row in rows.readlines()[1:]:
+                fields = row.split()
+                if fields[1].endswith(suffix_local) and fields[2].endswith(suffix_remote):
+                    inode = fields[9]
+                    break
+        if inode is not None:
+            break
+    if inode is None:
+        return False
+    wanted = f"socket:[{inode}]"
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") == wanted:
+                return True
+    return False
+
+
 class _Link:
     """One proxied connection: the client-side and upstream sockets."""
 
@@ -52,6 +89,7 @@ class _Link:
         self.upstream = upstream
         self.swallow = False  # half-open: bytes are read and discarded both ways
         self.drop_responses = False
+        self.own = _peer_in_this_process(downstream)  # made by this process (spared by others_only cuts)
 
     def close(self) -> None:
         _reset(self.downstream)
@@ -72,6 +110,7 @@ class BlipProxy:
         self._lock = threading.Lock()
         self._links: set[_Link] = set()
         self._refuse_until = 0.0
+        self._refuse_others_until = 0.0  # others_only cuts: connections from other processes refused
         self._delay = 0.0
         self._slow_bytes_per_s: float | None = None
         self._slow_until = 0.0
@@ -92,20 +131,35 @@ class BlipProxy:
 
     # -- faults ----------------------------------------------------------------
 
-    def cut(self, seconds: float) -> None:
-        """Reset every open connection and refuse new ones for ``seconds`` (returns at once)."""
+    def cut(self, seconds: float, *, others_only: bool = False) -> None:
+        """Reset every open connection and refuse new ones for ``seconds`` (returns at once).
+
+        ``others_only``: only the connections of other processes (this process's own go on).
+        """
         with self._lock:
-            self._refuse_until = time.monotonic() + seconds
-            links, self._links = self._links, set()
+            if others_only:
+                self._refuse_others_until = time.monotonic() + seconds
+                links = {link for link in self._links if not link.own}
+                self._links -= links
+            else:
+                self._refuse_until = time.monotonic() + seconds
+                links, self._links = self._links, set()
         for link in links:
             link.close()
 
-    def half_open(self, seconds: float) -> None:
-        """Swallow all bytes of the open connections (forever) and refuse new connections for ``seconds``."""
+    def half_open(self, seconds: float, *, others_only: bool = False) -> None:
+        """Swallow all bytes of the open connections (forever) and refuse new connections for ``seconds``.
+
+        ``others_only``: only the connections of other processes (this process's own go on).
+        """
         with self._lock:
-            self._refuse_until = time.monotonic() + seconds
+            if others_only:
+                self._refuse_others_until = time.monotonic() + seconds
+            else:
+                self._refuse_until = time.monotonic() + seconds
             for link in self._links:
-                link.swallow = True
+                if not (others_only and link.own):
+                    link.swallow = True
 
     def swallow_responses(self, then_reset_after: float = 0.3) -> None:
         """Drop every response byte of the open connections, and reset them ``then_reset_after`` s later."""
@@ -169,7 +223,8 @@ class BlipProxy:
                 downstream, _ = self._listener.accept()
             except OSError:
                 return
-            if time.monotonic() < self._refuse_until:
+            now = time.monotonic()
+            if now < self._refuse_until or (now < self._refuse_others_until and not _peer_in_this_process(downstream)):
                 self.refused += 1
                 _reset(downstream)
                 continue

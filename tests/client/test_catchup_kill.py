@@ -6,7 +6,9 @@ emitted, restarted, and once Describe says it caught up, shard 2 (the other
 keeper of the roots shard 1 owns) is killed too. Without the catch-up, the
 trees started during shard 1's outage would have lived on shard 2 only and end
 LOST (replayed); with it every record is acked, exactly once, none lost, and no
-incomplete tree is acked.
+incomplete tree is acked. Both living ackers' counters then add up
+(docs/acker-semantics.md, "Conservation you can check"), the restarted one
+counting the trees its partners copied to it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import grpc
 import pytest
 from acker_client import BoltCollector, ClusterClient, Spout
-from acker_client.testing import local_cluster
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
+
+from acker_service.moving.transfers import scrape_balance
+from acker_service.process_cluster import ProcessCluster
 
 from .polling import wait_until
 
@@ -40,7 +44,7 @@ def _catchup_state(address: str) -> str:
 def test_partner_killed_after_the_catch_up_replays_nothing(recorder):
     """kill -9 shard 1, restart it, wait until caught up, kill -9 shard 2: 0 replayed, 0 lost, 0 false acks."""
     with (
-        local_cluster(3, message_timeout=60.0, processes=True, replicas=2) as ackers,
+        ProcessCluster(count=3, message_timeout=60.0, extra_args=("--replicas", "2"), metrics_base_port=0) as ackers,
         ClusterClient(ackers.addresses, deadline=3.0) as client,
     ):
         spout = Spout(client, on_ack=recorder.on_ack, on_fail=recorder.on_fail).start()
@@ -66,3 +70,9 @@ def test_partner_killed_after_the_catch_up_replays_nothing(recorder):
         stats = spout.stats
         assert stats.lost == stats.timed_out == stats.failed == 0
         spout.close()
+        urls = ackers.metrics_urls
+        assert urls is not None
+        balances = {shard: scrape_balance(urls[shard]) for shard in (0, 1)}  # shard 2 died with its counters
+        for shard, balance in balances.items():
+            assert balance.holds, f"shard {shard}'s trees do not add up: {balance}"
+        assert balances[1].copied_in > 0, "the restarted acker counted no tree copied from its partners"

@@ -175,3 +175,16 @@ def test_derive_ids_is_the_documented_formula(salt, anchor_root, anchor_id, n):
         np.zeros(1, np.int64), np.array([anchor_root], np.uint64), np.array([anchor_id], np.uint64), 1
     )
     assert derive_ids(salt, digests, np.array([n], np.uint64)).tolist() == [expected]
+
+
+def test_member_of_matches_isin_and_refuses_an_unsorted_set() -> None:
+    """``member_of`` is ``np.isin`` over a sorted set; an unsorted set (a binary search would miss members
+    silently) is a ValueError."""
+    from acker_client.columns import member_of
+
+    rng = np.random.default_rng(3)
+    values = rng.integers(1, 2**63, 5_000, dtype=np.uint64)
+    members = np.sort(np.concatenate((values[::3], rng.integers(1, 2**63, 1_000, dtype=np.uint64))))
+    assert (member_of(values, members) == np.isin(values, members)).all()
+    with pytest.raises(ValueError, match="sorted"):
+        member_of(values, members[::-1].copy())

@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
 ACKER_IMAGE = os.environ.get("ACKER_IMAGE", "pyspark-acker:latest")
 PROMETHEUS_IMAGE = os.environ.get("ACKER_PROMETHEUS_IMAGE", "pyspark-acker-prometheus:latest")
+# Redis and RabbitMQ from Debian's packages, for the `queues` profile's services (deploy/images/brokers).
+BROKERS_IMAGE = os.environ.get("ACKER_BROKERS_IMAGE", "pyspark-acker-brokers:latest")
 SHARDS = 3
 REPLICAS = 2
 # Short enough that a lost tree is failed within seconds, long enough for a busy
@@ -133,6 +135,7 @@ class ComposeCluster:
         self.files = files
         self.ports = [_free_port() for _ in range(shards)]
         self.prometheus_port = _free_port()
+        self.broker_ports = {"redis": _free_port(), "rabbitmq": _free_port()}
         self.env = {
             **os.environ,
             "ACKER_IMAGE": ACKER_IMAGE,
@@ -142,6 +145,10 @@ class ComposeCluster:
             # Every tree on two ackers: the node-loss case expects no record replayed because of the crash.
             "ACKER_REPLICAS": str(replicas),
             "PROMETHEUS_PORT": str(self.prometheus_port),
+            "REDIS_IMAGE": BROKERS_IMAGE,
+            "RABBITMQ_IMAGE": BROKERS_IMAGE,
+            "REDIS_PORT": str(self.broker_ports["redis"]),
+            "RABBITMQ_PORT": str(self.broker_ports["rabbitmq"]),
             **{f"ACKER_{i}_PORT": str(port) for i, port in enumerate(self.ports)},
         }
         self.network = f"{self.project}_default"
@@ -169,9 +176,39 @@ class ComposeCluster:
         for shard in range(self.shards):
             self.wait_healthy(shard)
 
+    def up_brokers(self) -> None:
+        """Start the `queues` profile's Redis and RabbitMQ and wait until both report healthy."""
+        self.compose("--profile", "queues", "up", "-d", "--no-build", "redis", "rabbitmq")
+        for service in ("redis", "rabbitmq"):
+            self.wait_service_healthy(service)
+
+    def broker_url(self, service: str) -> str:
+        """The published URL of the `redis` or `rabbitmq` service."""
+        port = self.broker_ports[service]
+        return f"redis://127.0.0.1:{port}/0" if service == "redis" else f"amqp://guest:guest@127.0.0.1:{port}/%2F"
+
+    def wait_service_healthy(self, service: str, timeout: float = STARTUP_TIMEOUT) -> None:
+        """Wait until the service's healthcheck reports it healthy."""
+        container = self.compose("--profile", "queues", "ps", "-q", service).strip()
+        deadline = time.monotonic() + timeout
+        status = None
+        while time.monotonic() < deadline:
+            state = json.loads(_run("docker", "inspect", "-f", "{{json .State}}", container))
+            status = (state.get("Health") or {}).get("Status")
+            if state.get("Running") and status == "healthy":
+                return
+            time.sleep(0.5)
+        logs = _run("docker", "logs", "--tail", "30", container, check=False)
+        raise AssertionError(f"{service} not healthy after {timeout} s (health: {status}); logs:\n{logs}")
+
+    def restart_service(self, service: str) -> None:
+        """`docker-compose restart` of a broker service, then wait for its health."""
+        self.compose("--profile", "queues", "restart", "--timeout", "15", service)
+        self.wait_service_healthy(service)
+
     def down(self) -> None:
         """Remove the project's containers, network and volumes."""
-        self.compose("down", "--volumes", "--remove-orphans", "--timeout", "5", timeout=300)
+        self.compose("--profile", "queues", "down", "--volumes", "--remove-orphans", "--timeout", "5", timeout=300)
 
     def container(self, shard: int) -> str:
         """The container id of acker shard `shard`."""

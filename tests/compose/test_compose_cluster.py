@@ -8,13 +8,11 @@ their figures (run with -s to see them).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -141,16 +139,6 @@ def test_rolling_restart_loses_and_duplicates_nothing(compose_cluster: ComposeCl
     _assert_guarantees(figures, "rolling restart")
 
 
-def _spark_audit() -> ModuleType:
-    """tests/spark/audit.py, the Spark suite's false-ack oracle (a sibling test folder, so loaded by path)."""
-    path = Path(__file__).resolve().parents[1] / "spark" / "audit.py"
-    spec = importlib.util.spec_from_file_location("spark_suite_audit", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _query(url: str, expr: str) -> list[dict[str, Any]]:
     """Run an instant PromQL query; return the result vector."""
     with urllib.request.urlopen(f"{url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=10) as r:
@@ -184,27 +172,20 @@ def test_prometheus_in_compose_answers_for_every_shard(compose_cluster: ComposeC
 @pytest.mark.spark
 def test_pyspark_word_count_against_compose(compose_cluster: ComposeCluster, spark: Any, tmp_path: Path) -> None:
     """The demo's word count on local Spark, tracked by the compose ackers: every record acked, sink exact."""
-    from acker_demo.wordcount import build_job, create_sink, expected_counts, sink_counts
-    from acker_spark import close_clients
+    from acker_demo.wordcount import build_source_job, create_sink, expected_counts, sink_counts
+    from acker_spark import SourcePipeline, close_clients
     from acker_spark.dead_letter import DeadLetterStore
-    from acker_spark.driver_fed.pipeline import GuaranteedPipeline
     from acker_spark.sources import generated_sentences
-
-    audit_class = _spark_audit().AckAudit
 
     db = tmp_path / "sink.sqlite"
     create_sink(db)
     records = list(generated_sentences(200, seed=7))
-    audit = audit_class(db, records)
-    job, _ = build_job(compose_cluster.addresses, db, partitions=2)
+    job, _ = build_source_job(compose_cluster.addresses, db, partitions=2)
     try:
         with ClusterClient(compose_cluster.addresses) as client:
-            pipeline = GuaranteedPipeline(
-                spark, client, max_pending=100, partitions=2, dead_letters=DeadLetterStore(db), on_outcome=audit
-            )
+            pipeline = SourcePipeline(spark, client, tmp_path / "checkpoint", dead_letters=DeadLetterStore(db))
             stats = pipeline.run(records, job)
     finally:
         close_clients()
-    assert stats.acked == len(records) and stats.dead_lettered == 0, stats
-    assert audit.false_acks == []
+    assert (stats.emitted, stats.acked, stats.dead_lettered, stats.pending) == (len(records), len(records), 0, 0), stats
     assert sink_counts(db) == expected_counts(records)

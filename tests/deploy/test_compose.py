@@ -129,7 +129,7 @@ def test_acker_settings_agree_across_shards(ackers: dict[int, tuple[str, dict[st
 def test_published_ports_are_unique_and_only_the_needed_ones(
     compose: dict[str, Any], ackers: dict[int, tuple[str, dict[str, Any]]]
 ) -> None:
-    """Each acker publishes only its gRPC port, Prometheus and Grafana their UIs, nothing else, no clashes."""
+    """Each acker publishes only its gRPC port, Prometheus and Grafana their UIs, the brokers theirs; no clashes."""
     published = [p for s in compose["services"].values() for p, _ in _published(s)]
     assert len(published) == len(set(published)), published
     for name, service in ackers.values():
@@ -137,7 +137,32 @@ def test_published_ports_are_unique_and_only_the_needed_ones(
         assert _published(service) == [(port, port)], f"{name} must publish only its gRPC port"
     assert _published(compose["services"]["prometheus"]) == [(9090, 9090)]
     assert _published(compose["services"]["grafana"]) == [(3000, 3000)]
-    assert set(compose["services"]) == {name for name, _ in ackers.values()} | {"prometheus", "grafana"}
+    assert _published(compose["services"]["redis"]) == [(6379, 6379)]
+    assert _published(compose["services"]["rabbitmq"]) == [(5672, 5672)]
+    assert set(compose["services"]) == {name for name, _ in ackers.values()} | {
+        "prometheus",
+        "grafana",
+        "redis",
+        "rabbitmq",
+    }
+
+
+def test_the_queue_brokers_start_only_with_their_profile_and_keep_their_data(
+    compose: dict[str, Any], deploy_dir: Path
+) -> None:
+    """redis and rabbitmq: profile "queues", a healthcheck each, durable data volumes, guest reachable off localhost."""
+    for name in ("redis", "rabbitmq"):
+        service = compose["services"][name]
+        assert service["profiles"] == ["queues"], name
+        assert service["healthcheck"]["test"][0] == "CMD", name
+        assert _named_volumes(service), f"{name} keeps its data on a named volume"
+    for name, service in compose["services"].items():
+        if name not in ("redis", "rabbitmq"):
+            assert not service.get("profiles"), f"{name} must start with a plain `up`"
+    assert "--appendonly" in compose["services"]["redis"]["command"]
+    conf = deploy_dir / "rabbitmq" / "10-acker.conf"
+    assert "loopback_users = none" in conf.read_text()
+    assert _bind_mounts(compose["services"]["rabbitmq"]) == {"/etc/rabbitmq/conf.d/10-acker.conf": conf}
 
 
 def test_ports_are_published_on_loopback_unless_told_otherwise(

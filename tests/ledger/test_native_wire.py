@@ -9,8 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from acker_service import _native
-from acker_service.batch import Batch, BatchError, validate_batch
-from acker_service.reference_ledger import undecodable
+from acker_service.batch import Batch, BatchError, undecodable, validate_batch
 
 # One value per field type of ApplyRequest, so every field of the descriptor gets content.
 SAMPLES = {

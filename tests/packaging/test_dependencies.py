@@ -33,6 +33,8 @@ DISTRIBUTION_OF = {
     "pandas": "pandas",  # the [spark] extra: identity hashing (pandas.util.hash_array) and PySpark's Arrow UDFs
     "rich": "rich",
     "cryptography": "cryptography",
+    "redis": "redis",  # the [queues] extra: acker_spark.queues' Redis Streams source
+    "pika": "pika",  # ... and its RabbitMQ source
 }
 PROJECT = {
     "acker_protocol",
@@ -48,7 +50,7 @@ PROJECT = {
 PACKAGES = {
     "acker_protocol": ("proto/acker_protocol", ()),
     "acker_client": ("client/acker_client", ()),
-    "acker_spark": ("spark_integration/acker_spark", ("spark", "streaming")),
+    "acker_spark": ("spark_integration/acker_spark", ("spark", "streaming", "queues")),
     "acker_service": ("acker_service", ("server",)),
     "acker_cluster": ("tools/acker_cluster", ("tools",)),
     "acker_bench": ("tools/acker_bench", ("tools",)),

@@ -6,7 +6,8 @@ The convention (docs/testing.md):
 - ``<!-- continues -->`` on the line before a block runs it after the previous
   python block of the same page, as one script (say so in the text too);
 - ``<!-- notest: why -->`` on the line before a block skips it, with the reason;
-- the scripts get ``ACKER_ADDRESSES`` (three shards, in shard order) and run in a
+- the scripts get ``ACKER_ADDRESSES`` (three shards, in shard order) and
+  ``REDIS_URL`` (a redis-server of the run's own), and run in a
   fresh directory holding ``in/``, a directory of text files; relative paths
   such as ``out.sqlite`` land there.
 
@@ -102,10 +103,20 @@ ALL = [s for page in PAGES for s in scripts(page)]
 
 
 @pytest.fixture(scope="module")
-def addresses() -> Iterator[str]:
-    """One 3-shard cluster for every script, on free loopback ports."""
-    with local_cluster(3, message_timeout=30.0) as ackers:
-        yield ",".join(ackers.addresses)
+def addresses(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One 3-shard cluster for every script, on free loopback ports, and a redis-server (``REDIS_URL``)."""
+    from acker_bench.brokers import running_redis
+
+    with local_cluster(3, message_timeout=30.0) as ackers, running_redis(tmp_path_factory.mktemp("redis")) as redis:
+        before = os.environ.get("REDIS_URL")
+        os.environ["REDIS_URL"] = redis.url  # the queue examples read it, as ACKER_ADDRESSES
+        try:
+            yield ",".join(ackers.addresses)
+        finally:
+            if before is None:
+                del os.environ["REDIS_URL"]
+            else:
+                os.environ["REDIS_URL"] = before
 
 
 SCRIPT_TIMEOUT = 600.0

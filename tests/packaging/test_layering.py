@@ -64,17 +64,97 @@ def test_the_scan_sees_function_level_imports(tmp_path):
     assert _imports(module) == [(2, "acker_service")]
 
 
+# acker_service's moving wing (acker_service/moving/): layout changes, handoffs, catch-up.
+SERVICE = REPO / "acker_service"
+WING = SERVICE / "moving"
+# What the wing stands on: the ledger and its vocabulary. Nothing that serves (shard, servicer, server, ...).
+BELOW_WING = {"batch", "config", "handoff", "ledger", "outcome_columns"}
+# The modules that use the wing; the ledger engines and everything else below it never import it.
+WING_USERS = {"cli", "metrics", "server", "servicer", "shard"}
+
+
+def _service_imports(path: Path, text: str | None = None) -> set[str]:
+    """The acker_service modules ``path`` imports, as dotted paths inside the package (relative imports resolved)."""
+    package = list(path.relative_to(SERVICE).parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(text if text is not None else path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                parts = base + (node.module.split(".") if node.module else [a.name for a in node.names][:1])
+            elif node.module and node.module.split(".")[0] == "acker_service":
+                parts = node.module.split(".")[1:]
+            else:
+                continue
+            found.add(".".join(parts))
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("acker_service.")}
+    return found
+
+
+def test_the_moving_wing_stands_on_the_ledger_only():
+    """The wing imports its own modules and the ledger's vocabulary, never what serves it (no upward import)."""
+    wrong = []
+    for path in sorted(WING.rglob("*.py")):
+        for target in sorted(_service_imports(path)):
+            head = target.split(".")[0]
+            if head != "moving" and head not in BELOW_WING:
+                wrong.append(f"acker_service/moving/{path.name} imports acker_service.{target}")
+    assert not wrong, "moving wing layering broken: " + "; ".join(wrong)
+
+
+def test_only_the_serving_modules_import_the_moving_wing():
+    """The ledger engines, batch, config and the rest of the core know nothing of moves."""
+    wrong = [
+        f"acker_service/{path.name} imports acker_service.{target}"
+        for path in sorted(SERVICE.glob("*.py"))
+        if path.stem not in WING_USERS
+        for target in sorted(_service_imports(path))
+        if target.split(".")[0] == "moving"
+    ]
+    assert not wrong, "the core imports the moving wing: " + "; ".join(wrong)
+
+
+def test_the_service_scan_resolves_relative_imports():
+    """A wing module's ``from ..shard import Shard`` is seen as an import of acker_service.shard."""
+    text = "from ..shard import Shard\nfrom .layout import Layout\nimport acker_service.server\n"
+    assert _service_imports(WING / "membership.py", text) == {"shard", "moving.layout", "server"}
+
+
+def test_server_and_client_decode_apply_requests_with_one_codec():
+    """Only acker_protocol.apply_codec turns ApplyRequest bytes into a message in the libraries' Python code.
+
+    The acker's steady Apply path hands the bytes to the native core; its moves,
+    and the client's re-routing of a refused batch, split them with the codec.
+    """
+    allowed = {
+        "acker_protocol/apply_codec.py",
+        "acker_client/batching.py",  # to_request(): the client's own bytes, for inspection
+    }
+    wrong = []
+    for package in ("acker_protocol", "acker_service", "acker_client"):
+        folder = FORBIDDEN[package][0]
+        for path in sorted(folder.rglob("*.py")):
+            name = f"{package}/{path.relative_to(folder)}"
+            if "v1" in path.relative_to(folder).parts or name in allowed:
+                continue
+            if "ApplyRequest.FromString" in path.read_text():
+                wrong.append(name)
+    assert not wrong, "ApplyRequest decoded outside the codec in: " + ", ".join(wrong)
+    assert "acker_protocol.apply_codec" in {
+        node.module for node in ast.walk(ast.parse((REPO / "client/acker_client/relayout.py").read_text()))
+        if isinstance(node, ast.ImportFrom)
+    }  # fmt: skip
+
+
 # acker_spark's folders: which of the package's folders each may not import, and why.
 SPARK = REPO / "spark_integration" / "acker_spark"
-DRIVERS = {"executor_read", "streaming", "driver_fed", "output"}
+DRIVERS = {"executor_read", "streaming", "output"}
 SPARK_FORBIDDEN = {
     # What runs inside the user's job serves every driver: it knows none of them.
     "steps": DRIVERS,
-    # The executor-read drivers and the stream share the book, not the driver-fed wing's machinery.
-    "executor_read": {"driver_fed"},
-    "streaming": {"driver_fed"},
-    # The driver-fed wing may use the shared modules and the steps, nothing of the other family.
-    "driver_fed": {"executor_read", "streaming", "output"},
+    # The tracking layer under the drivers (book, checkpoint, emission log, ...) serves them all: it imports none.
+    "tracking": DRIVERS | {"queues"},
     # The package's shared modules (run report, policy, dead letters, ...) sit below every folder but the steps.
     "": DRIVERS,
 }
@@ -104,7 +184,8 @@ def _folder(dotted: str) -> str:
 
 
 def test_acker_spark_folders_follow_their_layers():
-    """Steps import no driver, the executor-read drivers and the stream never the driver-fed wing, and so on."""
+    """Steps and the tracking layer import no driver, and the package's shared modules import none of the driver
+    folders."""
     wrong = []
     for path in sorted(SPARK.rglob("*.py")):
         rel = path.relative_to(SPARK)
@@ -118,10 +199,10 @@ def test_acker_spark_folders_follow_their_layers():
 
 
 def test_the_folder_scan_resolves_relative_imports():
-    """A step's ``from ..driver_fed.pipeline import X`` is seen as an import of the driver-fed wing."""
-    text = "from ..driver_fed.pipeline import GuaranteedPipeline\nfrom .frames import pack_ids\n"
-    assert _spark_imports(SPARK / "steps" / "step.py", text) == {"driver_fed.pipeline", "steps.frames"}
-    assert _folder("driver_fed.pipeline") in SPARK_FORBIDDEN["steps"]
+    """A step's ``from ..executor_read.source_pipeline import X`` is seen as an import of a driver."""
+    text = "from ..executor_read.source_pipeline import SourcePipeline\nfrom .frames import pack_ids\n"
+    assert _spark_imports(SPARK / "steps" / "step.py", text) == {"executor_read.source_pipeline", "steps.frames"}
+    assert _folder("executor_read.source_pipeline") in SPARK_FORBIDDEN["steps"]
 
 
 def test_no_import_cycles_across_acker_spark_folders():
@@ -174,9 +255,11 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-PACKAGE_FOLDERS = {name: folder for name, (folder, _) in FORBIDDEN.items()} | {
-    f"acker_spark.{sub.name}": sub for sub in sorted(SPARK.iterdir()) if (sub / "__init__.py").is_file()
-}
+PACKAGE_FOLDERS = (
+    {name: folder for name, (folder, _) in FORBIDDEN.items()}
+    | {f"acker_spark.{sub.name}": sub for sub in sorted(SPARK.iterdir()) if (sub / "__init__.py").is_file()}
+    | {"acker_service.moving": WING}
+)
 
 
 @pytest.mark.parametrize("package", sorted(PACKAGE_FOLDERS))

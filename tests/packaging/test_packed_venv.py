@@ -1,9 +1,10 @@
-"""The README's install section, run: the wheel, a packed venv with only the client, a tracked job shipped with it.
+"""The install commands of docs/deployment.md, run: the wheel, a packed venv with only the client, a tracked job shipped with it.
 
 Builds the project's wheel (once per session; ACKER_TEST_WHEEL reuses a built
 one), makes a virtualenv with only that wheel and its core dependencies
-(grpcio, protobuf: from PyPI or pip's cache), packs it with venv-pack as the
-README says, and runs a tracked word count on a ``local-cluster`` Spark (real
+(grpcio, protobuf, and pyarrow and pandas for the executors' mapInArrow: from
+PyPI or pip's cache), packs it with venv-pack as the
+docs/deployment.md says, and runs a tracked word count on a ``local-cluster`` Spark (real
 executor processes, each unpacking ``spark.archives`` in its working directory)
 whose executors run the venv's Python. The job reports where its executors
 imported ``acker_client`` from: the archive, not this checkout.
@@ -15,7 +16,6 @@ toolchain for the wheel).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from acker_client.testing import local_cluster
 
+from .conftest import clean_env, run_checked
+
 pytestmark = [pytest.mark.venv, pytest.mark.spark, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,11 +34,11 @@ REPO = Path(__file__).resolve().parents[2]
 DRIVER = textwrap.dedent(
     '''
     """The driver: the test's checkout on sys.path; the executors get only the packed venv."""
-    import json, os, sys
+    import json, os, sys, tempfile
     sys.path[:0] = json.loads(os.environ.pop("ACKER_TEST_DRIVER_PATH"))
 
     from acker_client import ClusterClient
-    from acker_spark import Bolt, GuaranteedPipeline, ReplayPolicy
+    from acker_spark import Bolt, ReplayPolicy, SourcePipeline, tracked_rdd
     from pyspark.sql import SparkSession
 
     ADDRESSES = os.environ["ACKER_ADDRESSES"].split(",")
@@ -61,9 +63,10 @@ DRIVER = textwrap.dedent(
     split_bolt, store_bolt = Bolt(split, ADDRESSES, name="split"), Bolt(store, ADDRESSES, name="store")
     files = set()
     records = [(f"r{i}", f"alpha beta gamma {i}") for i in range(20)]
-    with ClusterClient(ADDRESSES) as client:
-        pipeline = GuaranteedPipeline(spark, client, partitions=2, policy=ReplayPolicy(max_attempts=1))
-        job = lambda rdd: files.update(store_bolt.apply(split_bolt.apply(rdd)).map(lambda t: t.value).collect())
+    with ClusterClient(ADDRESSES) as client, tempfile.TemporaryDirectory() as work:
+        pipeline = SourcePipeline(spark, client, f"{work}/checkpoint", policy=ReplayPolicy(max_attempts=1), progress=None)
+        bolts = lambda df: store_bolt.apply(split_bolt.apply(tracked_rdd(df)))
+        job = lambda df: files.update(bolts(df).map(lambda t: t.value).collect())
         stats = pipeline.run(records, job)
     spark.stop()
     print(json.dumps({"stats": stats.as_dict(), "files": sorted(files)}))
@@ -82,30 +85,6 @@ def _spark_home(home: Path) -> Path:
     return home
 
 
-def _clean_env() -> dict[str, str]:
-    """This environment without PYTHONPATH: the commands run as in a fresh shell, not inside this checkout."""
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-
-
-def _run(*cmd: str | Path, cwd: Path | None = None) -> None:
-    done = subprocess.run(
-        [str(c) for c in cmd], capture_output=True, text=True, timeout=600, cwd=cwd, env=_clean_env(), check=False
-    )
-    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-
-
-@pytest.fixture(scope="session")
-def project_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The project's wheel, as the README builds it: ``pip wheel --no-deps . -w dist/``."""
-    given = os.environ.get("ACKER_TEST_WHEEL")
-    if given:
-        return Path(given)
-    dist = tmp_path_factory.mktemp("dist")
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", REPO, "-w", dist, cwd=REPO)
-    (wheel,) = dist.glob("pyspark_acker-*.whl")
-    return wheel
-
-
 @pytest.fixture
 def ackers() -> Iterator[list[str]]:
     """Three in-process ackers the executors reach on loopback."""
@@ -115,17 +94,19 @@ def ackers() -> Iterator[list[str]]:
 
 def test_a_packed_venv_ships_the_client_to_executors(project_wheel: Path, ackers: list[str], tmp_path: Path) -> None:
     env_dir, archive = tmp_path / "acker-env", tmp_path / "acker-env.tar.gz"
-    # The README's commands (the venv takes the interpreter running the tests).
+    # docs/deployment.md's commands (the venv takes the interpreter running the tests).
     base_python = getattr(sys, "_base_executable", sys.executable)
-    _run(base_python, "-m", "venv", env_dir)
-    _run(env_dir / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check", project_wheel, "venv-pack")
-    _run(env_dir / "bin" / "venv-pack", "-p", env_dir, "-o", archive)
+    run_checked(base_python, "-m", "venv", env_dir)
+    # pyarrow and pandas: the pipeline reads its records on the executors with mapInArrow.
+    pip = [env_dir / "bin" / "pip", "install", "--quiet", "--disable-pip-version-check", project_wheel]
+    run_checked(*pip, "pyarrow>=18", "pandas>=2.2,<3", "venv-pack")
+    run_checked(env_dir / "bin" / "venv-pack", "-p", env_dir, "-o", archive)
 
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    env = _clean_env()  # executors must not see this checkout
+    env = clean_env()  # executors must not see this checkout
     spark_home = _spark_home(tmp_path / "spark-home")
-    # The README's two exports and spark-submit line, as written (issue 23: without
+    # docs/deployment.md's two exports and spark-submit line, as written (issue 23: without
     # PYSPARK_DRIVER_PYTHON the driver ran ./environment/bin/python and failed).
     env.update(
         PYSPARK_DRIVER_PYTHON=sys.executable,  # the driver's Python, with the package

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from acker_service.layout import CUT, PREPARED, SERVING, Layout, LayoutMachine, LayoutRefused
+from acker_service.moving.layout import CUT, PREPARED, SERVING, Layout, LayoutMachine, LayoutRefused
 
 
 def test_prepare_cut_commit_in_order_and_repeats_are_safe():
@@ -102,16 +102,18 @@ def test_route_after_a_manifest_holds_only_roots_whose_entry_is_still_on_its_way
 
 
 def test_a_request_split_in_parts_keeps_every_field_of_each_operation():
-    """encode_part of a decoded request: the selected operations with their keys, spouts and spout indices."""
+    """encode_part of a checked request: the selected operations with their keys, spouts and spout indices."""
+    from acker_protocol.apply_codec import encode_part
     from acker_protocol.v1 import acker_pb2
 
-    from acker_service.request_parts import decode_request, encode_part
+    from acker_service.batch import check_request
+    from acker_service.ledger import Limits
 
     request = acker_pb2.ApplyRequest(
         kinds=[1, 2, 2], root_ids=[3, 4, 5], values=[7, 8, 9], dedup_keys=[0, 11, 12], spouts=["a", "b"],
         spout_index=[1, 0, 0],
     )  # fmt: skip
-    batch = decode_request(request.SerializeToString(), max_batch=10)
+    batch = check_request(request.SerializeToString(), Limits(max_batch=10))
     part = acker_pb2.ApplyRequest.FromString(encode_part(batch, np.array([True, False, True])))
     assert (list(part.kinds), list(part.root_ids), list(part.values)) == ([1, 2], [3, 5], [7, 9])
     assert (list(part.dedup_keys), list(part.spouts), list(part.spout_index)) == ([0, 12], ["a", "b"], [1, 0])

@@ -1,6 +1,6 @@
 """The layout file: written atomically at each change, read at start, a corrupt one refused, a failing disk handled.
 
-Unit tests of :mod:`acker_service.layout_file` and of a :class:`Shard` driven
+Unit tests of :mod:`acker_service.moving.layout_file` and of a :class:`Shard` driven
 through prepare -> cut -> commit without gRPC (no trees: nothing to hand over; the
 other ackers' empty handoffs are stood in for, see ``no_peers`` and ``_others_handed_over``).
 The restarts of real acker processes are in test_restart_layout_processes.py.
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from acker_service import shard as shard_module
 from acker_service.config import ConfigError, ServerConfig
-from acker_service.layout import CUT, SERVING, Layout, LayoutMachine, LayoutRefused
-from acker_service.layout_file import FORMAT, LayoutFile, LayoutFileError, LayoutNotRecorded, starting_layout
+from acker_service.moving import membership as membership_module
+from acker_service.moving.layout import CUT, SERVING, Layout, LayoutMachine, LayoutRefused
+from acker_service.moving.layout_file import FORMAT, LayoutFile, LayoutFileError, LayoutNotRecorded, starting_layout
 from acker_service.process_cluster import layout_conflicts
 from acker_service.shard import Shard
 
@@ -127,13 +127,13 @@ def no_peers(monkeypatch):
     async def delivered(chunks, layout, metadata=(), security=None):
         return []
 
-    monkeypatch.setattr(shard_module, "send_handoffs", delivered)
+    monkeypatch.setattr(membership_module, "send_handoffs", delivered)
 
 
 def _others_handed_over(shard: Shard) -> None:
     """The other old owners' (empty) handoffs arrived, as they do when acker-ctl cuts every acker."""
-    for source in sorted(shard.layout.awaiting):
-        shard.layout.source_merged(source)
+    for source in sorted(shard.membership.layout.awaiting):
+        shard.membership.layout.source_merged(source)
 
 
 def _shard(path: Path, index: int = 0, count: int = 3) -> Shard:
@@ -142,10 +142,10 @@ def _shard(path: Path, index: int = 0, count: int = 3) -> Shard:
 
 def _move(shard: Shard, layout: Layout) -> None:
     """prepare -> cut -> commit, as acker-ctl reshard drives them (no pending trees: nothing is handed over)."""
-    shard.prepare_layout(layout)
-    asyncio.run(shard.cut_layout(layout.epoch))
+    shard.membership.prepare_layout(layout)
+    asyncio.run(shard.membership.cut_layout(layout.epoch))
     _others_handed_over(shard)
-    shard.commit_layout(layout.epoch)
+    shard.membership.commit_layout(layout.epoch)
 
 
 def test_a_shard_writes_each_commit_and_a_new_shard_starts_in_it(tmp_path: Path) -> None:
@@ -156,8 +156,12 @@ def test_a_shard_writes_each_commit_and_a_new_shard_starts_in_it(tmp_path: Path)
     _move(shard, Layout(1, 4, 0, FOUR))
     assert LayoutFile(path).load() == Layout(1, 4, 0, FOUR)
     again = _shard(path)
-    assert (again.layout.current, again.place, again.layout.state) == (Layout(1, 4, 0, FOUR), (0, 4), SERVING)
-    assert (again.limits.shard_index, again.limits.shard_count) == (0, 4)
+    assert (again.membership.layout.current, again.membership.place, again.membership.layout.state) == (
+        Layout(1, 4, 0, FOUR),
+        (0, 4),
+        SERVING,
+    )
+    assert (again.membership.limits.shard_index, again.membership.limits.shard_count) == (0, 4)
 
 
 def test_a_drained_shard_comes_back_drained(tmp_path: Path) -> None:
@@ -166,7 +170,11 @@ def test_a_drained_shard_comes_back_drained(tmp_path: Path) -> None:
     shard = _shard(path, index=2)
     _move(shard, Layout(1, 2, -1, FOUR[:2]))
     again = _shard(path, index=2)
-    assert (again.layout.current.index, again.layout.current.epoch, again.place) == (-1, 1, (2, 2))
+    assert (again.membership.layout.current.index, again.membership.layout.current.epoch, again.membership.place) == (
+        -1,
+        1,
+        (2, 2),
+    )
 
 
 def test_a_shard_refuses_to_start_from_a_corrupt_file(tmp_path: Path) -> None:
@@ -184,8 +192,12 @@ def test_a_prepare_the_disk_refuses_changes_nothing(tmp_path: Path) -> None:
     shard = _shard(folder / "layout.json")
     shutil.rmtree(folder)
     with pytest.raises(LayoutNotRecorded, match="nothing changed"):
-        shard.prepare_layout(Layout(1, 4, 0, FOUR))
-    assert (shard.layout.state, shard.layout.next, shard.layout.current) == (SERVING, None, Layout(0, 3, 0))
+        shard.membership.prepare_layout(Layout(1, 4, 0, FOUR))
+    assert (shard.membership.layout.state, shard.membership.layout.next, shard.membership.layout.current) == (
+        SERVING,
+        None,
+        Layout(0, 3, 0),
+    )
     folder.mkdir()  # fixed: the same change goes through
     _move(shard, Layout(1, 4, 0, FOUR))
     assert LayoutFile(folder / "layout.json").load() == Layout(1, 4, 0, FOUR)
@@ -197,12 +209,12 @@ def test_a_commit_the_disk_refuses_still_commits_and_says_so(tmp_path: Path, cap
     folder.mkdir()
     shard = _shard(folder / "layout.json")
     nxt = Layout(1, 4, 0, FOUR)
-    shard.prepare_layout(nxt)
-    asyncio.run(shard.cut_layout(1))
+    shard.membership.prepare_layout(nxt)
+    asyncio.run(shard.membership.cut_layout(1))
     _others_handed_over(shard)
-    assert shard.layout.state == CUT
+    assert shard.membership.layout.state == CUT
     shutil.rmtree(folder)
     with caplog.at_level(logging.ERROR, logger="acker_service"):
-        assert shard.commit_layout(1) == nxt
-    assert (shard.layout.state, shard.layout.current) == (SERVING, nxt)
+        assert shard.membership.commit_layout(1) == nxt
+    assert (shard.membership.layout.state, shard.membership.layout.current) == (SERVING, nxt)
     assert any("could not be written" in r.getMessage() and str(folder) in r.getMessage() for r in caplog.records)

@@ -17,7 +17,7 @@ from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 
 from acker_service.config import ServerConfig
 from acker_service.handoff import MovedEntries
-from acker_service.reshard import to_request
+from acker_service.moving.reshard import to_request
 from acker_service.server import AckerServer
 
 INIT, ACK = 1, 2

@@ -16,5 +16,14 @@ def test_reshard_bench_reports_its_figures(capsys):
     for key in ("moved_trees", "move_seconds", "lost", "replayed", "false_acks", "p99_ms_steady", "p99_ms_during"):
         assert key in result
     assert [m["to_shards"] for m in result["moves"]] == [4, 3]
+    assert result["replicas"] == 1
     assert result["moved_trees"] > 0 and result["steady_trees"] > 0
     assert (result["lost"], result["replayed"], result["false_acks"], result["more_than_one_outcome"]) == (0, 0, 0, 0)
+
+
+def test_reshard_bench_refuses_two_replicas_instead_of_ignoring_them(capsys):
+    """--replicas 2 is refused with a reason (it used to be accepted and a one-replica cluster moved)."""
+    code = acker_bench(["--mode", "reshard", "--replicas", "2", "--pending-trees", "100", "--duration", "1", "--json"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "--replicas 2" in err and "cannot reshard a replicated cluster yet" in err

@@ -17,6 +17,7 @@ import pytest
 from acker_client import ClusterClient
 from acker_ctl.cli import main as acker_ctl
 
+from acker_service.moving.transfers import scrape_balance
 from acker_service.process_cluster import ProcessCluster
 
 from .test_move_holds import ACK, INIT, Acker
@@ -35,8 +36,8 @@ def _ctl(*args: str) -> dict:
 def test_acker_ctl_reshard_3_4_3_and_drain_under_load():
     """0 lost, 0 replayed, 0 false acks and one outcome per emit through three layout changes of real processes."""
     with (
-        ProcessCluster(count=3, message_timeout=TIMEOUT) as three,
-        ProcessCluster(count=1, message_timeout=TIMEOUT) as extra,
+        ProcessCluster(count=3, message_timeout=TIMEOUT, metrics_base_port=0) as three,
+        ProcessCluster(count=1, message_timeout=TIMEOUT, metrics_base_port=0) as extra,
     ):
         old = list(three.addresses)
         four = [*old, extra.addresses[0]]
@@ -91,6 +92,12 @@ def test_acker_ctl_reshard_3_4_3_and_drain_under_load():
         assert (verdict["lost"], verdict["replayed"], verdict["false_acks"], verdict["more_than_one_outcome"]) == (
             0, 0, 0, 0,
         )  # fmt: skip
+        balances = [scrape_balance(url) for url in [*(three.metrics_urls or []), *(extra.metrics_urls or [])]]
+        assert len(balances) == 4
+        for shard, balance in enumerate(balances):
+            assert balance.holds, f"acker {shard}'s trees do not add up: {balance}"
+        moved_out = sum(b.copied_out for b in balances)
+        assert moved_out == sum(b.copied_in for b in balances) > 0, "a handed-off tree was not taken in once"
 
 
 @pytest.mark.chaos

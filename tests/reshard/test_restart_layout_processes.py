@@ -22,7 +22,7 @@ from acker_ctl.cli import main as acker_ctl
 from acker_protocol.v1 import acker_pb2, acker_pb2_grpc
 from acker_protocol.wire import Outcome
 
-from acker_service.layout_file import LayoutFile
+from acker_service.moving.layout_file import LayoutFile
 from acker_service.process_cluster import ProcessCluster
 
 from .workload import SPOUT, Outcomes

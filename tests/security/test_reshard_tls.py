@@ -19,7 +19,7 @@ from acker_protocol.wire import Outcome
 
 from acker_service.auth import hash_token
 from acker_service.config import ConfigError, ServerConfig
-from acker_service.peers import peer_security
+from acker_service.moving.peers import peer_security
 from acker_service.server import AckerServer
 from tests.reshard.workload import SPOUT, Outcomes, Trees
 

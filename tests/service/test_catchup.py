@@ -15,10 +15,11 @@ from acker_client import ClusterClient
 from acker_protocol.v1 import acker_pb2
 
 from acker_service.batch import Batch, WrongShard
-from acker_service.catchup import CATCHING_UP, CAUGHT_UP, OFF
 from acker_service.config import ConfigError, ServerConfig
 from acker_service.handoff import MovedEntries
-from acker_service.layout import ApplyHeld
+from acker_service.moving.catchup import CATCHING_UP, CAUGHT_UP, OFF
+from acker_service.moving.layout import ApplyHeld
+from acker_service.moving.transfers import balance_of, describe_balance
 from acker_service.shard import Shard
 from tests.client.polling import wait_until
 from tests.ledger.driver import request_of
@@ -101,25 +102,28 @@ def test_the_shard_holds_each_request_until_its_range_is_installed():
     """Held requests are validated at once, applied after their range's copy, and what the copy has is recognised."""
     config = ServerConfig(shard_index=1, shard_count=3, replicas=2, peers="a:1,b:2,c:3")
     shard = Shard(config)
-    assert shard.catchup.state == CATCHING_UP and shard.catchup.waiting == {1: 2, 0: 0}
+    assert shard.membership.catchup.state == CATCHING_UP and shard.membership.catchup.waiting == {1: 2, 0: 0}
     shard.apply_request(request_of(Batch.of([ACK], [4], [1], dedup_keys=[55], spouts=["s"])))
     shard.apply_request(request_of(Batch.of([INIT, ACK], [3, 3], [5, 5], dedup_keys=[0, 66], spouts=["s"])))
     with pytest.raises(WrongShard, match="this acker is shard 1"):  # refused now, not held: shards 2 and 0 keep 5
         shard.apply_request(request_of(Batch.of([INIT], [5], [1], spouts=["s"])))
-    assert shard.pending_trees == 0 and (shard.catchup.held.requests, shard.catchup.held.operations) == (2, 3)
+    assert shard.pending_trees == 0 and (
+        shard.membership.catchup.held.requests,
+        shard.membership.catchup.held.operations,
+    ) == (2, 3)
     # The partner of range 1 applied the init of 4 and the ack keyed 55 before its copy.
     partner = Shard(ServerConfig(shard_index=2, shard_count=3, replicas=2))
     partner.apply_request(request_of(Batch.of([INIT, ACK], [4, 4], [3, 1], dedup_keys=[0, 55], spouts=["s"])))
-    assert not shard.install_snapshot(1, partner.snapshot(3, 1))
+    assert not shard.membership.install_snapshot(1, partner.membership.snapshot(3, 1))
     assert shard.ledger.pending_roots() == [4], "range 1's copy and its held ack applied; root 3 waits for range 0"
     assert shard.ledger.stats.deduplicated == 1
-    assert shard.install_snapshot(0, None)  # range 0's partner lost it too: nothing to copy
-    assert shard.catchup.state == CAUGHT_UP and not shard.catchup.held.requests
+    assert shard.membership.install_snapshot(0, None)  # range 0's partner lost it too: nothing to copy
+    assert shard.membership.catchup.state == CAUGHT_UP and not shard.membership.catchup.held.requests
     # Root 4: the held ack keyed 55 was in the copy (not applied twice: 3 ^ 1 stays pending). Root 3: acked.
     assert shard.ledger.pending_roots() == [4]
     assert shard.ledger.stats.deduplicated == 1
-    assert (shard.catchup.copied_entries, shard.catchup.lost_ranges) == (1, 1)
-    assert shard.install_snapshot(1, None)  # a late copy is ignored
+    assert (shard.membership.catchup.copied_entries, shard.membership.catchup.lost_ranges) == (1, 1)
+    assert shard.membership.install_snapshot(1, None)  # a late copy is ignored
     assert shard.ledger.pending_roots() == [4]
 
 
@@ -135,12 +139,12 @@ def _request(kinds, roots, values, keys=()) -> bytes:
 def test_a_range_already_copied_applies_at_once_while_the_other_still_holds():
     """Range 0 installed, range 1 not: an operation on range 0 applies now, one on range 1 is held for its copy."""
     shard = _catching_up()
-    assert not shard.install_snapshot(0, None)
+    assert not shard.membership.install_snapshot(0, None)
     now = shard.apply_request(_request([INIT], [3], [9]))
     assert (now.applied, now.held) == (1, 0) and shard.ledger.pending_roots() == [3]
     later = shard.apply_request(_request([INIT], [4], [9]))
     assert (later.applied, later.held) == (0, 1) and shard.ledger.pending_roots() == [3]
-    assert shard.install_snapshot(1, None)
+    assert shard.membership.install_snapshot(1, None)
     assert sorted(shard.ledger.pending_roots()) == [3, 4]
 
 
@@ -151,11 +155,11 @@ def test_held_operations_of_a_range_apply_in_arrival_order_once_it_is_installed(
     mixed = shard.apply_request(_request([INIT, INIT], [3, 4], [9, 5]))
     shard.apply_request(_request([INIT], [4], [6]))  # set-once: ignored if it comes after the first init
     shard.apply_request(_request([ACK], [4], [5], keys=[71]))
-    assert (mixed.applied, mixed.held) == (0, 2) and shard.catchup.held.operations == 4
-    assert not shard.install_snapshot(0, None)
+    assert (mixed.applied, mixed.held) == (0, 2) and shard.membership.catchup.held.operations == 4
+    assert not shard.membership.install_snapshot(0, None)
     assert shard.ledger.pending_roots() == [3], "range 0's part applied, range 1's parts still held"
-    assert shard.catchup.held.operations == 3
-    assert shard.install_snapshot(1, None)
+    assert shard.membership.catchup.held.operations == 3
+    assert shard.membership.install_snapshot(1, None)
     assert shard.ledger.pending_roots() == [3], "root 4: init 5, init 6 ignored, ack 5: acked"
     assert (shard.ledger.stats.acked, shard.ledger.stats.duplicate_inits) == (1, 1)
 
@@ -164,15 +168,15 @@ def test_past_the_bound_a_request_is_refused_whole_and_changes_nothing():
     """At --max-held-operations a request that would be held is refused (ApplyHeld: UNAVAILABLE), nothing applied
     or held, the refusal counted; an operation on a copied range still applies, and after the copy all is taken."""
     shard = _catching_up(max_held_operations=2)
-    assert not shard.install_snapshot(0, None)
+    assert not shard.membership.install_snapshot(0, None)
     shard.apply_request(_request([INIT, ACK], [4, 4], [5, 1], keys=[0, 8]))
     with pytest.raises(ApplyHeld, match=r"--max-held-operations 2\).*nothing was applied, retry"):
         shard.apply_request(_request([INIT, INIT], [3, 7], [9, 9]))  # root 3 could apply, root 7 must be held
-    assert shard.ledger.pending_roots() == [] and shard.catchup.held.operations == 2
+    assert shard.ledger.pending_roots() == [] and shard.membership.catchup.held.operations == 2
     assert shard.metrics.sample("acker_catchup_refused_total") == 1
     assert shard.metrics.sample("acker_catchup_held_operations") == 2
     assert shard.apply_request(_request([INIT], [3], [9])).applied == 1, "range 0 is copied: no hold, no bound"
-    assert shard.install_snapshot(1, None)
+    assert shard.membership.install_snapshot(1, None)
     again = shard.apply_request(_request([INIT, INIT], [3, 7], [9, 9]))
     assert (again.held, sorted(shard.ledger.pending_roots())) == (0, [3, 4, 7])
 
@@ -193,7 +197,7 @@ def test_the_bound_answers_unavailable_over_grpc_until_the_copy_arrives(make_ser
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "--max-held-operations 1" in caught.value.details()
     assert restarted.shard.metrics.sample("acker_catchup_refused_total") == 1
-    wait_until(lambda: 0 not in restarted.call(lambda: dict(restarted.shard.catchup.waiting)), timeout=60)
+    wait_until(lambda: 0 not in restarted.call(lambda: dict(restarted.shard.membership.catchup.waiting)), timeout=60)
     assert _apply(stub, [INIT], [3], [9]).applied == 1, "range 0 is copied: applied while range 1 still waits"
     assert _pending(restarted) == {3}
     make_server(shard_index=2, shard_count=3, replicas=2, port=port2)
@@ -244,8 +248,8 @@ def test_partners_unreachable_for_the_message_timeout_count_as_lost(make_server,
 
 def test_a_large_copy_streams_in_chunks_that_add_up(monkeypatch):
     """Chunks of at most ENTRIES_PER_MESSAGE entries, only the last one marked, read back as the whole copy."""
-    from acker_service import catchup_peer
-    from acker_service.reshard import from_request
+    from acker_service.moving import catchup_peer
+    from acker_service.moving.reshard import from_request
 
     monkeypatch.setattr(catchup_peer, "ENTRIES_PER_MESSAGE", 2)
     partner = Shard(ServerConfig(shard_index=0, shard_count=1))
@@ -297,3 +301,76 @@ def test_the_client_sends_a_refused_batch_again_until_the_copy_lets_it_in(make_s
         assert flushed == [None]
         assert client.stats.operations_dropped == 0 and client.stats.batches_retried >= 1
     assert _pending(restarted) == {4, 7}
+
+
+def test_a_copy_refused_at_the_bound_after_the_partners_cut_is_not_skipped(make_server, connect):
+    """The copy-refusal case (the simulation's ``bound-skip``): the partner's copy is cut, then a batch is refused at
+    the restarted acker's bound while the partner applies its other copy. The client must retry the refused copy,
+    not skip it as for an unreachable replica: skipped, the restarted acker never gets that init."""
+    shard0 = make_server(shard_index=0, shard_count=3, replicas=2)
+    shard2 = make_server(shard_index=2, shard_count=3, replicas=2)
+    restarted = make_server(
+        shard_index=1,
+        shard_count=3,
+        replicas=2,
+        peers=f"{shard0.address},127.0.0.1:{_free_port()},{shard2.address}",
+        catchup_delay=600.0,  # the test installs the copies itself, at the moments it chooses
+        max_held_operations=1,
+    )
+    assert _apply(connect(restarted), [INIT], [7], [9]).held == 1  # the bound is full until range 1 is copied
+    cut = shard2.call(
+        lambda: shard2.shard.membership.snapshot(3, 1)
+    )  # the partner's cut of range 1: before root 4 exists
+    with ClusterClient(
+        [shard0.address, restarted.address, shard2.address], replicas=2, verify=False, wait_for_shard=60.0
+    ) as client:
+        client.init(4, 9, "s")  # range 1: shard 1 (refused at its bound) and shard 2 (applies it after its cut)
+        flushed: list[BaseException | None] = []
+
+        def flush() -> None:
+            try:
+                client.flush()
+                flushed.append(None)
+            except BaseException as exc:  # reported to the test thread
+                flushed.append(exc)
+
+        sender = threading.Thread(target=flush)
+        sender.start()
+        wait_until(lambda: restarted.shard.metrics.sample("acker_catchup_refused_total") >= 1, timeout=60)
+        wait_until(lambda: _pending(shard2) == {4}, timeout=60)
+        wait_until(lambda: restarted.shard.metrics.sample("acker_catchup_refused_total") >= 2 or flushed, timeout=60)
+        copy0 = shard0.call(lambda: shard0.shard.membership.snapshot(3, 0))
+        restarted.call(lambda: restarted.shard.membership.install_snapshot(0, copy0))
+        assert restarted.call(lambda: restarted.shard.membership.install_snapshot(1, cut)), "caught up"
+        sender.join(timeout=90)
+        assert flushed == [None]
+        dropped = client.stats.operations_dropped
+    assert _pending(restarted) == {4, 7}, "the copy refused at the bound was skipped: the restarted acker missed it"
+    assert dropped == 0
+
+
+def test_the_restarted_ackers_counters_add_up_with_the_trees_copied_in(make_server, connect):
+    """Conservation per acker lifetime: a restarted replica counts the trees its partner copied to it (Describe and
+    metrics agree), the partner counts the copies it gave, which stay with it."""
+    partner = make_server(shard_index=0, shard_count=2, replicas=2)
+    _apply(connect(partner), [INIT, INIT, INIT], [2, 4, 3], [9, 9, 9])  # ranges 0 and 1: shard 0 keeps both
+    restarted = make_server(
+        shard_index=1,
+        shard_count=2,
+        replicas=2,
+        peers=f"{partner.address},127.0.0.1:{_free_port()}",
+        catchup_delay=0.0,
+    )
+    stub = connect(restarted)
+    wait_until(lambda: stub.Describe(acker_pb2.DescribeRequest()).catchup_state == CAUGHT_UP, timeout=60)
+    _apply(stub, [ACK], [3], [9], keys=[77])  # one copied tree ends here: an outcome for a tree never initialised here
+    described = describe_balance(stub.Describe(acker_pb2.DescribeRequest()))
+    assert (described.inits, described.copied_in, described.acked, described.pending) == (0, 3, 1, 2)
+    assert described.holds, str(described)
+    samples = (
+        (s.name, s.labels, s.value) for family in restarted.shard.metrics.registry.collect() for s in family.samples
+    )
+    assert balance_of(samples) == described
+    given = connect(partner).Describe(acker_pb2.DescribeRequest())
+    assert given.tree_counts.trees_copied_out_snapshot == 3 and given.pending_trees == 3
+    assert describe_balance(given).holds

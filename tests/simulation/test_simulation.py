@@ -17,8 +17,17 @@ def test_a_few_hundred_seeds_keep_every_invariant() -> None:
     summary = run_seeds(range(CI_SEEDS))
     assert summary["failures"] == 0, summary
     assert summary["seeds"] == CI_SEEDS
-    # Every scenario was drawn: reshards, drains, catch-ups, random kills and kills during a reshard.
-    assert set(summary["scenarios"]) == {"reshard", "drain", "catchup", "crashes", "reshard-kill"}  # type: ignore[arg-type]
+    # Every scenario was drawn: reshards, drains, catch-ups, random kills, kills during a reshard, and
+    # reshards and drains with two replicas.
+    assert set(summary["scenarios"]) == {  # type: ignore[arg-type]
+        "reshard", "drain", "catchup", "crashes", "reshard-kill", "reshard-replicas",
+    }  # fmt: skip
+    # The server's shapes were exercised: batches of several operations, handoffs in several chunks (the
+    # manifest in the first), batches refused at the bound of held operations.
+    tally = summary["tally"]
+    assert isinstance(tally, dict)
+    for what in ("batches of several operations", "handoff chunks merged", "batches refused at the held bound"):
+        assert tally.get(what, 0) > 0, what
 
 
 def test_a_run_is_a_function_of_its_seed() -> None:
@@ -60,3 +69,29 @@ def test_bench_replays_a_failing_seed_with_its_trace(capsys: pytest.CaptureFixtu
 def test_an_unknown_broken_variant_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown broken variant"):
         run_seed(1, "no-such-protocol")
+
+
+# The copy-refusal case: a restarted replica refuses a copy at its bound of held operations after its
+# partner's snapshot cut; the partner applies the other copy; a client that skips the refused copy (as for
+# an unreachable replica) leaves the restarted replica without that update, and once the partner is killed
+# the tree times out there: replayed.
+COPY_REFUSAL_SEED = 155
+
+
+def test_a_copy_refused_at_the_held_bound_and_skipped_is_missed_and_replays() -> None:
+    broken = run_seed(COPY_REFUSAL_SEED, "bound-skip", trace=True)
+    assert any("replayed without a lost acker" in f for f in broken.failures), broken.failures
+    assert broken.trace is not None and any("held operations at their bound" in line for line in broken.trace)
+    # The same world with the rule the acker and client follow: a refusal at the bound is retried, never skipped.
+    fixed = run_seed(COPY_REFUSAL_SEED, scenario="catchup", tight_bound=True, trace=True)
+    assert fixed.failures == []
+    assert fixed.trace is not None and any("held operations at their bound" in line for line in fixed.trace)
+
+
+def test_a_handoff_reaching_an_acker_not_yet_prepared_is_sent_again() -> None:
+    """Seed 1704 (found by a 10,000-seed run): an old owner restarted during a move rejoins it and hands an empty
+    handoff to an acker the prepare has not reached yet. Acknowledged unmerged, it never came again and that acker
+    waited for it forever; unanswered (the server refuses it), it is sent again and merged once prepared."""
+    result = run_seed(1704)
+    assert result.scenario == "reshard-kill"
+    assert result.failures == []

@@ -22,8 +22,8 @@ from typing import Any
 from acker_demo.dataframe_job import WORD_SCHEMA, CountWordRows, split_sentences
 from acker_demo.wordcount import create_sink, expected_counts, sink_counts
 from acker_spark import ArrowBolt, ReplayPolicy, close_clients, generated_sentences, local_session
-from acker_spark.executor_read.emission_log import read_round
 from acker_spark.executor_read.source_pipeline import SourcePipeline
+from acker_spark.tracking.emission_log import read_round
 
 # Run as a script: its own folder (tests/spark) is first on sys.path.
 from speculation_job import SPECULATION, WAIT_CAP

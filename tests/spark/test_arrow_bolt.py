@@ -1,4 +1,4 @@
-"""ArrowBolt pipelines on local Spark: word count, shuffles, groupBy aggregation, task retries, replays, pandas."""
+"""ArrowBolt jobs through SourcePipeline on local Spark: word count, shuffles, groupBy aggregation, task retries, replays, pandas."""
 
 from __future__ import annotations
 
@@ -14,15 +14,13 @@ from acker_client import ClusterClient, MessageId, TrackedTuple
 from acker_client.testing import local_cluster
 from acker_demo import dataframe_job
 from acker_demo.wordcount import FailureInjection, expected_counts, sink_counts
-from acker_protocol.wire import Outcome
-from acker_spark import ArrowBolt, DeadLetterStore, Delivery, GuaranteedPipeline, close_clients, generated_sentences
+from acker_spark import ArrowBolt, Delivery, close_clients, generated_sentences
 from acker_spark.sqlite import open_db, upsert
 from acker_spark.steps.frames import delivery_frame, pack_ids, unpack_ids
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
-from .audit import AckAudit
-from .test_pipeline import FAST, assert_every_record_acked_once, task_attempts
+from .test_rdd_bolts import assert_every_record_acked_once, run_source, task_attempts
 
 # Spark's workers cannot import this test module: ship its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -40,13 +38,13 @@ def ackers() -> Iterator[Any]:
     close_clients()
 
 
-def run_frames(spark: Any, client: ClusterClient, db: Path, records: list[Any], job: Any) -> tuple[Any, AckAudit]:
-    """Run ``job`` over DataFrame micro-batches of ``records``; return the stats and the audit."""
-    audit = AckAudit(db, records)
-    pipeline = GuaranteedPipeline(
-        spark, client, max_pending=100, partitions=4, policy=FAST, dead_letters=DeadLetterStore(db), on_outcome=audit
-    )
-    return pipeline.run(records, job, as_dataframe=True), audit
+def run_frames(spark: Any, client: ClusterClient, db: Path, records: list[Any], job: Any) -> Any:
+    """Run ``job`` through a SourcePipeline over ``records``, on frames of ``key``, ``value``, ``attempt``; its stats."""
+
+    def framed(df: Any) -> None:
+        job(df.selectExpr("_record_key AS key", "value", "_attempt AS attempt", "_acker_ids"))
+
+    return run_source(spark, client, db, records, framed)
 
 
 def log_task(db: Path, stage: str) -> tuple[int, int]:
@@ -64,10 +62,10 @@ def test_arrow_word_count_acks_every_record_once(spark: Any, ackers: Any, client
     """The demo's ArrowBolt job (split, repartition by word, sink): every record ACKED once, sink exact."""
     records = list(generated_sentences(200, seed=31))
     job, (split, count) = dataframe_job.build_job(ackers.addresses, db, partitions=3)
-    stats, audit = run_frames(spark, client, db, records, job)
-    assert_every_record_acked_once(stats, audit, records, db)
+    stats = run_frames(spark, client, db, records, job)
+    assert_every_record_acked_once(stats, records, db)
     # One commit per task that ran (Spark may skip empty partitions), counted on the driver.
-    assert split.commits.value >= stats.batches and count.commits.value >= stats.batches
+    assert split.commits.value >= stats.jobs and count.commits.value >= stats.jobs
     assert split.commit_errors.value == count.commit_errors.value == 0
 
 
@@ -104,8 +102,8 @@ def test_groupby_collect_list_acks_every_collected_row(
         )
         store.apply_df(groups).count()
 
-    stats, audit = run_frames(spark, client, db, records, job)
-    assert_every_record_acked_once(stats, audit, records, db)
+    stats = run_frames(spark, client, db, records, job)
+    assert_every_record_acked_once(stats, records, db)
 
 
 class CrashingSink:
@@ -133,9 +131,9 @@ def test_task_retry_acks_each_tree_once(spark: Any, ackers: Any, client: Cluster
     def job(df: Any) -> None:
         store.apply_df(split.apply_df(df).repartition(4, "word")).count()
 
-    stats, audit = run_frames(spark, client, db, records, job)
-    assert task_attempts(db)[1] >= stats.batches == 2  # each job's crashed task was retried by Spark
-    assert_every_record_acked_once(stats, audit, records, db)
+    stats = run_frames(spark, client, db, records, job)
+    assert task_attempts(db)[1] >= stats.jobs == 1  # the round's crashed task was retried by Spark
+    assert_every_record_acked_once(stats, records, db)
 
 
 def test_failed_rows_are_replayed(spark: Any, ackers: Any, client: ClusterClient, db: Path) -> None:
@@ -144,11 +142,7 @@ def test_failed_rows_are_replayed(spark: Any, ackers: Any, client: ClusterClient
     doomed = frozenset(key for key, _ in records[::10])
     injection = FailureInjection(fail_first=doomed)
     job, _ = dataframe_job.build_job(ackers.addresses, db, partitions=2, injection=injection)
-    stats, audit = run_frames(spark, client, db, records, job)
-    assert audit.outcomes == {
-        key: [Outcome.FAILED, Outcome.ACKED] if key in doomed else [Outcome.ACKED] for key, _ in records
-    }
-    assert audit.false_acks == []
+    stats = run_frames(spark, client, db, records, job)
     assert (stats.acked, stats.failed, stats.replayed, stats.dead_lettered) == (80, len(doomed), len(doomed), 0)
     assert sink_counts(db) == expected_counts(records)
 
@@ -179,8 +173,8 @@ def test_several_emits_per_batch(spark: Any, ackers: Any, client: ClusterClient,
     def job(df: Any) -> None:
         count.apply_df(split.apply_df(df).repartition(3, "word")).count()
 
-    stats, audit = run_frames(spark, client, db, records, job)
-    assert_every_record_acked_once(stats, audit, records, db)
+    stats = run_frames(spark, client, db, records, job)
+    assert_every_record_acked_once(stats, records, db)
 
 
 def split_pandas(frame: Any, collector: Any) -> None:
@@ -219,8 +213,8 @@ def test_pandas_mode(spark: Any, ackers: Any, client: ClusterClient, db: Path) -
     def job(df: Any) -> None:
         store.apply_df(split.apply_df(df).repartition(2, "word")).count()
 
-    stats, audit = run_frames(spark, client, db, records, job)
-    assert_every_record_acked_once(stats, audit, records, db)
+    stats = run_frames(spark, client, db, records, job)
+    assert_every_record_acked_once(stats, records, db)
 
 
 def copy_rows(batch: pa.RecordBatch, collector: Any) -> None:
@@ -248,12 +242,12 @@ def test_output_ids_for_single_and_multi_root_parents(spark: Any, ackers: Any) -
 
 def test_untracked_arrow_job_matches_the_input(spark: Any, db: Path) -> None:
     """addresses=None: the same ArrowBolt job with no acker writes exactly the input's words."""
-    from acker_spark import run_untracked
+    from acker_demo.untracked import run_untracked
 
     records = list(generated_sentences(40, seed=37))
     job, _ = dataframe_job.build_job(None, db, partitions=2)
     stats = run_untracked(spark, records, job, batch_size=25, as_dataframe=True)
-    assert (stats.acked, stats.batches) == (40, 2)
+    assert (stats.acked, stats.jobs) == (40, 2)
     assert sink_counts(db) == expected_counts(records)
 
 

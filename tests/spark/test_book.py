@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from acker_client.testing import ManualClock
 from acker_protocol.wire import Outcome
-from acker_spark import AcksUndelivered, CommitErrors, DeadLetterStore, PipelineStats, RunStats, SourceStats
-from acker_spark.executor_read.book import ReplayBook
-from acker_spark.executor_read.checkpoint import Checkpoint, Manifest, SourceSection, StreamSection, WrongCheckpoint
-from acker_spark.executor_read.emission_log import Emissions, EmissionWriter, read_round
-from acker_spark.executor_read.identity import derive_roots, first_edges
-from acker_spark.executor_read.record_table import ACKED, DEAD, FAILED, PENDING, REPLAYED
-from acker_spark.executor_read.tree_start import start_trees
+from acker_spark import AcksUndelivered, CommitErrors, DeadLetterStore, RunStats, SourceStats
 from acker_spark.replay_policy import ReplayPolicy
 from acker_spark.steps.frames import decode_ids
+from acker_spark.tracking.book import ReplayBook
+from acker_spark.tracking.checkpoint import Checkpoint, Manifest, SourceSection, StreamSection, WrongCheckpoint
+from acker_spark.tracking.emission_log import Emissions, EmissionWriter, read_round
+from acker_spark.tracking.identity import derive_roots, first_edges
+from acker_spark.tracking.record_table import ACKED, DEAD, FAILED, PENDING, REPLAYED
+from acker_spark.tracking.tree_start import start_trees
 
 SALT = 7
 POLICY = ReplayPolicy(max_attempts=2, backoff_base=1.0)
@@ -103,7 +103,7 @@ def test_late_rounds_expire_as_lost_and_the_last_attempt_is_dead_lettered_once(t
     ((roots, outcome),) = feed.recorded
     assert outcome is Outcome.LOST and roots.tolist() == book.table.roots.tolist()
     store = DeadLetterStore(tmp_path / "dead.sqlite")
-    letters = lambda dead: [("k9", "payload", Outcome(int(book.table.reason[p])), 2) for p in dead]  # noqa: E731
+    letters = lambda dead: [("k9", "payload", Outcome(int(reason)), 2) for reason in dead.reasons]  # noqa: E731
     book.write_dead_letters(store, letters)
     book.write_dead_letters(store, letters)  # final: not written twice
     assert [(d.key, d.reason) for d in store.all()] == [("k9", Outcome.LOST)]
@@ -179,13 +179,13 @@ def test_start_trees_logs_then_inits_the_derived_roots_and_anchors_each_row(tmp_
     assert all(not m.roots for m in decode_ids(untracked.ids).message_ids())
 
 
-def test_one_run_report_for_both_families() -> None:
-    """PipelineStats and SourceStats are the one RunStats; batches and rounds both read its jobs."""
-    assert PipelineStats is SourceStats is RunStats
-    stats = RunStats(jobs=3, acks_undelivered=2, commit_errors={"store": 2, "split": 1}, replayed_keys={"k"})
-    assert (stats.batches, stats.rounds) == (3, 3)
+def test_one_run_report_for_every_driver() -> None:
+    """SourceStats is the one RunStats; rounds reads its jobs; commit errors are summed in its dict."""
+    assert SourceStats is RunStats
+    stats = RunStats(jobs=3, acks_undelivered=2, commit_errors={"store": 2, "split": 1})
+    assert stats.rounds == 3
     data = stats.as_dict()
-    assert "replayed_keys" not in data and data["commit_errors"] == 3 and data["jobs"] == 3
+    assert data["commit_errors"] == 3 and data["jobs"] == 3
     error = AcksUndelivered(stats, {"store": CommitErrors("store", 2, frozenset(), ("shard 0: down",))})
     assert error.stats is stats and "2 deliveries failed" in str(error) and "shard 0: down" in str(error)
 

@@ -11,14 +11,14 @@ import pytest
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
 from acker_demo import dataframe_job
-from acker_spark import ArrowBolt, Bolt, GuaranteedPipeline, close_clients, generated_sentences, run_untracked
+from acker_spark import ArrowBolt, Bolt, close_clients, generated_sentences, tracked_rdd
 from acker_spark.session import spark_context_of
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 
 from .test_arrow_bolt import CrashingSink, run_frames
 from .test_dataframe import WORDS, StoreGroups, split_rows
-from .test_pipeline import assert_every_record_acked_once, task_attempts
+from .test_rdd_bolts import assert_every_record_acked_once, task_attempts
 
 # The Connect server's Python workers cannot import this test module: ship its functions by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -41,11 +41,11 @@ def test_connect_session_has_no_spark_context(connect_spark: Any) -> None:
 
 
 def test_arrow_word_count_over_connect(connect_spark: Any, ackers: Any, client: ClusterClient, db: Path) -> None:
-    """The ArrowBolt word count (repartition by word) through GuaranteedPipeline on Connect: every record ACKED once."""
+    """The ArrowBolt word count (repartition by word) through SourcePipeline on Connect: every record ACKED once."""
     records = list(generated_sentences(120, seed=41))
     job, (split, count) = dataframe_job.build_job(ackers.addresses, db, partitions=3)
-    stats, audit = run_frames(connect_spark, client, db, records, job)
-    assert_every_record_acked_once(stats, audit, records, db)
+    stats = run_frames(connect_spark, client, db, records, job)
+    assert_every_record_acked_once(stats, records, db)
     assert split.commits is None and count.commits is None  # no accumulators on Connect
 
 
@@ -66,8 +66,8 @@ def test_row_bolts_with_groupby_over_connect(connect_spark: Any, ackers: Any, cl
         )
         store.apply_df(groups).count()
 
-    stats, audit = run_frames(connect_spark, client, db, records, job)
-    assert_every_record_acked_once(stats, audit, records, db)
+    stats = run_frames(connect_spark, client, db, records, job)
+    assert_every_record_acked_once(stats, records, db)
 
 
 def test_task_retry_over_connect(connect_spark: Any, ackers: Any, client: ClusterClient, db: Path) -> None:
@@ -79,25 +79,25 @@ def test_task_retry_over_connect(connect_spark: Any, ackers: Any, client: Cluste
     def job(df: Any) -> None:
         store.apply_df(split.apply_df(df).repartition(2, "word")).count()
 
-    stats, audit = run_frames(connect_spark, client, db, records, job)
+    stats = run_frames(connect_spark, client, db, records, job)
     assert task_attempts(db)[1] >= 1  # Spark retried the crashed task
-    assert_every_record_acked_once(stats, audit, records, db)
+    assert_every_record_acked_once(stats, records, db)
 
 
 def test_untracked_dataframe_run_over_connect(connect_spark: Any, db: Path) -> None:
-    """run_untracked(as_dataframe=True) on Connect runs the ArrowBolt job with no acker and matches the input."""
+    """The untracked baseline (as_dataframe=True) on Connect runs the ArrowBolt job with no acker and matches the input."""
+    from acker_demo.untracked import run_untracked
     from acker_demo.wordcount import expected_counts, sink_counts
 
     records = list(generated_sentences(30, seed=43))
     job, _ = dataframe_job.build_job(None, db, partitions=2)
     stats = run_untracked(connect_spark, records, job, batch_size=20, as_dataframe=True)
-    assert (stats.acked, stats.batches) == (30, 2)
+    assert (stats.acked, stats.jobs) == (30, 2)
     assert sink_counts(db) == expected_counts(records)
 
 
-def test_rdd_jobs_are_refused_on_connect(connect_spark: Any, client: ClusterClient) -> None:
-    """An RDD job on Connect fails at once with a message pointing at as_dataframe=True."""
-    pipeline = GuaranteedPipeline(connect_spark, client)
-    assert pipeline.partitions == 4  # the server's spark.default.parallelism
-    with pytest.raises(TypeError, match="as_dataframe=True"):
-        pipeline.run([("k", "v")], lambda rdd: None)
+def test_rdd_jobs_are_refused_on_connect(connect_spark: Any) -> None:
+    """RDD bolts over a tracked frame on Connect fail at once with a message pointing at the DataFrame bolts."""
+    frame = connect_spark.createDataFrame([("k", b"")], "key string, _acker_ids binary")
+    with pytest.raises(TypeError, match="Bolt.apply_df"):
+        tracked_rdd(frame)

@@ -45,3 +45,28 @@ def test_every_row_once_after_killing_an_acker_the_driver_and_an_executor() -> N
     # The kills did force replays (a killed worker's task left records unstaged), so "one delivery" was tested.
     assert sum(run["sinks"][sink]["rows_from_replays"] for sink in ("parquet", "table")) > 0
     assert run["ok"] and result["ok"]
+
+
+@pytest.mark.timeout(600)  # two runs of two driver processes each (a JVM start apiece)
+def test_every_row_once_after_killing_the_driver_while_its_commit_rewrites_and_publishes_files() -> None:
+    """kill -9 of the driver while its Parquet commit rewrites a file holding a failed delivery's rows, and after it
+    moved one file into place: a new driver finishes each commit, every row once, from the delivery that ACKED."""
+    config = ExactlyOnceConfig(
+        records=2000,
+        faults=("rewrite", "publish"),
+        kills=1,
+        sinks=("parquet",),
+        message_timeout=5.0,
+        tasks=4,
+        batch_rows=200,
+    )
+    result = run_exactly_once(config)
+    rewrite, publish = result["runs"]
+    for run, kind in ((rewrite, "rewrite"), (publish, "publish")):
+        assert run.get("error") is None, run.get("error")
+        assert run["faults"] == {kind: 1} and run["driver_starts"] == 2
+        figures = run["sinks"]["parquet"]
+        assert (figures["duplicates"], figures["missing"], figures["unexpected"]) == (0, 0, 0), figures
+        assert figures["output_rows"] == figures["expected_rows"] and figures["mixed_attempts"] == 0, figures
+    assert rewrite["sinks"]["parquet"]["rows_from_replays"] > 0  # the failed first deliveries' rows were left out
+    assert result["ok"]

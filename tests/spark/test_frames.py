@@ -113,7 +113,7 @@ def test_collected_lists_merge_like_unpack_ids(groups: list[list[MessageId] | No
 
 
 def test_import_acker_spark_needs_no_pyarrow() -> None:
-    """The per-row codec works without pyarrow loaded (the driver-fed pipeline's spouts use only it)."""
+    """The per-row codec works without pyarrow loaded (RDD bolts use only it)."""
     code = (
         "import sys; from acker_client import MessageId; from acker_spark import pack_ids, unpack_ids;"
         "m = MessageId({3: 4}); assert unpack_ids(pack_ids(m)) == m; print('pyarrow' in sys.modules)"

@@ -18,12 +18,12 @@ import pytest
 from acker_client import ClusterClient, ShardUnavailable
 from acker_client.testing import local_cluster, unreachable_addresses
 from acker_spark import close_clients
-from acker_spark.executor_read.emission_log import RoundFilter, read_round, write_filter
-from acker_spark.executor_read.identity import IdentitySpec
-from acker_spark.executor_read.init_sender import InitSender
 from acker_spark.executor_read.source_reader import SourceReader
 from acker_spark.steps import step
 from acker_spark.steps.frames import decode_ids
+from acker_spark.tracking.emission_log import RoundFilter, read_round, write_filter
+from acker_spark.tracking.identity import IdentitySpec
+from acker_spark.tracking.init_sender import InitSender
 
 U64 = np.uint64
 GUARD = 30.0  # seconds before a hung step fails the test instead of hanging it; never reached when it passes
@@ -170,3 +170,18 @@ def test_depth_must_be_positive() -> None:
     """A sender with no room for a batch is refused with a clear message."""
     with pytest.raises(ValueError, match="depth must be at least 1"):
         InitSender(FailingClient(), depth=0)
+
+
+def test_a_large_batch_is_logged_in_slices_as_it_is_read(tmp_path: Path) -> None:
+    """Progress counts what readers have logged: a 5,000-row Arrow batch is logged 2,000 rows at a time, each slice
+    before it is yielded, so the count moves while the task reads instead of jumping by a whole batch."""
+    with local_cluster(1, message_timeout=600.0) as ackers:
+        task = _reader(tmp_path, ackers.addresses).run(iter(_batches(1, 5_000)), partition=0, task_attempt=1)
+        logged = []
+        sizes = []
+        for out in task:
+            sizes.append(out.num_rows)
+            logged.append(len(read_round(tmp_path, 0).roots))
+        assert sizes == [2_000, 2_000, 1_000]
+        assert logged == [2_000, 4_000, 5_000]
+    close_clients()

@@ -164,8 +164,8 @@ def test_a_bolt_learns_timeout_and_lifetime_cap_from_a_real_acker():
 
 def test_trees_the_tasks_reader_started_are_renewed_before_the_bolt_receives_them(tmp_path):
     """Issue 28: the reader's emission file of the same task attempt is a source of held roots, read incrementally."""
-    from acker_spark.executor_read.emission_log import EmissionWriter
     from acker_spark.task_roots import ReaderTrees
+    from acker_spark.tracking.emission_log import EmissionWriter
 
     renewals, clock = Renewals(), ManualClock()
     keeper = LeaseKeeper(renewals, 1.0, clock=clock)

@@ -17,7 +17,7 @@ import pytest
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
 from acker_spark import ArrowBolt, ReplayPolicy, close_clients
-from acker_spark.executor_read.source_pipeline import OutputNotReturned, RunStopped, SourcePipeline
+from acker_spark.executor_read.source_pipeline import JobWritesItself, OutputNotReturned, SourcePipeline
 from acker_spark.output import BatchOutput, FileOutput, TableOutput, published_files
 from pyspark import cloudpickle
 
@@ -161,16 +161,16 @@ def test_job_that_does_not_return_its_output_is_refused(
 def test_writer_after_a_bolt_is_named_at_once_not_replayed(
     spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
 ) -> None:
-    """The natural mistake, bolt.apply_df(df).write.parquet(...): the run stops naming it, with nothing replayed."""
+    """The natural mistake, bolt.apply_df(df).write.parquet(...): the run stops naming it before reading a record."""
     bolt = ArrowBolt(FlakySplit(), ackers.addresses, schema="id string, word string, bucket string", name="split")
     out = tmp_path / "out"
     pipeline = SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, stall_after=3.0)
-    with pytest.raises(RunStopped, match="never acked by a later step") as stopped:
+    with pytest.raises(JobWritesItself, match="writes its output itself"):
         pipeline.run(
             keyed_source(spark, 50), lambda df: bolt.apply_df(df).write.mode("append").parquet(str(out)), key="id"
         )
-    assert stopped.value.stats.replayed == 0
-    assert stopped.value.stats.pending == 50
+    assert not out.exists()  # refused before it wrote
+    assert pipeline.stats.emitted == 0
 
 
 class Crash(BaseException):
@@ -181,14 +181,14 @@ def test_a_commit_interrupted_while_publishing_is_finished_once(
     spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The driver dies after moving two of a commit's files: the next driver moves the rest, nothing twice."""
-    import acker_spark.output.destinations as destinations
+    import acker_spark.output.folder_publish as destinations
 
     out = tmp_path / "out"
     output = FileOutput(str(out), partition_by=["bucket"])
     real_replace, moves = os.replace, []
 
     def dying_replace(src: Any, dst: Any) -> None:
-        if ".acker-staging" in str(src):
+        if "-c00000" in str(src):  # the commit's files moving into place (after its rows were chosen)
             if len(moves) == 2:
                 raise Crash("killed while publishing")
             moves.append(dst)
@@ -258,7 +258,7 @@ def test_rows_of_failed_and_superseded_deliveries_are_never_committed(
     pipeline = SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, output=FileOutput(str(out)))
     stats = pipeline.run(keyed_source(spark, 100), bolt.apply_df, key="id")
     assert stats.staged_rows > stats.output_rows  # the failed first deliveries' rows were staged too
-    assert not (tmp_path / "cp" / "output" / "staged").exists()  # and dropped at the end of the run
+    assert not (out / ".acker-staging").exists() or not any((out / ".acker-staging").iterdir())  # dropped at the end
     committed = spark.read.parquet(str(out))
     assert rows_of(committed) == expected_words(100)
     attempts = {r["id"]: set() for r in committed.select("id").collect()}
@@ -291,3 +291,70 @@ def test_a_commit_whose_spark_job_fails_is_finished_again(
     assert len(calls) == 2 and calls[0][0] == calls[1][0]  # the same commit, called again
     assert calls[1][1] == expected_words(40)
     assert stats.output_rows == sum(expected_words(40).values()) and stats.output_commits == 1
+
+
+def _table_location(spark: Any, table: str) -> Path:
+    rows = {r[0]: r[1] for r in spark.sql(f"DESCRIBE TABLE EXTENDED {table}").collect()}
+    return Path(str(rows["Location"]).removeprefix("file:"))
+
+
+def test_a_table_switches_to_each_commit_whole_in_one_catalog_step(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver dies while commit 1's snapshot is built: the table reads commit 0, whole; the next run finishes it."""
+    import acker_spark.output.folder_publish as folder_publish
+
+    table = f"snap_{tmp_path.name.replace('-', '_')}"
+    output = TableOutput(table, partition_by=["bucket"])
+
+    def dying_link(path: Path) -> None:
+        if "-c00001" in str(path):  # a staged file of the second commit being linked into its snapshot
+            raise Crash("killed while publishing")
+
+    monkeypatch.setattr(folder_publish, "MOVES", [dying_link])
+    source, job = keyed_source(spark, 80), split_job(ackers.addresses, fail_digit="4")
+    with pytest.raises(Crash):
+        SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, output=output, commit_every="round").run(
+            source, job, key="id"
+        )
+    monkeypatch.setattr(folder_publish, "MOVES", [])
+    before = rows_of(spark.table(table))
+    first_commit = _table_location(spark, table)
+    assert first_commit.parent.name == ".acker-versions" and first_commit.name.endswith("-c00000")
+    # Commit 0 whole: every record not failed on its first delivery (ids not ending in 4), each row once.
+    assert before == Counter({row: n for row, n in expected_words(80).items() if not row[0].endswith("4")})
+
+    stats = SourcePipeline(spark, client, tmp_path / "cp", policy=FAST, output=output, commit_every="round").run(
+        source, job, key="id"
+    )
+    assert stats.resumed
+    assert rows_of(spark.table(table)) == expected_words(80)
+    location = _table_location(spark, table)
+    base = location.parent.parent
+    assert location != first_commit and location.parent == first_commit.parent  # a later snapshot
+    # The folder the table was created in keeps no visible data: a reader of the table reads its snapshot only.
+    assert not [p for p in base.rglob("*.parquet") if ".acker-" not in str(p.relative_to(base))]
+    assert len(list((base / ".acker-versions").iterdir())) <= 2  # the current snapshot and the one before
+    spark.sql(f"DROP TABLE {table}")
+    # A new table of the same name can be created where the dropped one's snapshots were.
+    pipeline = SourcePipeline(spark, client, tmp_path / "cp2", policy=FAST, output=output)
+    pipeline.run(keyed_source(spark, 20), split_job(ackers.addresses), key="id")
+    assert rows_of(spark.table(table)) == expected_words(20)
+    spark.sql(f"DROP TABLE {table}")
+
+
+def test_a_table_whose_catalog_lists_its_partitions_is_published_in_place(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
+) -> None:
+    """A partitioned table created elsewhere, its partitions in the catalog: rows land once, partitions recovered."""
+    table = f"listed_{tmp_path.name.replace('-', '_')}"
+    spark.createDataFrame([], "id string, word string, bucket string").write.partitionBy("bucket").saveAsTable(table)
+    listed = {r[0]: r[1] for r in spark.sql(f"DESCRIBE TABLE EXTENDED {table}").collect()}
+    assert listed.get("Partition Provider") == "Catalog"
+    pipeline = SourcePipeline(
+        spark, client, tmp_path / "cp", policy=FAST, output=TableOutput(table, partition_by=["bucket"])
+    )
+    pipeline.run(keyed_source(spark, 40), split_job(ackers.addresses, fail_digit="2"), key="id")
+    assert rows_of(spark.table(table)) == expected_words(40)
+    assert _table_location(spark, table).parent.name != ".acker-versions"
+    spark.sql(f"DROP TABLE {table}")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 from acker_protocol.wire import Outcome
-from acker_spark.executor_read.emission_log import Emissions, EmissionWriter, read_round
-from acker_spark.executor_read.record_table import ACKED, FAILED, PENDING, RecordTable
+from acker_spark.tracking.emission_log import Emissions, EmissionWriter, read_round
+from acker_spark.tracking.record_table import ACKED, FAILED, PENDING, RecordTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

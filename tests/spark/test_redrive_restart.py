@@ -18,9 +18,9 @@ import pytest
 from acker_client.testing import local_cluster
 from acker_protocol.wire import Outcome
 from acker_spark import DeadLetterStore, close_clients
-from acker_spark.executor_read.checkpoint import Checkpoint
-from acker_spark.executor_read.emission_log import read_round
 from acker_spark.sqlite import open_db
+from acker_spark.tracking.checkpoint import Checkpoint
+from acker_spark.tracking.emission_log import read_round
 
 pytestmark = pytest.mark.spark
 

@@ -219,7 +219,7 @@ def test_payload_rows_without_a_key_column_get_one() -> None:
 
 
 def test_values_that_are_not_rows_become_key_and_value() -> None:
-    """A GuaranteedPipeline's dead letters hold the record's value: the shape of an in-memory source."""
+    """Dead letters holding a plain value (as the removed GuaranteedPipeline wrote them) redrive as an in-memory source."""
     from acker_spark.executor_read.redrive_source import payload_table
 
     table, column = payload_table(chunk_of(["r1", "r2"], ["one line", "another"]), None)

@@ -11,15 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from acker_client.testing import ManualClock
 from acker_spark.budget import FailureBudget
 from acker_spark.causes import CauseWriter
-from acker_spark.executor_read.book import ReplayBook
-from acker_spark.executor_read.checkpoint import Checkpoint
-from acker_spark.executor_read.emission_log import EmissionWriter, RoundFilter
-from acker_spark.executor_read.identity import derive_roots
 from acker_spark.executor_read.round_watch import RoundWatch
 from acker_spark.replay_policy import ReplayPolicy
+from acker_spark.tracking.book import ReplayBook
+from acker_spark.tracking.checkpoint import Checkpoint
+from acker_spark.tracking.emission_log import EmissionWriter, RoundFilter
+from acker_spark.tracking.identity import derive_roots
 
 SALT = 7
 POLICY = ReplayPolicy(max_attempts=2)
@@ -132,5 +133,94 @@ def test_a_round_hangs_once_one_tree_failed_from_outside_and_none_started_or_end
     check.observe(roots[6:7], acked[:1])  # a tree still ends: the job is working
     clock.advance(1.5)
     assert check() is None
+    # The hung task's keeper renews the leases of the rows it holds: alive, and it reaches the ackers.
+    check.observe(roots[7:], np.full(3, int(Outcome.TIMEOUT_RESET), dtype=np.int8))
     clock.advance(0.5)
     assert check() == HungRound(2, 10, 1)
+
+
+def test_a_quiet_round_whose_tasks_are_not_heard_from_waits_for_them_until_the_backstop(tmp_path: Path) -> None:
+    """Executors cut from the ackers: quiet, trees pending, no renewal arrives; a cut, not a hang, until silent_after."""
+    from acker_protocol.wire import Outcome
+    from acker_spark.executor_read.hung_round import HungRound, HungRoundCheck
+
+    clock = ManualClock()
+    checkpoint = tmp_path / "cp"
+    check = HungRoundCheck(checkpoint, 0, clock, grace=2.0, silent_after=10.0)
+    roots = write_round(checkpoint, 0, np.arange(1, 11, dtype=np.uint64), 1, partition=0)
+    assert check() is None
+    check.observe(roots[:4], np.full(4, int(Outcome.ACKED), dtype=np.int8))
+    check.observe(roots[4:5], np.full(1, int(Outcome.FAILED), dtype=np.int8))  # no cause: failed from outside
+    clock.advance(5.0)
+    assert check() is None  # five trees pending, none of their tasks heard from: waiting out a cut
+    clock.advance(4.9)
+    assert check() is None
+    clock.advance(0.2)
+    verdict = check()
+    assert verdict == HungRound(0, 10, 1, silent=True)
+    assert "longer than the message timeout" in str(verdict)
+    # Without a bound (silent_after None) such a round is never cancelled for being quiet.
+    patient = HungRoundCheck(checkpoint, 0, clock, grace=2.0)
+    assert patient() is None  # it reads the emission log
+    patient.observe(roots[4:5], np.full(1, int(Outcome.FAILED), dtype=np.int8))
+    clock.advance(100.0)
+    assert patient() is None
+
+
+def test_a_round_renewed_on_some_shards_only_waits_for_the_others(tmp_path: Path) -> None:
+    """One acker paused: renewals of its trees do not arrive while the others' do; not a hang until they all do."""
+    from acker_protocol.wire import Outcome
+    from acker_spark.executor_read.hung_round import HungRound, HungRoundCheck
+
+    clock = ManualClock()
+    checkpoint = tmp_path / "cp"
+    check = HungRoundCheck(checkpoint, 0, clock, grace=2.0, silent_after=60.0, shard_count=2)
+    roots = write_round(checkpoint, 0, np.arange(1, 11, dtype=np.uint64), 1, partition=0)
+    assert check() is None
+    check.observe(roots[:1], np.full(1, int(Outcome.FAILED), dtype=np.int8))  # failed from outside
+    reset = int(Outcome.TIMEOUT_RESET)
+    shard0 = roots[1:][roots[1:] % np.uint64(2) == 0]
+    shard1 = roots[1:][roots[1:] % np.uint64(2) == 1]
+    assert len(shard0) and len(shard1)
+    clock.advance(3.0)
+    check.observe(shard0, np.full(len(shard0), reset, dtype=np.int8))
+    assert check() is None  # shard 1's pending trees are not heard from: its acker may be paused
+    check.observe(shard1[:1], np.full(1, reset, dtype=np.int8))
+    assert check() == HungRound(0, 10, 1)
+
+
+def test_a_round_with_no_failed_tree_is_watched_without_reading_its_emission_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hung-round check reads the round's roots only once a tree failed and the round went quiet, and once."""
+    from acker_protocol.wire import Outcome
+    from acker_spark.executor_read import hung_round
+    from acker_spark.executor_read.hung_round import HungRound, HungRoundCheck
+
+    reads: list[int] = []
+    real = hung_round.read_round
+
+    def counted(checkpoint: Path, round_no: int) -> object:
+        reads.append(round_no)
+        return real(checkpoint, round_no)
+
+    monkeypatch.setattr(hung_round, "read_round", counted)
+    clock = ManualClock()
+    checkpoint = tmp_path / "cp"
+    check = HungRoundCheck(checkpoint, 0, clock, grace=2.0)
+    roots = write_round(checkpoint, 0, np.arange(1, 11, dtype=np.uint64), 1, partition=0)
+    assert check() is None
+    check.observe(roots[:5], np.full(5, int(Outcome.ACKED), dtype=np.int8))
+    more = write_round(checkpoint, 0, np.arange(11, 21, dtype=np.uint64), 1, partition=1)  # the log grows
+    for _ in range(3):
+        clock.advance(3.0)
+        assert check() is None
+    assert reads == []  # nothing failed: no read of the round's log, however long it runs or grows
+    check.observe(more[:1], np.full(1, int(Outcome.FAILED), dtype=np.int8))  # failed from outside
+    assert check() is None and reads == []  # not quiet for the grace yet
+    clock.advance(2.0)
+    alive = np.concatenate((roots[5:], more[1:]))  # the tasks holding the pending trees renew their leases
+    check.observe(alive, np.full(len(alive), int(Outcome.TIMEOUT_RESET), dtype=np.int8))
+    assert check() == HungRound(0, 20, 1)
+    assert check() == HungRound(0, 20, 1)
+    assert reads == [0]  # read once, when it mattered; not again while the log did not grow

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from acker_client.testing import ManualClock
 from acker_ctl.cli import main as ctl_main
-from acker_spark.progress_display import ProgressReporter, resolve_mode
-from acker_spark.run_progress import PROGRESS_FILE, Baseline, Live, ProgressMeter
+from acker_spark.progress.display import ProgressReporter, resolve_mode
+from acker_spark.progress.figures import PROGRESS_FILE, Baseline, Live, ProgressMeter
 
 
 def test_a_running_jobs_rows_and_outcomes_move_the_figures():
@@ -40,7 +40,7 @@ def test_a_replay_round_moves_records_from_replaying_to_pending_without_reading_
 def test_rate_and_eta_over_the_window():
     """Records ended per second between samples; the ETA is what remains of the known total at that rate."""
     clock = ManualClock()
-    meter = ProgressMeter("orders", clock, window=30.0)
+    meter = ProgressMeter("orders", clock, window=30.0, eta_after=2.0)
     base = Baseline(records=1000, in_job=True)
     first = meter.figures(base, Live(started=100, acked_arrived=0), wall=0.0)
     assert (first.rate, first.eta_seconds) == (0.0, None)
@@ -49,6 +49,37 @@ def test_rate_and_eta_over_the_window():
     assert later.rate == 100.0
     assert later.eta_seconds == 8.0  # 800 left at 100/s
     assert later.elapsed_seconds == 2.0
+
+
+def test_no_eta_from_a_resumed_runs_first_burst():
+    """A resumed run: 58,000 of 60,000 already ended; a burst of 100 in the first second gives no ETA (it would say
+    hours one tick and seconds the next); once the rate spans eta_after seconds the ETA is what remains at it."""
+    clock = ManualClock()
+    meter = ProgressMeter("orders", clock)
+    base = Baseline(read=60_000, acked=58_000, replaying=2_000, records=60_000, in_job=True, first_read=False)
+    meter.figures(base, Live(), wall=0.0)
+    clock.advance(1.0)
+    assert meter.figures(base, Live(started=100, acked_arrived=100), wall=1.0).eta_seconds is None
+    clock.advance(4.0)
+    steady = meter.figures(base, Live(started=1_000, acked_arrived=1_000), wall=5.0)
+    assert steady.rate == 200.0 and steady.eta_seconds == 5.0  # 1,000 left at 200/s
+
+
+def test_the_bar_fits_80_columns(tmp_path):
+    """The bar and its figures on one line of an 80-column terminal, nothing cut."""
+    from rich.console import Console
+
+    clock = ManualClock()
+    base = [Baseline(read=123_456, acked=120_000, pending=3_000, replaying=456, dead=1_234, records=1_000_000,
+                     in_job=True, first_read=True)]  # fmt: skip
+    live = [Live()]
+    out = io.StringIO()
+    reporter, _ = _reporter(tmp_path, clock, "bar", base, live, Console(file=out, width=80, force_terminal=False))
+    reporter.start()
+    reporter.stop("finished")
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    assert lines and all(len(line) <= 80 for line in lines)
+    assert "read 123k/1.0M ok 120k pend 3.0k retry 456 dead 1.2k" in lines[-1]
 
 
 def test_no_eta_without_a_total():
@@ -127,7 +158,7 @@ def test_the_bar_shows_the_figures(tmp_path):
     reporter, _ = _reporter(tmp_path, clock, "bar", base, live, Console(file=out, width=200, force_terminal=False))
     reporter.start()
     reporter.stop("finished")
-    assert "40 of 100 read, 30 acked, 10 pending, 0 replaying, 0 dead" in out.getvalue()
+    assert "read 40/100 ok 30 pend 10 retry 0 dead 0" in out.getvalue()
 
 
 def _ctl(*args: str) -> tuple[int, str]:

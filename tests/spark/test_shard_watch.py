@@ -10,7 +10,8 @@ import pytest
 from acker_client import ShardUnavailable
 from acker_client.errors import ShardFailure
 from acker_client.testing import ManualClock
-from acker_spark.shard_watch import ProgressLine, ShardWatch
+from acker_spark.executor_read.shard_watch import DownTooLong, ShardWatch
+from acker_spark.progress.driver_progress import ProgressLine
 
 ADDRESSES = ["127.0.0.1:1", "127.0.0.1:2"]
 
@@ -22,6 +23,8 @@ def _unavailable(shard: int, detail: str) -> ShardUnavailable:
 
 class StandInCluster:
     """Answers Describe for the shards in ``up``; the others are refused connections."""
+
+    addresses = ADDRESSES
 
     def __init__(self) -> None:
         self.up: set[int] = set()
@@ -91,3 +94,30 @@ def test_the_progress_line_waits_an_interval_then_names_counts_and_the_shard_wai
     message = record.getMessage()
     assert message.startswith("progress: 7 acked, 1 dead-lettered, 2 pending, 3 awaiting replay; ")
     assert f"waiting on shard 1 at {ADDRESSES[1]}, unreachable for 10 s" in message
+
+
+def test_a_shard_whose_outcome_stream_stays_closed_is_marked_down_from_then_though_no_batch_failed() -> None:
+    """The driver sends nothing to a killed shard: its closed outcome stream, probed, is what marks it."""
+    clock, cluster = ManualClock(), StandInCluster()
+    cluster.up.add(0)
+    closed = {0, 1}  # at the start no stream is open yet
+    watch = ShardWatch(cluster, clock, silent=lambda: set(closed))  # type: ignore[arg-type]
+    assert watch.down_longer_than(3.0) is None and cluster.describes == 0  # closed for less than a probe interval
+    closed.discard(0)  # shard 0's stream opens; shard 1's never does
+    clock.advance(1.0)
+    assert watch.down_longer_than(3.0) is None
+    assert [d.shard for d in watch.down()] == [1] and cluster.describes == 1  # only the closed one was probed
+    clock.advance(2.5)
+    verdict = watch.check_bound(3.0)
+    assert isinstance(verdict, DownTooLong)
+    assert (verdict.shard.shard, verdict.seconds) == (1, 3.5)  # counted from when its stream was first seen closed
+    assert "Connection refused" in verdict.shard.cause and "unreachable for 4 s" in str(verdict)
+
+
+def test_a_closed_stream_whose_shard_answers_is_not_marked() -> None:
+    clock, cluster = ManualClock(), StandInCluster()
+    cluster.up.update({0, 1})
+    watch = ShardWatch(cluster, clock, silent=lambda: {1})  # type: ignore[arg-type]
+    watch.check()
+    clock.advance(5.0)
+    assert watch.check_bound(3.0) is None and watch.down() == []

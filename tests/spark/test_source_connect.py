@@ -13,8 +13,8 @@ from acker_client.testing import local_cluster
 from acker_demo.dataframe_job import build_source_job
 from acker_demo.wordcount import FailureInjection, expected_counts, sink_counts
 from acker_spark import close_clients
-from acker_spark.executor_read.identity import UnstableIdentity
 from acker_spark.executor_read.source_pipeline import SourcePipeline
+from acker_spark.tracking.identity import UnstableIdentity
 from pyspark import cloudpickle
 
 from .test_source_pipeline import PERSISTENT, line_records, write_lines

@@ -23,9 +23,9 @@ import pytest
 from acker_client import ClusterClient
 from acker_client.testing import local_cluster
 from acker_spark import ArrowBolt, ReplayPolicy, close_clients
-from acker_spark.executor_read.emission_log import read_round
-from acker_spark.executor_read.identity import derive_roots, hash_key_column
 from acker_spark.executor_read.source_pipeline import SourcePipeline
+from acker_spark.tracking.emission_log import read_round
+from acker_spark.tracking.identity import derive_roots, hash_key_column
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -27,10 +27,10 @@ from acker_spark import (
     generated_sentences,
     records_from,
 )
-from acker_spark.executor_read.checkpoint import Checkpoint
 from acker_spark.executor_read.memory_source import DuplicateIdentity, write_records
 from acker_spark.executor_read.source_pipeline import SourcePipeline
 from acker_spark.sqlite import open_db, upsert
+from acker_spark.tracking.checkpoint import Checkpoint
 from pyspark import cloudpickle
 
 from .test_source_pipeline import PATIENT_TIMEOUT, PERSISTENT, sink_keys

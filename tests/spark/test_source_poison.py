@@ -72,3 +72,50 @@ def test_one_raising_record_of_20000_is_one_dead_letter_with_its_cause(
     assert (letter.key, letter.reason, letter.attempts) == ("k00042", Outcome.FAILED, 1)
     assert letter.cause is not None and letter.cause.startswith("ValueError: amount of k00042 is not a number")
     assert "in __call__)" in letter.cause  # where it was raised
+
+
+class CountingParse:
+    """A sink raising ValueError for each key of ``bad``; counts rows handed to it and rows of calls that returned."""
+
+    def __init__(self, bad: frozenset[str], handed: Any, returned: Any) -> None:
+        self.bad = bad
+        self.handed = handed
+        self.returned = returned
+
+    def __call__(self, batch: pa.RecordBatch, collector: Any) -> None:
+        self.handed.add(batch.num_rows)
+        for key in batch.column("id").to_pylist():
+            if key in self.bad:
+                raise ValueError(f"amount of {key} is not a number: 'n/a'")
+        self.returned.add(batch.num_rows)
+
+
+def test_a_tenth_of_a_percent_raising_costs_about_itself_and_stays_exact(
+    spark: Any, ackers: Any, client: ClusterClient, tmp_path: Path
+) -> None:
+    """40 raising records of 40,000 in batches of 500: 40 dead letters, each with its own cause and 1 attempt;
+    every other record returned once and acked on its first delivery; the function handed at most 1.2x the rows."""
+    records = 40_000
+    bad = frozenset(f"k{i:05d}" for i in range(537, records, 1_000))
+    rows = [(f"k{i:05d}", float(i)) for i in range(records)]
+    source = spark.createDataFrame(rows, "id string, amount double").repartition(2)
+    handed, returned = spark.sparkContext.accumulator(0), spark.sparkContext.accumulator(0)
+    sink = ArrowBolt(CountingParse(bad, handed, returned), ackers.addresses, schema=None, name="parse")
+    letters = DeadLetterStore(tmp_path / "dead.sqlite")
+    pipeline = SourcePipeline(spark, client, tmp_path / "cp", policy=POLICY, dead_letters=letters)
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "500")
+    try:
+        stats = pipeline.run(source, lambda df: sink.apply_df(df).count(), key="id")
+    finally:
+        spark.conf.set(key, before)
+    assert (stats.acked, stats.dead_lettered, stats.replayed, stats.job_errors) == (records - len(bad), len(bad), 0, 0)
+    assert returned.value == records - len(bad)  # each good record in exactly one call that returned
+    print(f"rows handed to the function: {handed.value:,} for {records:,} records")
+    assert handed.value <= 1.2 * records
+    found = {letter.key: letter for letter in letters.all()}
+    assert set(found) == bad
+    for name, letter in found.items():
+        assert (letter.reason, letter.attempts) == (Outcome.FAILED, 1)
+        assert letter.cause is not None and letter.cause.startswith(f"ValueError: amount of {name} is not a number")

@@ -18,9 +18,9 @@ from acker_client.testing import local_cluster
 from acker_demo.wordcount import create_sink, expected_counts, sink_counts
 from acker_protocol.wire import Outcome
 from acker_spark import close_clients
-from acker_spark.executor_read.checkpoint import Checkpoint
-from acker_spark.executor_read.emission_log import read_round
 from acker_spark.sqlite import open_db
+from acker_spark.tracking.checkpoint import Checkpoint
+from acker_spark.tracking.emission_log import read_round
 
 from .test_source_pipeline import line_records, write_lines
 

@@ -1,7 +1,6 @@
 """SourcePipeline with executors that cannot reach the ackers: ACKS_UNDELIVERED, AcksUndelivered, ShardDown.
 
-The same cases as test_undelivered.py and test_dead_shard.py for the driver-fed
-pipeline, through the executor-read path: the bolts report their dropped task
+Through the executor-read path: the bolts report their dropped task
 commits (accumulators), the trees those held end as ACKS_UNDELIVERED rather
 than TIMED_OUT, are dead-lettered so, and ``run`` raises naming the shards; a
 shard the driver cannot reach stops the run with ShardDown instead of a silent wait.
@@ -19,8 +18,8 @@ from acker_client import ClusterClient
 from acker_client.testing import local_cluster, unreachable_addresses
 from acker_protocol.wire import Outcome
 from acker_spark import AcksUndelivered, ArrowBolt, DeadLetterStore, ReplayPolicy, ShardDown
-from acker_spark.executor_read.checkpoint import Checkpoint
 from acker_spark.executor_read.source_pipeline import RunStopped, SourcePipeline
+from acker_spark.tracking.checkpoint import Checkpoint
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -12,13 +12,13 @@ from acker_client import ClusterClient
 from acker_client.testing import ManualClock, local_cluster
 from acker_protocol.wire import Outcome
 from acker_spark import close_clients
-from acker_spark.executor_read.checkpoint import Checkpoint
-from acker_spark.executor_read.emission_log import EmissionWriter, RoundFilter, read_round, write_filter
-from acker_spark.executor_read.identity import IdentitySpec, derive_roots, first_edges, hash_key_column
-from acker_spark.executor_read.outcome_feed import OutcomeFeed
-from acker_spark.executor_read.record_table import ACKED, FAILED, PENDING, RecordTable
 from acker_spark.executor_read.source_reader import KEY_COLUMN, SourceReader, _line_positions, _LineState
 from acker_spark.steps.frames import decode_ids
+from acker_spark.tracking.checkpoint import Checkpoint
+from acker_spark.tracking.emission_log import EmissionWriter, RoundFilter, read_round, write_filter
+from acker_spark.tracking.identity import IdentitySpec, derive_roots, first_edges, hash_key_column
+from acker_spark.tracking.outcome_feed import OutcomeFeed
+from acker_spark.tracking.record_table import ACKED, FAILED, PENDING, RecordTable
 
 U64 = np.uint64
 
@@ -58,7 +58,7 @@ def test_round_filters_skip_and_select(tmp_path: Path) -> None:
     assert keep.tolist() == [True, True, False] and attempts.tolist() == [1, 1]
     select = RoundFilter("select", np.array([30, 20], U64), np.array([3, 2], np.uint16))
     path = write_filter(tmp_path, 4, select)  # stored sorted: lookups by searchsorted
-    from acker_spark.executor_read.emission_log import read_filter
+    from acker_spark.tracking.emission_log import read_filter
 
     keep, attempts = read_filter(str(path)).apply(idents)
     assert keep.tolist() == [True, False, True] and attempts.tolist() == [3, 2]
@@ -85,7 +85,7 @@ def test_emission_log_survives_a_torn_tail_and_spots_shared_identities(tmp_path:
 
 def test_record_table_takes_the_first_outcome_of_a_pending_root_only() -> None:
     """Outcomes settle pending entries once; later ones (a second tree with the same root) change nothing."""
-    from acker_spark.executor_read.emission_log import Emissions
+    from acker_spark.tracking.emission_log import Emissions
 
     table = RecordTable()
     table.add(Emissions(np.array([5, 7, 9], U64), np.array([50, 70, 90], U64), np.ones(3, np.uint16), 0), 0)

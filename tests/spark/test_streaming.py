@@ -16,12 +16,12 @@ from acker_client import BoltCollector, ClusterClient, TrackedTuple
 from acker_client.testing import local_cluster
 from acker_protocol.wire import Outcome
 from acker_spark import Bolt, DeadLetterStore, close_clients
-from acker_spark.executor_read.checkpoint import Checkpoint
-from acker_spark.executor_read.stream_planner import stream_progress
 from acker_spark.sqlite import open_db, upsert
 from acker_spark.steps.frames import unpack_ids
 from acker_spark.streaming import FORMAT, AckerSpoutDataSource, StreamOptions, register_acker_spout
+from acker_spark.streaming.stream_planner import stream_progress
 from acker_spark.streaming.stream_source import ChunkPartition, ReplayPartition
+from acker_spark.tracking.checkpoint import Checkpoint
 from pyspark import cloudpickle
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.datasource import ReadAllAvailable

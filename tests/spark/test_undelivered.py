@@ -1,9 +1,8 @@
-"""Executors that cannot reach the ackers: the run fails with the cause, not as a quiet stream of timeouts.
+"""Executors that cannot reach the ackers, or reach them in the wrong order: what a task says, and the stream's book.
 
-Issue 12: with the driver's client on the right addresses and the Bolts on wrong
-ones, ``pipeline.run`` returned normally with every record dead-lettered as
-TIMED_OUT and nothing on stderr. Now the driver learns every dropped task
-commit (accumulators), the records fail as ACKS_UNDELIVERED, and the run raises.
+A task whose commit cannot be delivered logs the shard it could not reach; a
+task given the ackers out of shard order refuses to run, naming the fix. How
+SourcePipeline's run ends in those cases is tests/spark/test_source_undelivered.py's.
 """
 
 from __future__ import annotations
@@ -15,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from acker_client import ClusterClient, MessageId, TrackedTuple
+from acker_client import ClusterMisconfigured, MessageId, TrackedTuple
 from acker_client.testing import unreachable_addresses
 from acker_protocol.wire import Outcome
-from acker_spark import AcksUndelivered, Bolt, DeadLetterStore, Delivery, GuaranteedPipeline, ReplayPolicy
+from acker_spark import Bolt, DeadLetterStore, Delivery, ReplayPolicy
 from pyspark import cloudpickle
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -30,72 +29,19 @@ ONCE = ReplayPolicy(max_attempts=1)
 IMPATIENT = {"wait_for_shard": 0.0, "deadline": 0.5}
 
 
-def split(lines: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTuple]:
-    for line in lines:
-        for word in line.value.value.split():
-            yield collector.emit(word, anchors=[line])
-        collector.ack(line)
-
-
 def store(words: Iterator[TrackedTuple], collector: Any) -> Iterator[TrackedTuple]:
     for word in words:
         collector.ack(word)
     return iter(())
 
 
-RECORDS = [(f"r{i}", f"alpha beta {i}") for i in range(6)]
-
-
-def run_misconfigured(
-    spark: Any, client: ClusterClient, db: Path, wrong: list[str], **options: Any
-) -> tuple[GuaranteedPipeline, list[Outcome]]:
-    """The issue's job: driver client right, Bolts on ``wrong``; return the pipeline and the callbacks seen."""
-    split_bolt = Bolt(split, wrong, name="split", client_options=IMPATIENT)
-    store_bolt = Bolt(store, wrong, name="store", client_options=IMPATIENT)
-    seen: list[Outcome] = []
-    pipeline = GuaranteedPipeline(
-        spark,
-        client,
-        dead_letters=DeadLetterStore(db),
-        policy=ONCE,
-        partitions=2,
-        on_outcome=lambda _delivery, outcome: seen.append(outcome),
-        **options,
-    )
-    try:
-        pipeline.run(RECORDS, lambda rdd: store_bolt.apply(split_bolt.apply(rdd)).count())
-    finally:
-        pipeline.stats.replayed_keys.clear()
-    return pipeline, seen
-
-
-def test_bolts_on_dead_addresses_fail_the_run_with_the_cause(spark: Any, client: ClusterClient, tmp_path: Path) -> None:
-    wrong = unreachable_addresses(3)
-    with pytest.raises(AcksUndelivered) as raised:
-        run_misconfigured(spark, client, tmp_path / "dead.sqlite", wrong)
-    error = raised.value
-    assert "could not deliver their acks" in str(error)
-    assert any(a in str(error) for a in wrong)  # an address the executors could not reach
-    assert error.stats.acked == 0
-    assert error.stats.acks_undelivered == len(RECORDS)
-    assert error.stats.timed_out == 0
-    assert error.stats.commit_errors.get("split", 0) >= 1
-    dead = DeadLetterStore(tmp_path / "dead.sqlite").all()
-    assert {d.key for d in dead} == {k for k, _ in RECORDS}
-    assert {d.reason for d in dead} == {Outcome.ACKS_UNDELIVERED}
-
-
-def test_warn_mode_returns_the_stats_and_logs_the_cause(
-    spark: Any, client: ClusterClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    wrong = unreachable_addresses(3)
-    with caplog.at_level(logging.WARNING, logger="acker_spark.driver_fed.pipeline"):
-        pipeline, seen = run_misconfigured(spark, client, tmp_path / "dead.sqlite", wrong, on_undelivered="warn")
-    assert pipeline.stats.acks_undelivered == len(RECORDS)
-    assert pipeline.stats.as_dict()["commit_errors"] >= 1
-    assert seen == [Outcome.ACKS_UNDELIVERED] * len(RECORDS)
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("could not deliver their acks" in m and any(a in m for a in wrong) for m in warnings)
+def test_an_executor_checks_the_shard_order_as_the_driver_does(ackers: Any) -> None:
+    """Outside Spark: a Bolt's task over addresses out of shard order raises, naming the position and the fix."""
+    wrong = list(reversed(ackers.addresses))
+    bolt = Bolt(store, wrong, name="store")
+    tuples = [TrackedTuple(Delivery("k", "v", 1), MessageId({12345: 7}))]
+    with pytest.raises(ClusterMisconfigured, match=r"step 'store': address 0 .* is acker shard 2 of 3.*shard order"):
+        list(bolt.run_partition(0, tuples))
 
 
 def test_a_dropped_commit_is_a_warning_in_the_executor_log(caplog: pytest.LogCaptureFixture) -> None:
@@ -108,15 +54,6 @@ def test_a_dropped_commit_is_a_warning_in_the_executor_log(caplog: pytest.LogCap
     (line,) = [r for r in caplog.records if r.name == "acker_spark.executor"]
     assert line.levelno == logging.WARNING
     assert wrong[0] in line.getMessage() and "could not deliver" in line.getMessage()
-
-
-def test_on_undelivered_is_checked() -> None:
-    with pytest.raises(ValueError, match="on_undelivered"):
-        GuaranteedPipeline(_FakeSpark(), None, on_undelivered="ignore")  # type: ignore[arg-type]
-
-
-class _FakeSpark:
-    defaultParallelism = 2
 
 
 # -- the streaming source (its planner's book alone, no Spark) ----------------------
@@ -134,11 +71,11 @@ def test_stream_commit_errors_reach_the_planner_through_the_checkpoint(
     import numpy as np
     from acker_client.testing import ManualClock
     from acker_spark import CommitErrors, record_commit_errors
-    from acker_spark.executor_read.book import ReplayBook
-    from acker_spark.executor_read.checkpoint import Checkpoint
-    from acker_spark.executor_read.emission_log import Emissions
-    from acker_spark.executor_read.identity import derive_roots
     from acker_spark.steps import step as step_module
+    from acker_spark.tracking.book import ReplayBook
+    from acker_spark.tracking.checkpoint import Checkpoint
+    from acker_spark.tracking.emission_log import Emissions
+    from acker_spark.tracking.identity import derive_roots
 
     checkpoint = tmp_path / "acker-checkpoint"
     book = ReplayBook(Checkpoint(checkpoint), 7, ONCE, ManualClock())
@@ -155,8 +92,7 @@ def test_stream_commit_errors_reach_the_planner_through_the_checkpoint(
     assert Checkpoint(checkpoint).read_undelivered().tolist() == [dropped]
     book.reload_undelivered()
     store = DeadLetterStore(tmp_path / "dead.sqlite")
-    table = book.table
     book.write_dead_letters(
-        store, lambda dead: [(str(table.idents[p]), None, Outcome(int(table.reason[p])), 1) for p in dead]
+        store, lambda dead: [(str(i), None, Outcome(int(r)), 1) for i, r in zip(dead.idents, dead.reasons)]
     )
     assert {d.key: d.reason for d in store.all()} == {"11": Outcome.ACKS_UNDELIVERED, "12": Outcome.TIMED_OUT}

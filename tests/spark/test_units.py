@@ -177,6 +177,24 @@ def test_dead_letter_store_round_trip(tmp_path: Path) -> None:
     assert store.keys() == {"k1", "k2"} and len(store) == 2
 
 
+def test_dead_letters_are_written_per_batch_in_one_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """add_many stores every row with one connection, as add would row by row."""
+    from acker_spark import dead_letter as dead_letter_module
+
+    store = DeadLetterStore(tmp_path / "db")
+    opened: list[int] = []
+    real = dead_letter_module.open_db
+    monkeypatch.setattr(dead_letter_module, "open_db", lambda path: opened.append(1) or real(path))
+    assert store.add_many([("k1", {"v": 1}, Outcome.FAILED, 3), ("k2", "x", Outcome.LOST, 5)]) == 2
+    assert store.add_many([("k1", {"v": 1}, Outcome.TIMED_OUT, 4)]) == 1  # replaces, as add does
+    assert store.add_many([]) == 0
+    assert len(opened) == 2
+    assert [(d.key, d.record, d.reason, d.attempts) for d in store.all()] == [
+        ("k1", {"v": 1}, Outcome.TIMED_OUT, 4),
+        ("k2", "x", Outcome.LOST, 5),
+    ]
+
+
 def test_replay_policy_backoff() -> None:
     """Delays grow by the factor from the base and stop at the cap; bad settings are refused."""
     policy = ReplayPolicy(max_attempts=5, backoff_base=0.5, backoff_factor=2.0, backoff_cap=3.0)

@@ -16,9 +16,9 @@ import pytest
 from acker_client.testing import ManualClock, local_cluster
 from acker_ctl.cli import main
 from acker_spark import close_clients
-from acker_spark.executor_read.emission_log import RoundFilter, write_filter
-from acker_spark.executor_read.identity import IdentitySpec
 from acker_spark.executor_read.source_reader import SourceReader
+from acker_spark.tracking.emission_log import RoundFilter, write_filter
+from acker_spark.tracking.identity import IdentitySpec
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def read_round(ackers, checkpoint, round_no: int, keys: list[str], attempts: lis
     if attempts is None:
         rows = RoundFilter("all", np.zeros(0, np.uint64), np.zeros(0, np.uint16))
     else:
-        from acker_spark.executor_read.identity import hash_key_column
+        from acker_spark.tracking.identity import hash_key_column
 
         idents = hash_key_column(pa.array(keys), "k")
         rows = RoundFilter("select", idents, np.array(attempts, dtype=np.uint16))

@@ -62,3 +62,21 @@ def test_unknown_fault_kind_is_refused() -> None:
     """A typo in --faults is an error, not a run without faults."""
     with pytest.raises(ValueError, match="unknown fault kinds"):
         ExactlyOnceConfig(faults=("acker", "network"))
+
+
+def test_staged_progress_survives_a_staging_folder_removed_while_it_is_walked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit moves or drops staged files while the fault driver counts them: the count goes on, it does not
+    end the run with FileNotFoundError (seen once in the exactly-once fault loop)."""
+    from acker_bench.faults import StagedProgress
+
+    staging = tmp_path / "out" / ".acker-staging"
+    staging.mkdir(parents=True)
+
+    def vanishing(self: Path, pattern: str):  # noqa: ANN202 - Path.rglob's stand-in
+        yield from ()
+        raise FileNotFoundError(f"{self}/r00000/p00007-t12/bucket=5")
+
+    monkeypatch.setattr(Path, "rglob", vanishing)
+    assert StagedProgress([], [tmp_path / "out"]).rows() == 0

@@ -79,3 +79,25 @@ def test_usage_errors(store: DeadLetterStore, tmp_path: Path, capsys: pytest.Cap
     assert code == 2 and "no_such_module_here" in capsys.readouterr().err
     code, _ = ctl(*base, "--job", "json:nothing", "--checkpoint", str(tmp_path / "cp"), "--all", "--rate", "0")
     assert code == 2 and "--rate must be > 0" in capsys.readouterr().err
+
+
+def test_shared_flags_are_taken_after_the_subcommand_too(store: DeadLetterStore) -> None:
+    """`dead-letters list --json` is the same as `--json dead-letters list` (the flag used to be refused there)."""
+    code, after = ctl("dead-letters", "list", "--store", str(store.path), "--json")
+    assert code == 0
+    assert json.loads(after) == json.loads(ctl("--json", "dead-letters", "list", "--store", str(store.path))[1])
+    code, text = ctl("dead-letters", "list", "--store", str(store.path))
+    assert code == 0 and text.startswith("8 dead letters")  # the subcommand's parser does not reset --json
+
+
+def test_redrive_refuses_a_malformed_output(
+    store: DeadLetterStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--output takes FORMAT:PATH; a wrong one is a usage error and claims nothing."""
+    code, _ = ctl(
+        "--ackers", "127.0.0.1:1", "dead-letters", "redrive", "--store", str(store.path), "--job", "json:dumps",
+        "--checkpoint", str(tmp_path / "cp"), "--all", "--output", "/data/orders",
+    )  # fmt: skip
+    assert code == 2
+    assert "--output takes FORMAT:PATH" in capsys.readouterr().err
+    assert {letter.redrive_status for letter in store.all()} == {None}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from acker_demo.cli import main, parse_args
+from acker_demo.wordcount import FailureInjection
 
 pytestmark = pytest.mark.spark
 
@@ -26,7 +27,7 @@ def test_demo_with_faults_injected(spark: Any, tmp_path: Path, capsys: pytest.Ca
     code, summary = run_main(
         capsys,
         "--records",
-        "150",
+        "120",
         "--fail-percent",
         "5",
         "--crash-task",
@@ -34,10 +35,9 @@ def test_demo_with_faults_injected(spark: Any, tmp_path: Path, capsys: pytest.Ca
         "1",
         "--restart-after",
         "1",
+        # As --spark-read's test: a round (read, split, shuffle, count) on a loaded machine outlasts 3 s.
         "--message-timeout",
-        "3",
-        "--max-pending",
-        "50",
+        "5",
         "--backoff",
         "0.05",
         "--db",
@@ -45,10 +45,11 @@ def test_demo_with_faults_injected(spark: Any, tmp_path: Path, capsys: pytest.Ca
     )
     assert code == 0
     assert summary["mode"] == "tracked"
-    assert summary["emitted"] == summary["records"] == 150
-    assert summary["acked"] + summary["dead_lettered"] == 150
-    assert summary["replayed"] > 0 and summary["failed"] > 0  # 5% of ~1,100 words fail once
+    assert summary["emitted"] == summary["records"] == 120
+    assert summary["acked"] + summary["dead_lettered"] == 120
+    assert summary["replayed"] > 0 and summary["failed"] > 0  # 5% of ~900 words fail once
     assert summary["sink_matches_expected"] is True
+    assert (tmp_path / "demo.sqlite.crashed").exists()  # the one injected crash happened
     for key in ("timed_out", "lost", "attempts", "wall_seconds", "pipeline_seconds", "acker_killed"):
         assert key in summary
 
@@ -64,6 +65,18 @@ def test_demo_untracked_from_a_directory(spark: Any, tmp_path: Path, capsys: pyt
     assert (summary["mode"], summary["records"], summary["acked"]) == ("untracked", 4, 4)
     assert summary["words_in_sink"] == summary["words_expected"] == 12
     assert summary["sink_matches_expected"] is True
+
+
+def test_a_crash_marker_crashes_one_task_of_the_run(tmp_path: Path) -> None:
+    """--crash-task crashes the first attempt of one task per run, not one in every Spark job of it."""
+    marker = tmp_path / "sink.sqlite.crashed"
+    once = FailureInjection(crash_partition=0, crash_marker=str(marker))
+    assert not once.crashes(1, 0) and not once.crashes(0, 1)  # another partition, a retry: no crash, no marker
+    assert not marker.exists()
+    assert once.crashes(0, 0) and marker.exists()
+    assert not once.crashes(0, 0)  # the next job's first attempt of the same partition runs on
+    every_job = FailureInjection(crash_partition=0)
+    assert every_job.crashes(0, 0) and every_job.crashes(0, 0)
 
 
 def test_demo_refuses_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,6 +112,7 @@ def test_demo_dataframe_with_faults(spark: Any, tmp_path: Path, capsys: pytest.C
     assert summary["acked"] + summary["dead_lettered"] == 120
     assert summary["replayed"] > 0 and summary["failed"] > 0  # 5% of ~900 words fail once
     assert summary["sink_matches_expected"] is True
+    assert (tmp_path / "df.sqlite.crashed").exists()  # the one injected crash happened
 
 
 def test_demo_dataframe_untracked(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -174,6 +188,7 @@ def test_demo_spark_read_with_faults(spark: Any, tmp_path: Path, capsys: pytest.
     assert summary["acked"] + summary["dead_lettered"] == 120
     assert summary["replayed"] > 0
     assert summary["sink_matches_expected"] is True
+    assert (tmp_path / "read.sqlite.crashed").exists()  # the one injected crash happened
     assert Path(summary["checkpoint"], "manifest.json").is_file()
     # Ended with Spark's Parquet writer: every word row of every acked record once, nothing else.
     assert summary["output_duplicates"] == 0 and summary["output_rows"] == summary["words_expected"] > 0
@@ -186,3 +201,31 @@ def test_demo_spark_read_refuses_untracked(capsys: pytest.CaptureFixture[str]) -
         parse_args(["--spark-read", "--no-tracking"])
     assert exc.value.code == 2
     assert "acker-bench --mode pipeline" in capsys.readouterr().err
+
+
+def test_demo_from_a_redis_stream(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--source redis: the records published to a Redis stream the demo starts, drained by SourcePipeline; each
+    message acked at Redis (or dead-lettered there) after its rows are committed, the output exact."""
+    code, summary = run_main(
+        capsys,
+        "--source",
+        "redis",
+        "--records",
+        "60",
+        "--fail-percent",
+        "3",
+        "--max-attempts",
+        "2",
+        "--backoff",
+        "0.05",
+        "--db",
+        str(tmp_path / "redis.sqlite"),
+    )
+    assert code == 0
+    assert (summary["api"], summary["source"]) == ("spark-read", "redis")
+    assert summary["acked"] + summary["dead_lettered"] == summary["records"] == 60
+    assert (
+        summary["acked_at_broker"] == summary["acked"]
+        and summary["dead_lettered_at_broker"] == summary["dead_lettered"]
+    )
+    assert summary["sink_matches_expected"] is True and summary["output_duplicates"] == 0

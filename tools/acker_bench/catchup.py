@@ -81,7 +81,7 @@ def run_catchup(bench: CatchUpBench) -> dict:
 def _wait_caught_up(server: AckerServer, timeout: float) -> float:
     """Wait until ``server`` holds Apply no more; when that was (monotonic)."""
     give_up = time.monotonic() + timeout
-    while server.call(lambda: server.shard.catchup.holding):
+    while server.call(lambda: server.shard.membership.catchup.holding):
         if time.monotonic() > give_up:
             raise RuntimeError(f"shard {server.config.shard_index} did not catch up in {timeout:g} s")
         time.sleep(0.01)
@@ -135,7 +135,7 @@ def _run(bench: CatchUpBench, servers: list[AckerServer], ports: list[int]) -> d
         restarted_at = time.monotonic()
         servers[RESTARTED] = AckerServer(_config(bench, RESTARTED, ports)).start()
         caught_up_at = _wait_caught_up(servers[RESTARTED], 600.0)
-        catchup = servers[RESTARTED].call(lambda: servers[RESTARTED].shard.catchup)
+        catchup = servers[RESTARTED].call(lambda: servers[RESTARTED].shard.membership.catchup)
         state["phase"] = "after"
         servers[PARTNER].stop(0)  # the other keeper of the roots shard 1 owns
         time.sleep(bench.steady_seconds)

@@ -158,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
             "redrive",
             "reshard",
             "catchup",
+            "queue",
         ),  # fmt: skip
         default="trees",
         help="trees: Python spout and bolts end to end (default); apply: raw batched Apply "
@@ -166,15 +167,17 @@ def _parser() -> argparse.ArgumentParser:
         "mass-timeout: --trees trees expire at once while health checks and Apply are timed; "
         "dataframe: --records through a 2-stage ArrowBolt pipeline on local Spark, tracked and untracked; "
         "pipeline: --records lines in text files, the plain spark.read job against the tracked SourcePipeline "
-        "(alternating --rounds), and the old driver-fed GuaranteedPipeline once (--sink parquet: the same job "
-        "writing Parquet, plain df.write against exactly-once FileOutput); exactly-once: --records through "
+        "(alternating --rounds; --sink parquet: the same job writing Parquet, plain df.write against "
+        "exactly-once FileOutput); exactly-once: --records through "
         "SourcePipeline into Parquet files and a table while --faults are injected with kill -9, the output "
         "checked row by row; simulate: the seeded simulation of ackers, clients, replicas and handoffs "
         "(--seeds N, or --seed S to replay one with its trace); redrive: --records dead letters redriven "
         "through a SourcePipeline job (--rate caps records/s), each checked to go through exactly once; "
         "reshard: --pending-trees trees moved --from N --to M ackers (and --back) under steady load; "
         "catchup: with --replicas 2, one of 3 ackers restarts with --pending-trees trees pending, copies its "
-        "ranges from its partners, then its partner is lost",
+        "ranges from its partners, then its partner is lost; queue: --messages published to a real --broker "
+        "(redis or rabbitmq), drained by SourcePipeline under --faults (broker, driver, acker), each message "
+        "checked acked once with its output or dead-lettered, against a plain consumer's messages/s",
     )
     p.add_argument(
         "--engine",
@@ -219,11 +222,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--files", type=int, default=8, help="pipeline mode: text files the records are written to")
     p.add_argument("--rounds", type=int, default=2, help="pipeline mode: alternating plain/tracked rounds")
     p.add_argument(
-        "--no-driver-fed",
-        action="store_true",
-        help="pipeline mode: leave out the old driver-fed GuaranteedPipeline row",
-    )
-    p.add_argument(
         "--reader-only",
         action="store_true",
         help="pipeline mode: each round also runs the job behind the pipeline's reading step with tracking off "
@@ -237,17 +235,30 @@ def _parser() -> argparse.ArgumentParser:
         "written as Parquet, plain df.write.parquet against SourcePipeline(output=FileOutput(...))",
     )
     p.add_argument(
+        "--raise-fraction",
+        type=float,
+        default=0.0,
+        help="pipeline mode: the tracked Parquet job with this fraction of records raising ValueError (e.g. 0.001) "
+        "against the same job with none, in one run: time ratio and rows handed to the function",
+    )
+    p.add_argument(
         "--faults",
-        default="acker,driver,executor",
-        help="exactly-once mode: fault kinds to inject with kill -9 (acker, driver, executor; comma-separated): "
-        "one run per kind, then a mixed run",
+        default=None,
+        help="queue mode: broker, driver, acker (comma-separated, in order; default none); "
+        "exactly-once mode: fault kinds to inject with kill -9 (acker, driver, executor; rewrite, publish: the "
+        "driver killed while its Parquet commit rewrites a file or moves its files into place; comma-separated; "
+        "default acker,driver,executor): one run per kind, then a mixed run of the first three",
     )
     p.add_argument("--kills", type=int, default=3, help="exactly-once mode: faults of each kind per run (default 3)")
     p.add_argument("--mixed-only", action="store_true", help="exactly-once mode: only the mixed run")
     p.add_argument(
         "--sinks", default="parquet,table", help="exactly-once mode: destinations (parquet, table; default both)"
     )
-    p.add_argument("--keep", help="exactly-once mode: keep the runs' files (logs, checkpoints, outputs) in this folder")
+    p.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis", help="queue mode: the broker")
+    p.add_argument("--messages", type=int, default=10_000, help="queue mode: messages published (default 10k)")
+    p.add_argument(
+        "--keep", help="exactly-once and queue modes: keep the runs' files (logs, checkpoints, outputs) in this folder"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     add_simulate_arguments(p)
     p.add_argument("--tls-ca", help="--ackers serve TLS: PEM CA that signed their certificates")
@@ -284,7 +295,9 @@ def _main(args: argparse.Namespace) -> int:
         return simulate_mode(args)
     if args.message_timeout is None:
         # exactly-once: a killed acker's trees are replayed at the backstop, which follows the timeout.
-        args.message_timeout = {"pipeline": 600.0, "exactly-once": 10.0, "redrive": 600.0}.get(args.mode, 30.0)
+        args.message_timeout = {"pipeline": 600.0, "exactly-once": 10.0, "queue": 10.0, "redrive": 600.0}.get(
+            args.mode, 30.0
+        )
     if args.fan_out < 1 or args.depth < 0 or args.processes < 1 or args.duration <= 0:
         print("acker-bench: --fan-out and --processes must be >= 1, --depth >= 0, --duration > 0", file=sys.stderr)
         return 2
@@ -322,6 +335,8 @@ def _main(args: argparse.Namespace) -> int:
         return _pipeline_mode(args)
     if args.mode == "exactly-once":
         return _exactly_once_mode(args)
+    if args.mode == "queue":
+        return _queue_mode(args)
     if args.compare_tls:
         return _compare_tls_mode(args)
     if args.compare_replicas:
@@ -510,7 +525,7 @@ def _reshard_mode(args: argparse.Namespace) -> int:
 
     bench = ReshardBench(
         start=args.from_shards, to=args.to_shards, back=args.back, pending_trees=args.pending_trees,
-        steady_seconds=max(1.0, args.duration / 4), engine=args.engine,
+        steady_seconds=max(1.0, args.duration / 4), engine=args.engine, replicas=args.replicas,
     )  # fmt: skip
     result = run_reshard(bench)
     if args.json:
@@ -567,13 +582,16 @@ def _pipeline_mode(args: argparse.Namespace) -> int:
     if args.records < 1 or args.files < 1 or args.rounds < 1:
         print("acker-bench: --records, --files and --rounds must be >= 1", file=sys.stderr)
         return 2
+    if not 0.0 <= args.raise_fraction < 1.0:
+        print("acker-bench: --raise-fraction must be at least 0 and below 1 (e.g. 0.001 for 0.1%)", file=sys.stderr)
+        return 2
     if args.sink == "parquet" and args.reader_only:
         print("acker-bench: --reader-only belongs to the SQLite word count (--sink sqlite)", file=sys.stderr)
         return 2
     config = PipelineBenchConfig(
         records=args.records, files=args.files, rounds=args.rounds, ackers=args.embedded_ackers,
-        message_timeout=args.message_timeout, driver_fed=not args.no_driver_fed, reader_only=args.reader_only,
-        sink=args.sink,
+        message_timeout=args.message_timeout, reader_only=args.reader_only,
+        sink=args.sink, raise_fraction=args.raise_fraction,
     )  # fmt: skip
     result = run_pipeline_bench(config)
     if args.json:
@@ -615,7 +633,7 @@ def _exactly_once_mode(args: argparse.Namespace) -> int:
     from .exactly_once import ExactlyOnceConfig, run_exactly_once
 
     config = ExactlyOnceConfig(
-        records=args.records, faults=tuple(f for f in args.faults.split(",") if f), kills=args.kills,
+        records=args.records, faults=tuple(f for f in (args.faults or "acker,driver,executor").split(",") if f), kills=args.kills,
         per_kind=not args.mixed_only, ackers=args.embedded_ackers, replicas=args.replicas,
         message_timeout=args.message_timeout, sinks=tuple(s for s in args.sinks.split(",") if s), keep=args.keep,
     )  # fmt: skip
@@ -633,6 +651,29 @@ def _exactly_once_mode(args: argparse.Namespace) -> int:
             for run in result["runs"]
         ]
         _print_rows(f"acker-bench --mode exactly-once: {result['records']:,} records, {result['wall_seconds']} s", rows)
+    return 0 if result["ok"] else 1
+
+
+def _queue_mode(args: argparse.Namespace) -> int:
+    """A real broker's queue drained under faults; exit 1 unless every message ended acked once or dead-lettered."""
+    from .queue_bench import QueueBenchConfig, run_queue_bench
+
+    config = QueueBenchConfig(
+        broker=args.broker,
+        messages=args.messages,
+        faults=tuple(f for f in (args.faults or "").split(",") if f),
+        ackers=args.embedded_ackers,
+        message_timeout=args.message_timeout,
+        keep=args.keep,
+    )
+    result = run_queue_bench(config)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_rows(
+            f"acker-bench --mode queue: {result['published']:,} messages on {result['broker']}",
+            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+        )
     return 0 if result["ok"] else 1
 
 

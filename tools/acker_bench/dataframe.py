@@ -3,15 +3,19 @@
 Both runs use the same local Spark, the same source, the same micro-batches and
 the same job: stage 1 emits ``fan_out`` children per record (anchored to it,
 vectorised), the children are shuffled with ``repartition(partitions, "key")``,
-and stage 2, a sink, acks them on return. The tracked run goes through a
-``GuaranteedPipeline`` against embedded ackers (every record must end ACKED);
-the untracked one through ``run_untracked`` with ``addresses=None``. What the
-difference measures: decoding and encoding ``_acker_ids``, deriving edge ids,
-the columnar commits, and the spout's inits and outcomes.
+and stage 2, a sink, acks them on return. The tracked run goes through
+``SourcePipeline`` over the records in memory (copied once into a temporary
+checkpoint, then read by Spark), against embedded ackers (every record must end
+ACKED); the untracked one runs the same bolts with ``addresses=None`` over
+micro-batches of the records (:func:`acker_demo.untracked.run_untracked`).
+What the difference measures: copying the records, decoding and encoding
+``_acker_ids``, deriving edge ids, the columnar commits, the trees' inits and
+their outcomes.
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,7 +76,8 @@ def _source(count: int, tag: str) -> list[tuple[str, str]]:
 def run_dataframe_bench(config: DataFrameBenchConfig) -> dict[str, Any]:
     """Run the untracked, then the tracked pipeline over ``config.records`` records; rows/s of both and the ratio."""
     from acker_client import ClusterClient
-    from acker_spark.driver_fed.pipeline import GuaranteedPipeline, run_untracked
+    from acker_demo.untracked import run_untracked
+    from acker_spark.executor_read.source_pipeline import SourcePipeline
     from acker_spark.session import local_session
     from acker_spark.steps.executor import close_clients
 
@@ -96,10 +101,10 @@ def run_dataframe_bench(config: DataFrameBenchConfig) -> dict[str, Any]:
 
     with ProcessCluster(count=config.ackers, message_timeout=config.message_timeout) as cluster:
         job, (stage1, stage2) = _job(cluster.addresses, config)
-        with ClusterClient(cluster.addresses) as client:
-            pipeline = GuaranteedPipeline(spark, client, max_pending=config.batch, partitions=config.partitions)
+        with ClusterClient(cluster.addresses) as client, tempfile.TemporaryDirectory() as work:
+            pipeline = SourcePipeline(spark, client, f"{work}/checkpoint", progress=None)
             started = time.perf_counter()
-            stats = pipeline.run(_source(config.records, "t"), job, as_dataframe=True)
+            stats = pipeline.run(_source(config.records, "t"), job)
             tracked_s = time.perf_counter() - started
     close_clients()
     rows = config.records * (1 + config.fan_out)  # rows through the bolts: records in stage 1, children in stage 2

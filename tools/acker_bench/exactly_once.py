@@ -6,8 +6,8 @@ on local Spark, against ackers that are real processes
 (:class:`~acker_service.process_cluster.ProcessCluster`): one word row per word,
 committed exactly once into a partitioned Parquet folder and into a catalog
 table. While the pipelines run, the bench injects faults, each once the run
-has staged at least ``first_at`` (20%) of its output rows (the rows under the
-checkpoints' ``output/staged/``, counted by :class:`~acker_bench.faults.StagedProgress`),
+has staged at least ``first_at`` (20%) of its output rows (the rows of the
+staging sidecars, counted by :class:`~acker_bench.faults.StagedProgress`),
 and later ones only after more rows were staged since the previous fault:
 
 - ``acker``: ``kill -9`` of an acker process (each in turn), restarted on its
@@ -20,7 +20,13 @@ and later ones only after more rows were staged since the previous fault:
 - ``executor``: ``kill -9`` of a Spark Python worker that is running a task
   (a child of the JVM's ``pyspark.daemon`` whose reading step holds its task's
   emission file open): the task, and with ``local[2]`` its job, fails and the
-  pipeline replays the round's unfinished records.
+  pipeline replays the round's unfinished records;
+- ``rewrite``: the driver kills itself (``kill -9`` of its process group)
+  when its Parquet commit starts rewriting a file that holds rows of a failed
+  delivery (the run fails some records on their first delivery, whose words
+  share their partition folders with other records'), then a new driver;
+- ``publish``: the driver kills itself after its Parquet commit has moved one
+  file into place (a plain reader sees part of the commit), then a new driver.
 
 One run per fault kind and one mixed run (each kind ``kills`` times, in turn:
 executor, acker, driver). A run's last driver kill waits for the table's first
@@ -38,6 +44,7 @@ planned fault must have been injected.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -56,7 +63,8 @@ from .faults import StagedProgress, reading_worker
 
 __all__ = ["FAULT_KINDS", "ExactlyOnceConfig", "expected_rows", "plan_runs", "run_exactly_once"]
 
-FAULT_KINDS = ("acker", "driver", "executor")
+FAULT_KINDS = ("acker", "driver", "executor", "rewrite", "publish")
+COMMIT_KINDS = ("rewrite", "publish")  # the driver kills itself at a point of its Parquet commit
 _MIXED_ORDER = ("executor", "acker", "driver")
 _POLL = 0.05
 _IN_FLIGHT_DELAY = 1.0  # seconds between reaching a driver kill's progress and the kill
@@ -70,7 +78,7 @@ class ExactlyOnceConfig:
     """Records, faults per kind and run, the cluster, and the Spark driver's settings."""
 
     records: int = 100_000
-    faults: tuple[str, ...] = FAULT_KINDS
+    faults: tuple[str, ...] = ("acker", "driver", "executor")
     kills: int = 3  # of each kind, per run
     mixed: bool = True  # a mixed run after the per-kind runs (when more than one kind)
     per_kind: bool = True  # one run per fault kind
@@ -100,10 +108,11 @@ class ExactlyOnceConfig:
 def plan_runs(config: ExactlyOnceConfig) -> list[list[str]]:
     """Each run's faults in order: one run per kind, then the kinds interleaved in a mixed run."""
     runs = [[kind] * config.kills for kind in config.faults] if config.per_kind else []
-    if config.mixed and (len(config.faults) > 1 or not config.per_kind):
+    timed = [k for k in config.faults if k not in COMMIT_KINDS]
+    if config.mixed and timed and (len(timed) > 1 or not config.per_kind):
         # An executor kill needs a task running: first, while the first pipeline's first job runs;
         # a driver kill last, as the last one may wait for the table's commit (_table_commit_started).
-        kinds = sorted(config.faults, key=_MIXED_ORDER.index)
+        kinds = sorted((k for k in config.faults if k not in COMMIT_KINDS), key=_MIXED_ORDER.index)
         runs.append([kind for _ in range(config.kills) for kind in kinds])
     return runs
 
@@ -172,8 +181,9 @@ class _Driver:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log: Path | None = None
 
-    def start(self) -> None:
-        """Start a driver on the run's checkpoints (its output in driver-<n>.log)."""
+    def start(self, die_at: str = "") -> None:
+        """Start a driver on the run's checkpoints (its output in driver-<n>.log); ``die_at``: see DriverConfig."""
+        self.config = dataclasses.replace(self.config, die_at=die_at)
         self.starts += 1
         self.log = self.work / f"driver-{self.starts}.log"
         with open(self.log, "wb") as out:
@@ -255,7 +265,10 @@ def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequenc
         tuple(cluster.addresses), str(work), config.sinks, config.master, config.batch_rows, tasks=config.tasks
     )
     total = len(expected_rows(config.records)) * len(config.sinks)
-    progress = StagedProgress([sink_paths(work, s).checkpoint for s in config.sinks])
+    progress = StagedProgress(
+        [sink_paths(work, s).checkpoint for s in config.sinks],
+        [sink_paths(work, s).destination for s in config.sinks if s == "parquet"],
+    )
     plan = list(zip(thresholds(len(faults), config.first_at), faults))
     injected: Counter[str] = Counter()
     at: list[float] = []
@@ -263,17 +276,25 @@ def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequenc
     driver = _Driver(driver_config, work)
     started = time.perf_counter()
     result: dict[str, Any] = {"faults_planned": list(faults)}
-    driver.start()
+    driver.start(plan[0][1] if plan and plan[0][1] in COMMIT_KINDS else "")
     try:
         last = -1  # staged rows at the last fault: the next one waits for progress after it
         while True:
             assert driver.proc is not None
             code = driver.proc.poll()
+            if code == -signal.SIGKILL and plan and plan[0][1] in COMMIT_KINDS:
+                # The driver killed itself where its commit was to be cut: start the next one.
+                injected[plan[0][1]] += 1
+                at.append(round(progress.rows() / total, 3))
+                seconds.append(round(time.perf_counter() - started, 1))
+                plan.pop(0)
+                driver.start(plan[0][1] if plan and plan[0][1] in COMMIT_KINDS else "")
+                continue
             if code is not None:
                 break
             if time.perf_counter() - started > config.run_timeout:
                 raise TimeoutError(f"the run did not finish in {config.run_timeout:.0f} s")
-            if plan:
+            if plan and plan[0][1] not in COMMIT_KINDS:
                 rows = progress.rows()
                 due, kind = plan[0]
                 if kind == "driver" and len(plan) == 1 and "table" in config.sinks:
@@ -298,7 +319,7 @@ def run_one(config: ExactlyOnceConfig, cluster: Any, work: Path, faults: Sequenc
         driver.kill()
         raise
     result["wall_seconds"] = round(time.perf_counter() - started, 3)
-    result["faults"] = {kind: injected[kind] for kind in FAULT_KINDS}
+    result["faults"] = {kind: injected[kind] for kind in FAULT_KINDS if kind in faults or injected[kind]}
     result["executor_kills_missed"] = injected["executor_missed"]  # workers killed between tasks: not counted
     result["fault_progress"] = at
     result["fault_seconds"] = seconds

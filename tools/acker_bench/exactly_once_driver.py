@@ -25,11 +25,14 @@ with the expected rows, and prints the runs' stats as JSON.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -62,6 +65,10 @@ class DriverConfig:
     # bench's progress) grow task by task; the few small source files in one task each would
     # stage everything at once.
     tasks: int = 32
+    # "rewrite" or "publish": this driver kills itself (kill -9 of its process group) when its Parquet
+    # commit first reads a staged file back to rewrite it, or after it has moved one file into place.
+    # "rewrite" also fails some records on their first delivery, so that files hold rows to leave out.
+    die_at: str = ""
 
     def to_json(self) -> str:
         """The configuration as the driver's one command-line argument."""
@@ -118,6 +125,46 @@ def split_words(batch: pa.RecordBatch, collector: Any) -> None:
     )
 
 
+@dataclass(frozen=True)
+class FlakyWords:
+    """:func:`split_words`, failing on their first delivery the records whose id's tens digit is ``tens``.
+
+    Their words sit in the same ``bucket`` folders as other records' (the bucket is the last
+    digit), so the first delivery's files hold rows the commit must leave out.
+    """
+
+    tens: str = "3"
+
+    def __call__(self, batch: pa.RecordBatch, collector: Any) -> None:
+        """Split, then fail the chosen records of a first delivery."""
+        split_words(batch, collector)
+        first = pc.equal(batch.column("_attempt"), 1)
+        chosen = pc.equal(pc.utf8_slice_codeunits(batch.column("id"), 6, 7), self.tens)
+        collector.fail(np.flatnonzero(pc.and_(first, chosen).to_numpy(zero_copy_only=False)))
+
+
+def _die_at(point: str) -> None:
+    """Kill this driver (its whole process group, as ``kill -9`` of it would) at a point of its Parquet commit."""
+    from acker_spark.output import folder_publish, publish
+
+    def die(_path: Any) -> None:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    if point == "rewrite":
+        publish.READS.append(die)
+    elif point == "publish":
+        moved: list[Any] = []
+
+        def die_after_one(path: Any) -> None:
+            if moved:
+                die(path)
+            moved.append(path)
+
+        folder_publish.MOVES.append(die_after_one)
+    else:
+        raise ValueError(f"die_at must be rewrite or publish, not {point!r}")
+
+
 def session_conf(config: DriverConfig) -> dict[str, str]:
     """Spark settings of the run: small Arrow batches (kills land mid-task), Hive catalog for the table sink."""
     conf = {"spark.sql.execution.arrow.maxRecordsPerBatch": str(config.batch_rows)}
@@ -145,6 +192,8 @@ def run(config: DriverConfig) -> dict[str, Any]:
     from acker_spark.executor_read.source_pipeline import SourcePipeline
     from acker_spark.output import FileOutput, TableOutput
 
+    if config.die_at:
+        _die_at(config.die_at)
     spark = local_session(config.master, app_name="acker-bench-exactly-once", extra_conf=session_conf(config))
     policy = ReplayPolicy(max_attempts=config.max_attempts, backoff_base=0.1, backoff_cap=1.0)
     results: dict[str, Any] = {}
@@ -159,7 +208,8 @@ def run(config: DriverConfig) -> dict[str, Any]:
                 output = FileOutput(paths.destination, partition_by=["bucket"])
             else:
                 output = TableOutput(paths.destination, partition_by=["bucket"])
-            bolt = ArrowBolt(split_words, config.addresses, schema=OUTPUT_SCHEMA, name=f"split-{sink}")
+            function = FlakyWords() if config.die_at == "rewrite" else split_words
+            bolt = ArrowBolt(function, config.addresses, schema=OUTPUT_SCHEMA, name=f"split-{sink}")
             pipeline = SourcePipeline(
                 spark,
                 client,

@@ -5,8 +5,8 @@
   (one per Python step of a task, reused between tasks); the one whose reading
   step holds the task's emission file open is in a task.
 - :class:`StagedProgress` counts the output rows the executors have staged
-  under a checkpoint (``output/staged/``, one Parquet file per Arrow batch,
-  complete once it has its final name), reading each file's footer once.
+  (under a checkpoint's ``output/staged/`` or a Parquet destination's
+  ``.acker-staging/``), from each segment's sidecar, read once.
 """
 
 from __future__ import annotations
@@ -97,21 +97,38 @@ def busy_python_worker(driver_pid: int, sample: float = 0.2) -> int | None:
 
 
 class StagedProgress:
-    """Output rows staged so far under some checkpoints (every attempt's copy counts: it is work done)."""
+    """Output rows staged so far (every attempt's copy counts: it is work done), from the staging sidecars.
 
-    def __init__(self, checkpoints: Iterable[str | Path]) -> None:
+    ``checkpoints``' ``output/staged`` folders hold what non-Parquet destinations
+    stage; ``destinations`` (Parquet output folders) hold the rest, in their hidden
+    ``.acker-staging`` folders. A segment counts once its sidecar exists (written
+    after its files, before its acks).
+    """
+
+    def __init__(self, checkpoints: Iterable[str | Path], destinations: Iterable[str | Path] = ()) -> None:
         self.folders = [Path(c) / "output" / "staged" for c in checkpoints]
+        self.folders += [Path(d) / ".acker-staging" for d in destinations]
         self._rows: dict[Path, int] = {}
 
     def rows(self) -> int:
-        """Staged rows now; each file's footer is read once (a file is immutable once it has its name)."""
-        import pyarrow.parquet as pq
+        """Staged rows now; each sidecar is read once (it is immutable once it has its name)."""
+        import numpy as np
 
         for folder in self.folders:
-            for path in folder.glob("r*/p*.parquet") if folder.is_dir() else []:
+            for path in _sidecars(folder):
                 if path not in self._rows:
                     try:
-                        self._rows[path] = pq.read_metadata(path).num_rows
-                    except OSError:  # removed or being replaced
+                        with np.load(path) as sidecar:
+                            self._rows[path] = int(sidecar["file_rows"].sum())
+                    except (OSError, ValueError, KeyError):  # removed or being replaced
                         continue
         return sum(self._rows.values())
+
+
+def _sidecars(folder: Path) -> list[Path]:
+    """The sidecars under ``folder`` now; none if it goes away meanwhile (a commit moving or dropping staged files:
+    walking a folder being removed raises ``FileNotFoundError`` mid-walk)."""
+    try:
+        return list(folder.rglob("_s*.npz")) if folder.is_dir() else []
+    except FileNotFoundError:
+        return []

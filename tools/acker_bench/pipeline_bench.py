@@ -9,8 +9,7 @@ the functions untracked over ``spark.read.text(dir)`` keyed by file and
 Rounds alternate (plain, tracked, plain, tracked, ...) so that machine noise
 hits both; the best time of each is reported. Driver CPU is this Python
 process's ``time.process_time()`` over a run (every driver thread: py4j, the
-outcome streams, the journal; not the JVM), divided by N. The old driver-fed
-path (``GuaranteedPipeline`` over ``TextDirectorySource``) runs once as a row.
+outcome streams, the journal; not the JVM), divided by N.
 
 With ``reader_only`` each round also runs the same job behind the pipeline's
 reading step with tracking off (:class:`~acker_spark.executor_read.source_reader.SourceReader`
@@ -19,7 +18,9 @@ trees, no inits, no acks): how much of the tracked run's extra time is the
 reading stage itself, and how much is tracking.
 
 With ``sink="parquet"`` the same lines are split into word rows written as
-Parquet instead: :mod:`acker_bench.pipeline_parquet`.
+Parquet instead: :mod:`acker_bench.pipeline_parquet`. With ``raise_fraction``
+that tracked Parquet job runs with a fraction of its records raising, against
+none: :mod:`acker_bench.pipeline_raising`.
 """
 
 from __future__ import annotations
@@ -49,10 +50,9 @@ class PipelineBenchConfig:
     ackers: int = 2
     message_timeout: float = 600.0
     master: str = "local[2]"
-    driver_fed: bool = True
-    driver_fed_max_pending: int = 50_000
     reader_only: bool = False
     sink: str = "sqlite"  # or "parquet": plain df.write.parquet against FileOutput (acker_bench.pipeline_parquet)
+    raise_fraction: float = 0.0  # > 0: the Parquet job with this fraction raising (acker_bench.pipeline_raising)
 
 
 def _write_source(folder: Path, config: PipelineBenchConfig, records: int) -> Counter[str]:
@@ -86,6 +86,10 @@ def _timed(fn: Any) -> tuple[float, float, Any]:
 
 def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
     """Run the comparison; the figures as a dict (seconds are the best round of each)."""
+    if config.raise_fraction > 0:
+        from .pipeline_raising import run_raising_bench
+
+        return run_raising_bench(config)
     if config.sink == "parquet":
         from .pipeline_parquet import run_parquet_bench
 
@@ -93,11 +97,11 @@ def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
     from acker_client import ClusterClient
     from acker_demo.dataframe_job import build_job, build_source_job
     from acker_demo.wordcount import create_sink, sink_counts
-    from acker_spark import GuaranteedPipeline, TextDirectorySource, close_clients, local_session
-    from acker_spark.executor_read.emission_log import RoundFilter, write_filter
-    from acker_spark.executor_read.identity import resolve_identity
+    from acker_spark import close_clients, local_session
     from acker_spark.executor_read.source_pipeline import SourcePipeline
     from acker_spark.executor_read.source_reader import SourceReader, reader_schema
+    from acker_spark.tracking.emission_log import RoundFilter, write_filter
+    from acker_spark.tracking.identity import resolve_identity
     from pyspark.sql import functions as F
 
     from acker_service.process_cluster import ProcessCluster
@@ -185,14 +189,6 @@ def run_pipeline_bench(config: PipelineBenchConfig) -> dict[str, Any]:
                     exact["tracked"] = exact.get("tracked", True) and (
                         sink_counts(db) == expected and stats.acked == config.records
                     )
-                if config.driver_fed:
-                    db = sink("driver-fed")
-                    job, _ = build_job(cluster.addresses, db, partitions=config.partitions)
-                    old = GuaranteedPipeline(spark, client, max_pending=config.driver_fed_max_pending)
-                    wall, cpu, stats = _timed(lambda: old.run(TextDirectorySource(source), job, as_dataframe=True))
-                    result["driver_fed_seconds"] = round(wall, 3)
-                    result["driver_fed_cpu_us_per_record"] = round(cpu / config.records * 1e6, 3)
-                    result["driver_fed_sink_exact"] = sink_counts(db) == expected and stats.acked == config.records
         close_clients()
         if owned:
             spark.stop()

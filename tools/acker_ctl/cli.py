@@ -42,29 +42,59 @@ def _env(name: str) -> str | None:
     return os.environ.get("ACKER_CTL_" + name) or None
 
 
+def _add_shared(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """The flags every subcommand takes, before or after its name.
+
+    On the top-level parser they carry their defaults; on each subcommand's they
+    default to nothing (``SUPPRESS``), so a flag given before the subcommand is
+    not reset by the subcommand's parser.
+    """
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    p.add_argument(
+        "--ackers",
+        default=default(_env("ACKERS")),
+        help="comma-separated host:port of every acker, in shard order (env ACKER_CTL_ACKERS)",
+    )
+    p.add_argument(
+        "--json", action="store_true", default=default(False), help="print one JSON document instead of a table"
+    )
+    p.add_argument("--deadline", type=float, default=default(10.0), help="seconds each call may take (default 10)")
+    p.add_argument("--tls-ca", default=default(_env("TLS_CA")), help="the ackers serve TLS: PEM CA that signed them")
+    p.add_argument("--tls-cert", default=default(_env("TLS_CERT")), help="client certificate (ackers with mutual TLS)")
+    p.add_argument("--tls-key", default=default(_env("TLS_KEY")), help="key of --tls-cert")
+    p.add_argument(
+        "--token-file",
+        default=default(_env("TOKEN_FILE")),
+        help="file holding a bearer token (ackers with --auth-tokens; fail needs a principal with admin = true)",
+    )
+    p.add_argument(
+        "--server-name", default=default(_env("SERVER_NAME")), help="name to check the ackers' certificates against"
+    )
+
+
+class _SharedSubparsers(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Subcommands that take the shared flags too (``acker-ctl status --json`` as well as ``acker-ctl --json status``)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser = super().add_parser(name, **kwargs)
+        _add_shared(parser, defaults=False)
+        parser.register("action", "parsers", _SharedSubparsers)  # nested ones too (dead-letters list --json)
+        return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The flags and subcommands, each flag with its ACKER_CTL_* fallback."""
+    """The flags and subcommands, each flag with its ACKER_CTL_* fallback; shared flags go before or after the
+    subcommand."""
     p = argparse.ArgumentParser(
         prog="acker-ctl",
         description="Look at and act on a running acker cluster: status, inspect trees, the oldest trees, "
         "fail trees now so their spouts replay them.",
     )
-    p.add_argument(
-        "--ackers",
-        default=_env("ACKERS"),
-        help="comma-separated host:port of every acker, in shard order (env ACKER_CTL_ACKERS)",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
-    p.add_argument("--deadline", type=float, default=10.0, help="seconds each call may take (default 10)")
-    p.add_argument("--tls-ca", default=_env("TLS_CA"), help="the ackers serve TLS: PEM CA that signed them")
-    p.add_argument("--tls-cert", default=_env("TLS_CERT"), help="client certificate (ackers with mutual TLS)")
-    p.add_argument("--tls-key", default=_env("TLS_KEY"), help="key of --tls-cert")
-    p.add_argument(
-        "--token-file",
-        default=_env("TOKEN_FILE"),
-        help="file holding a bearer token (ackers with --auth-tokens; fail needs a principal with admin = true)",
-    )
-    p.add_argument("--server-name", default=_env("SERVER_NAME"), help="name to check the ackers' certificates against")
+    _add_shared(p, defaults=True)
+    p.register("action", "parsers", _SharedSubparsers)
     sub = p.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="shards, incarnations, pending trees, the oldest tree, rates")
     status.add_argument("--interval", type=float, default=1.0, help="seconds between the two samples of the rates")
@@ -88,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a SourcePipeline's figures (read, acked, pending, replaying, dead, rate, ETA) from its checkpoint",
     )
     progress.add_argument("--checkpoint", required=True, metavar="DIR", help="the pipeline's checkpoint directory")
+    output = sub.add_parser("output", help="a SourcePipeline's exactly-once output")
+    output_actions = output.add_subparsers(dest="action", required=True)
+    finish = output_actions.add_parser(
+        "finish", help="finish a commit a killed driver left half-published (FileOutput): readers see it whole"
+    )
+    finish.add_argument("--checkpoint", required=True, metavar="DIR", help="the pipeline's checkpoint directory")
     reshard = sub.add_parser(
         "reshard", help="move the running cluster to M shards at --addresses (prepare, cut, commit on every acker)"
     )
@@ -206,6 +242,24 @@ def _run(args: argparse.Namespace, cluster: Cluster) -> tuple[Any, str]:
     return result, text
 
 
+def _finish_output(args: argparse.Namespace, out: Callable[[str], None]) -> int:
+    """``acker-ctl output finish``: complete the checkpoint's unfinished FileOutput commit."""
+    from acker_spark.output.commits import finish_checkpoint
+
+    try:
+        rows, number = finish_checkpoint(args.checkpoint)
+    except (FileNotFoundError, RuntimeError) as exc:
+        print(f"acker-ctl: {exc}", file=sys.stderr)
+        return 1
+    result = {"commit": number, "rows": rows}
+    out(
+        json.dumps(result)
+        if args.json
+        else (f"commit {number} finished: {rows} rows" if number is not None else "no unfinished commit")
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
     """Run one subcommand; 0 done, 1 an acker failed the call, 2 bad usage."""
     parser = build_parser()
@@ -220,6 +274,8 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
             return 1
         out(json.dumps(figures, indent=2) if args.json else progress_text(figures))
         return 0
+    if args.command == "output":  # the checkpoint and the output folder alone: no acker is asked
+        return _finish_output(args, out)
     if not args.ackers:
         parser.error("give the ackers: --ackers host:port,... in shard order (or ACKER_CTL_ACKERS)")
     if args.command == "top" and args.oldest < 1:

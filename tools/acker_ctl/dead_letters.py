@@ -5,7 +5,12 @@ SparkSession (or the master ``spark-submit --master`` gave), connects to
 ``--ackers`` and calls :meth:`SourcePipeline.redrive` with the job that
 ``--job module:function`` builds: ``function(addresses)`` returns the job
 (``job(df)``, the same the run used; it needs the addresses for its bolts).
-A redrive killed midway is finished by running the same command again.
+A job that returns its output DataFrame needs the output the run had:
+``--output FORMAT:PATH`` (with ``--partition-by COL``), or an ``OUTPUT``
+attribute of the job's module (a ``FileOutput``, ``TableOutput`` or
+``BatchOutput``); the rows are appended. Without either, such a job is
+refused before a letter is taken. A redrive killed midway is finished by
+running the same command again.
 """
 
 from __future__ import annotations
@@ -47,6 +52,22 @@ def add_parser(sub: Any) -> None:
     redrive.add_argument("--key-column", help="the column the run was keyed by (default: found from the letters)")
     redrive.add_argument("--schema", help='Spark DDL to cast the stored rows to, e.g. "amount double"')
     redrive.add_argument("--master", help="Spark master (default: spark-submit's, else local)")
+    redrive.add_argument(
+        "--output",
+        metavar="FORMAT:PATH",
+        help="where the job's returned rows go, appended exactly once, e.g. parquet:/data/orders (default: the job "
+        "module's OUTPUT; none for a job that ends with an action over a sink bolt)",
+    )
+    redrive.add_argument(
+        "--partition-by", action="append", default=[], metavar="COL", help="partition --output by COL (repeat)"
+    )
+    redrive.add_argument(
+        "--budget",
+        default="none",
+        metavar="FRACTION|none",
+        help="stop the redrive once more than this fraction of its letters die again (default none: every letter "
+        "ends acked or dead again)",
+    )
 
     abandon = actions.add_parser("abandon", help="give up an unfinished redrive (its letters may be taken again)")
     abandon.add_argument("--store", required=True, help="the dead-letter SQLite file")
@@ -115,14 +136,43 @@ def _list(store: Any, args: argparse.Namespace, out: Callable[[str], None]) -> i
     return 0
 
 
-def _job(spec: str, addresses: list[str]) -> Any:
+def _job(spec: str, addresses: list[str]) -> tuple[Any, Any]:
+    """The job ``--job MODULE:FUNCTION`` builds, and the module's ``OUTPUT`` (None if it has none)."""
     module, _, name = spec.partition(":")
     if not module or not name:
         raise ValueError(f"--job takes MODULE:FUNCTION, got {spec!r}")
-    factory = getattr(importlib.import_module(module), name, None)
+    loaded = importlib.import_module(module)
+    factory = getattr(loaded, name, None)
     if not callable(factory):
         raise ValueError(f"--job {spec}: {module} has no function {name!r}")
-    return factory(addresses)
+    return factory(addresses), getattr(loaded, "OUTPUT", None)
+
+
+def _output(args: argparse.Namespace, module_output: Any) -> Any:
+    """The redrive's output: ``--output FORMAT:PATH`` (partitioned by ``--partition-by``), else the module's."""
+    from acker_spark.output import FileOutput
+
+    if args.output is None:
+        if args.partition_by:
+            raise ValueError("--partition-by needs --output FORMAT:PATH")
+        return module_output
+    fmt, sep, path = args.output.partition(":")
+    if not sep or not fmt or not path:
+        raise ValueError(f"--output takes FORMAT:PATH, e.g. parquet:/data/orders, got {args.output!r}")
+    return FileOutput(path, format=fmt, partition_by=tuple(args.partition_by), mode="append")
+
+
+def _budget(text: str) -> Any:
+    """``--budget``: ``none`` or a fraction of the letters that may die again."""
+    from acker_spark.budget import FailureBudget
+
+    if text.lower() == "none":
+        return None
+    try:
+        fraction = float(text)
+    except ValueError:
+        raise ValueError(f"--budget takes a fraction between 0 and 1 or 'none', got {text!r}") from None
+    return FailureBudget(fraction=fraction)
 
 
 def _redrive(store: Any, args: argparse.Namespace, out: Callable[[str], None], error: Callable[[str], None]) -> int:
@@ -142,7 +192,9 @@ def _redrive(store: Any, args: argparse.Namespace, out: Callable[[str], None], e
         return 2
     addresses = [a.strip() for a in args.ackers.split(",") if a.strip()]
     try:
-        job = _job(args.job, addresses)
+        job, module_output = _job(args.job, addresses)
+        output = _output(args, module_output)
+        budget = _budget(args.budget)
     except (ImportError, ValueError) as exc:
         error(str(exc))
         return 2
@@ -150,7 +202,7 @@ def _redrive(store: Any, args: argparse.Namespace, out: Callable[[str], None], e
     spark = local_session(args.master, app_name="acker-ctl-redrive")
     try:
         with ClusterClient(addresses) as client:
-            pipeline = SourcePipeline(spark, client, args.checkpoint)
+            pipeline = SourcePipeline(spark, client, args.checkpoint, output=output)
             report = pipeline.redrive(
                 store,
                 job,
@@ -158,17 +210,22 @@ def _redrive(store: Any, args: argparse.Namespace, out: Callable[[str], None], e
                 rate=args.rate,
                 key=args.key_column,
                 schema=args.schema,
+                budget=budget,
             )
     except Exception as exc:  # noqa: BLE001 - the command reports any failure and exits 1
-        error(f"redrive failed: {type(exc).__name__}: {exc}")
+        message = str(exc)
+        if "OutputForgotten" in message:
+            message += " (acker-ctl: give the run's output with --output FORMAT:PATH [--partition-by COL])"
+        error(f"redrive failed: {type(exc).__name__}: {message}")
         return 1
     result = report.as_dict()
     out(
         json.dumps(result, indent=2)
         if args.json
         else (
-            f"redrive {report.redrive_id} ({report.selection}): {report.acked} acked, {report.dead} dead again of "
-            f"{report.claimed}; {report.sent} sent in {report.seconds:.1f} s"
+            f"redrive {report.redrive_id} ({report.selection}): {report.sent} redriven, {report.acked} acked, "
+            f"{report.dead} dead again, {report.still_failing} still failing of {report.claimed} claimed in "
+            f"{report.seconds:.1f} s; output {report.output}"
             + (" (finished a killed redrive)" if report.resumed else "")
         )
     )

@@ -18,7 +18,7 @@ from .cluster import CtlError
 
 __all__ = ["PROGRESS_FILE", "read_progress", "progress_text"]
 
-PROGRESS_FILE = "progress.json"  # the name acker_spark.run_progress writes
+PROGRESS_FILE = "progress.json"  # the name acker_spark.progress.figures writes
 
 
 def read_progress(checkpoint: str, now: float | None = None) -> dict[str, Any]:

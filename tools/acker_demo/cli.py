@@ -25,8 +25,8 @@ from typing import Any
 
 from acker_client import AckerError
 from acker_spark.dead_letter import DeadLetterStore
-from acker_spark.driver_fed.pipeline import GuaranteedPipeline, PipelineStats, run_untracked
 from acker_spark.replay_policy import ReplayPolicy
+from acker_spark.run_report import RunStats
 from acker_spark.session import LOCAL_MASTER, local_session
 from acker_spark.sources import Record, TextDirectorySource, generated_sentences
 from acker_spark.steps.executor import close_clients
@@ -54,6 +54,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     src.add_argument("--records", type=int, default=2000, help="generated sentences")
     src.add_argument("--seed", type=int, default=42, help="seed of the generated sentences")
     src.add_argument("--source-dir", type=Path, help="read a directory of text files (one record per line) instead")
+    src.add_argument(
+        "--source",
+        choices=("memory", "redis"),
+        default="memory",
+        help="redis: publish the records to a Redis stream (a redis-server the demo starts in a temp dir) and drain "
+        "it with SourcePipeline, each message acked at Redis after its rows are committed (implies --spark-read)",
+    )
     faults = p.add_argument_group("failure injection (needs tracking)")
     faults.add_argument("--fail-percent", type=float, default=2.0, help="transient per-word failures, in percent")
     faults.add_argument(
@@ -73,7 +80,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     track.add_argument("--max-attempts", type=int, default=8, help="deliveries per record before dead-lettering")
     track.add_argument("--backoff", type=float, default=0.5, help="seconds before the first replay (doubles, cap 8 s)")
     track.add_argument("--message-timeout", type=float, default=8.0, help="the ackers' tree timeout, seconds")
-    track.add_argument("--max-pending", type=int, default=500, help="records in flight (also the micro-batch size)")
+    track.add_argument("--max-pending", type=int, default=500, help="untracked runs: records per micro-batch")
     # --shards, not --ackers: across the CLIs --ackers is always an address list.
     track.add_argument("--shards", type=int, default=3, help="acker shards to start")
     track.add_argument("--no-tracking", action="store_true", help="run the same pipeline without the acker (baseline)")
@@ -83,8 +90,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     track.add_argument(
         "--spark-read",
         action="store_true",
-        help="read the records with spark.read on the executors (SourcePipeline: trees start where records are "
-        "read, replays re-read them; implies --dataframe) instead of feeding them from the driver",
+        help="the DataFrame job writing its words as Parquet through the pipeline's exactly-once output "
+        "(implies --dataframe; --source-dir is read with spark.read.text) instead of the idempotent SQLite sink",
     )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
@@ -106,6 +113,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--fail-percent must be between 0 and 100")
     if args.kill_acker_after and args.shards < 2:
         p.error("--kill-acker-after needs at least 2 ackers (shard 1 is killed)")
+    if args.source == "redis":
+        args.spark_read = True  # a queue is drained by SourcePipeline
     if args.spark_read:
         args.dataframe = True
         if args.no_tracking or args.compare_untracked:
@@ -160,7 +169,7 @@ class AckerChaos:
 
 @dataclass
 class _Live:
-    """The rich progress bar, fed from PipelineStats snapshots."""
+    """The rich progress bar, fed from RunStats snapshots."""
 
     progress: Progress
     task: Any
@@ -168,7 +177,7 @@ class _Live:
     def event(self, message: str) -> None:
         self.progress.console.print(f"[yellow]{message}")
 
-    def update(self, stats: PipelineStats) -> None:
+    def update(self, stats: RunStats) -> None:
         self.progress.update(
             self.task,
             completed=stats.acked + stats.dead_lettered,
@@ -201,47 +210,61 @@ def _load_records(args: argparse.Namespace) -> list[Record]:
     return list(generated_sentences(args.records, seed=args.seed))
 
 
-def _injection(args: argparse.Namespace) -> wordcount.FailureInjection:
-    if args.no_tracking:
-        # Without tracking a failed word is simply lost: only the crash, which
-        # Spark itself recovers, is meaningful in the baseline.
-        return wordcount.FailureInjection(crash_partition=0 if args.crash_task else None)
-    return wordcount.FailureInjection(fail_percent=args.fail_percent, crash_partition=0 if args.crash_task else None)
+def crash_marker(db: Path) -> Path:
+    """The file beside the sink that makes --crash-task crash one task per run (see FailureInjection)."""
+    return db.with_name(db.name + ".crashed")
 
 
-def _build_job(args: argparse.Namespace) -> Any:
-    """The job builder: RDD bolts, or with --dataframe the ArrowBolt job (same signature, same sink)."""
+def _injection(args: argparse.Namespace, db: Path) -> wordcount.FailureInjection:
+    # Without tracking a failed word is simply lost: only the crash, which
+    # Spark itself recovers, is meaningful in the baseline.
+    return wordcount.FailureInjection(
+        fail_percent=0.0 if args.no_tracking else args.fail_percent,
+        crash_partition=0 if args.crash_task else None,
+        crash_marker=str(crash_marker(db)),
+    )
+
+
+def _build_job(args: argparse.Namespace, *, tracked: bool) -> Any:
+    """The job builder: RDD bolts, or with --dataframe the ArrowBolt job (same signature, same sink).
+
+    Tracked, the job takes SourcePipeline's frame of the records; untracked, a
+    batch of the records themselves (see :mod:`.untracked`).
+    """
     if args.dataframe:
         from . import dataframe_job  # pyarrow: only for the DataFrame job
 
-        return dataframe_job.build_job
-    return wordcount.build_job
+        return dataframe_job.build_source_job if tracked else dataframe_job.build_job
+    return wordcount.build_source_job if tracked else wordcount.build_job
 
 
 def _run_tracked(
     args: argparse.Namespace, spark: Any, records: list[Record], db: Path, live: _Live | None
 ) -> dict[str, Any]:
     from acker_client import ClusterClient
+    from acker_spark.executor_read.source_pipeline import SourcePipeline
 
     from acker_service.process_cluster import ProcessCluster
 
+    # A fresh checkpoint per run, beside the sink: the records are copied into it once and read from there.
+    checkpoint = db.parent / f"{db.stem}-checkpoints" / f"run-{time.time_ns()}"
     with ProcessCluster(count=args.shards, message_timeout=args.message_timeout) as cluster:
-        job, bolts = _build_job(args)(cluster.addresses, db, partitions=args.partitions, injection=_injection(args))
+        build = _build_job(args, tracked=True)
+        job, bolts = build(cluster.addresses, db, partitions=args.partitions, injection=_injection(args, db))
         policy = ReplayPolicy(max_attempts=args.max_attempts, backoff_base=args.backoff, backoff_cap=8.0)
         chaos = AckerChaos(cluster, 1, args.kill_acker_after, args.restart_after, live.event if live else log.warning)
         with ClusterClient(cluster.addresses) as client, chaos:
-            pipeline = GuaranteedPipeline(
+            pipeline = SourcePipeline(
                 spark,
                 client,
+                checkpoint,
                 name="acker-demo",
-                max_pending=args.max_pending,
-                partitions=args.partitions,
                 policy=policy,
                 dead_letters=DeadLetterStore(db),
                 on_progress=live.update if live else None,
             )
             started = time.perf_counter()
-            stats = pipeline.run(records, job, as_dataframe=args.dataframe)
+            stats = pipeline.run(records, job)
             seconds = time.perf_counter() - started
     close_clients()
     return {
@@ -256,7 +279,9 @@ def _run_tracked(
 def _run_untracked(
     args: argparse.Namespace, spark: Any, records: list[Record], db: Path, live: _Live | None
 ) -> dict[str, Any]:
-    job, _ = _build_job(args)(None, db, partitions=args.partitions, injection=_injection(args))
+    from .untracked import run_untracked
+
+    job, _ = _build_job(args, tracked=False)(None, db, partitions=args.partitions, injection=_injection(args, db))
     started = time.perf_counter()
     stats = run_untracked(
         spark,
@@ -282,6 +307,7 @@ def run_demo(args: argparse.Namespace, spark: Any, db: Path, *, show_progress: b
     started = time.perf_counter()
     records = _load_records(args)
     wordcount.create_sink(db, clear=True)
+    crash_marker(db).unlink(missing_ok=True)  # each run crashes its one task
     runner = _run_untracked if args.no_tracking else _run_tracked
     with _live_progress(len(records), show_progress) as live:
         if args.spark_read:

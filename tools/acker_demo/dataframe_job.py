@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from acker_spark.driver_fed.pipeline import Job
 from acker_spark.sqlite import open_db, upsert
 from acker_spark.steps.arrow_bolt import ArrowBolt
 
-from .wordcount import FailureInjection, InjectedCrash, Word
+from .wordcount import FailureInjection, InjectedCrash, Job, Word
 
 __all__ = [
     "NO_FAULTS",
@@ -142,7 +141,7 @@ def build_job(
     partitions: int = 4,
     injection: FailureInjection = NO_FAULTS,
 ) -> tuple[Job, tuple[ArrowBolt, ArrowBolt]]:
-    """The DataFrame word-count job for ``GuaranteedPipeline.run(..., as_dataframe=True)`` (None: untracked)."""
+    """The DataFrame word-count job over frames of ``key``, ``value``, ``attempt`` and ``_acker_ids`` (None: untracked)."""
     split = ArrowBolt(split_sentences, addresses, schema=WORD_SCHEMA, name="split")
     count = ArrowBolt(CountWordRows(db_path, injection), addresses, schema=None, name="count")
 

@@ -9,13 +9,22 @@ re-reading the source, and the job ends with Spark's own Parquet writer: the
 pipeline commits the word rows of the deliveries that ACKED, exactly once
 (``output=FileOutput(...)``), into a folder next to the SQLite file that keeps
 the dead letters; the checkpoint lives there too.
+
+``--source redis`` publishes the records to a Redis stream of a
+``redis-server`` the demo starts (AOF on, in the work folder, a free port) and
+hands the pipeline that stream (:class:`~acker_spark.queues.RedisStreamSource`):
+it drains what is on the stream, each message keyed by its entry id, and acks
+each message at Redis only after its rows are committed; dead letters also go
+to the stream's dead-letter stream with their cause.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +36,9 @@ from acker_spark.steps.executor import close_clients
 from . import wordcount
 
 __all__ = ["run_source_tracked", "expected_without_dead", "output_check"]
+
+STREAM = "demo"
+"""The Redis stream ``--source redis`` fills and drains."""
 
 
 def _source(args: argparse.Namespace, spark: Any, records: list[Record]) -> Any:
@@ -40,6 +52,52 @@ def run_source_tracked(
     args: argparse.Namespace, spark: Any, records: list[Record], db: Path, live: Any, chaos_factory: Any
 ) -> dict[str, Any]:
     """One tracked run through SourcePipeline; the summary fields the demo prints."""
+    work = db.parent / f"{db.stem}-source"
+    run_id = time.time_ns()  # a fresh run each time the demo runs
+    checkpoint, output = work / f"checkpoint-{run_id}", work / f"words-{run_id}.parquet"
+    from_redis = getattr(args, "source", "memory") == "redis"
+    with contextlib.ExitStack() as stack:
+        if from_redis:
+            source = stack.enter_context(_redis_stream(records, work / f"redis-{run_id}"))
+        else:
+            source = _source(args, spark, records)
+        summary = _run(args, spark, db, live, chaos_factory, source, checkpoint, output)
+    summary["source"] = "redis" if from_redis else "files" if args.source_dir is not None else "memory"
+    return summary
+
+
+@contextlib.contextmanager
+def _redis_stream(records: list[Record], folder: Path) -> Iterator[Any]:
+    """A redis-server of the demo's own holding ``records`` as stream entries; the source that drains them."""
+    import redis
+    from acker_bench.brokers import running_redis
+    from acker_spark.queues import RedisStreamSource
+
+    with running_redis(folder) as server:
+        client = redis.Redis.from_url(server.url)
+        pipe = client.pipeline(transaction=False)
+        for record in records:
+            pipe.xadd(STREAM, {"data": str(record.value)})
+        pipe.execute()
+        client.close()
+        source = RedisStreamSource(server.url, STREAM, "demo")
+        try:
+            yield source
+        finally:
+            source.close()
+
+
+def _run(
+    args: argparse.Namespace,
+    spark: Any,
+    db: Path,
+    live: Any,
+    chaos_factory: Any,
+    source: Any,
+    checkpoint: Path,
+    output: Path,
+) -> dict[str, Any]:
+    """The pipeline's run over ``source`` against fresh ackers; the summary fields."""
     from acker_client import ClusterClient
     from acker_spark.executor_read.source_pipeline import SourcePipeline
     from acker_spark.output import FileOutput
@@ -48,13 +106,11 @@ def run_source_tracked(
 
     from .dataframe_job import build_output_job
 
-    work = db.parent / f"{db.stem}-source"
-    run_id = time.time_ns()  # a fresh run each time the demo runs
-    checkpoint, output = work / f"checkpoint-{run_id}", work / f"words-{run_id}.parquet"
-    source = _source(args, spark, records)
     with ProcessCluster(count=args.shards, message_timeout=args.message_timeout) as cluster:
         injection = wordcount.FailureInjection(
-            fail_percent=args.fail_percent, crash_partition=0 if args.crash_task else None
+            fail_percent=args.fail_percent,
+            crash_partition=0 if args.crash_task else None,
+            crash_marker=str(db.with_name(db.name + ".crashed")),  # one crashed task per run (cli.crash_marker)
         )
         job, bolts = build_output_job(cluster.addresses, partitions=args.partitions, injection=injection)
         policy = ReplayPolicy(max_attempts=args.max_attempts, backoff_base=args.backoff, backoff_cap=8.0)
@@ -73,7 +129,9 @@ def run_source_tracked(
             stats = pipeline.run(source, job)
             seconds = time.perf_counter() - started
     close_clients()
+    extra = {k: getattr(stats, k) for k in ("acked_at_broker", "dead_lettered_at_broker") if hasattr(stats, k)}
     return {
+        **extra,
         **stats.as_dict(),
         "pipeline_seconds": round(seconds, 3),
         "acker_killed": chaos.killed,

@@ -7,20 +7,21 @@ the rows of records that were not dead-lettered.
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from acker_spark.dead_letter import DeadLetterStore
-from acker_spark.driver_fed.pipeline import Job
 from acker_spark.sources import Record
 from acker_spark.sqlite import open_db, upsert
 from acker_spark.steps.executor import Bolt
 from acker_spark.steps.ids import stable_id
+from acker_spark.steps.rdd_rows import tracked_rdd
 
 __all__ = [
     "Word",
@@ -33,7 +34,12 @@ __all__ = [
     "sink_counts",
     "expected_counts",
     "build_job",
+    "build_source_job",
+    "Job",
 ]
+
+Job = Callable[[Any], object]
+"""A job: given the records (an RDD of tracked tuples, or a DataFrame), runs the actions that complete the work."""
 
 _WORD = re.compile(r"[\w']+")
 
@@ -91,13 +97,18 @@ class FailureInjection:
     ``fail_percent``: a word fails when a hash of (key, position, attempt) falls
     under it, so a replay gets a fresh draw. ``crash_partition``: the counting
     task of that partition raises on its first attempt after ``crash_after``
-    tuples (or at its end, if smaller). ``always_fail``: keys whose words fail on
+    tuples (or at its end, if smaller). ``crash_marker``: a file the crashing
+    task creates, so that one task of the whole run crashes rather than one in
+    every Spark job (a tracked run runs a job per batch of replays: dozens of
+    crashes, each a retried task in a fresh Python worker); None crashes once
+    per job. The marker lives beside the sink, which the executors write too. ``always_fail``: keys whose words fail on
     every attempt; ``fail_first``: keys whose words fail on the first attempt only.
     """
 
     fail_percent: float = 0.0
     crash_partition: int | None = None
     crash_after: int = 50
+    crash_marker: str | None = None
     always_fail: frozenset[str] = frozenset()
     fail_first: frozenset[str] = frozenset()
 
@@ -111,8 +122,16 @@ class FailureInjection:
         return draw / 2**64 * 100 < self.fail_percent
 
     def crashes(self, partition: int, attempt: int) -> bool:
-        """True if the task attempt for ``partition`` must crash."""
-        return self.crash_partition == partition and attempt == 0
+        """True if the task attempt for ``partition`` must crash (with a marker: the first such attempt only)."""
+        if self.crash_partition != partition or attempt != 0:
+            return False
+        if self.crash_marker is None:
+            return True
+        try:  # the one attempt that creates the marker crashes; O_EXCL makes it one across processes
+            os.close(os.open(self.crash_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
 
 
 class CountWords:
@@ -197,7 +216,7 @@ def build_job(
     partitions: int = 4,
     injection: FailureInjection = FailureInjection(),
 ) -> tuple[Job, tuple[Bolt, Bolt]]:
-    """The word-count job for a GuaranteedPipeline (``addresses=None``: the same job untracked)."""
+    """The word-count job over an RDD of tracked ``Delivery``-shaped tuples (``addresses=None``: the same job untracked)."""
     split = Bolt(split_words, addresses, name="split")
     count = Bolt(CountWords(db_path, injection), addresses, name="count")
 
@@ -209,3 +228,24 @@ def build_job(
         count.apply(by_word).count()
 
     return job, (split, count)
+
+
+def build_source_job(
+    addresses: Sequence[str] | None,
+    db_path: str | Path,
+    *,
+    partitions: int = 4,
+    injection: FailureInjection = FailureInjection(),
+) -> tuple[Job, tuple[Bolt, Bolt]]:
+    """The same RDD word count for ``SourcePipeline.run(records, job)``: RDD bolts over the pipeline's frame.
+
+    The frame names the record ``_record_key`` and its delivery ``_attempt``;
+    the bolts read ``key``, ``value`` and ``attempt``, so the job renames them,
+    then hands the rows to the RDD job as tracked tuples (``tracked_rdd``).
+    """
+    inner, bolts = build_job(addresses, db_path, partitions=partitions, injection=injection)
+
+    def job(df: Any) -> None:
+        inner(tracked_rdd(df.selectExpr("_record_key AS key", "value", "_attempt AS attempt", "_acker_ids")))
+
+    return job, bolts

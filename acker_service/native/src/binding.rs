@@ -240,7 +240,7 @@ impl NativeCore {
         self.ledger.capacity()
     }
 
-    // -- operating a running ledger (issue 21; the core is in ledger/admin.rs) --
+    // -- operating a running ledger: inspect, force-fail (the core is in ledger/admin.rs) --
 
     /// Set the timeout mode (`progress`: every applied ack restarts the timeout) and the
     /// lifetime cap in seconds (0: none).
@@ -295,18 +295,36 @@ impl NativeCore {
     ) -> MovedColumns<'py> {
         let ledger = &mut self.ledger;
         let m = py.detach(|| ledger.export_moving(count, keep, now));
-        (
-            m.roots.into_pyarray(py),
-            m.values.into_pyarray(py),
-            m.spouts,
-            m.spout_index.into_pyarray(py),
-            m.ages_us.into_pyarray(py),
-            m.generations.into_pyarray(py),
-            m.failed.into_pyarray(py),
-            m.resets.into_pyarray(py),
-            m.key_counts.into_pyarray(py),
-            m.keys.into_pyarray(py),
-        )
+        moved_columns(py, m)
+    }
+
+    /// The roots and ages (microseconds) of the live entries `export_moving` would take
+    /// out, every entry left in place, GIL released.
+    fn moving_roots<'py>(
+        &mut self,
+        py: Python<'py>,
+        count: u64,
+        keep: i64,
+        now: f64,
+    ) -> (Bound<'py, PyArray1<u64>>, Bound<'py, PyArray1<u64>>) {
+        let ledger = &mut self.ledger;
+        let (roots, ages) = py.detach(|| ledger.moving_roots(count, keep, now));
+        (roots.into_pyarray(py), ages.into_pyarray(py))
+    }
+
+    /// Remove and return the live entries among `roots` (one slice of a cut), GIL released;
+    /// `last`: the cut's last slice (the table may give back memory then).
+    fn export_roots<'py>(
+        &mut self,
+        py: Python<'py>,
+        roots: PyReadonlyArray1<'py, u64>,
+        now: f64,
+        last: bool,
+    ) -> PyResult<MovedColumns<'py>> {
+        let roots = roots.as_slice()?.to_vec();
+        let ledger = &mut self.ledger;
+        let m = py.detach(|| ledger.export_roots(&roots, now, last));
+        Ok(moved_columns(py, m))
     }
 
     /// Copy (not remove) the live entries whose root is `index`'s under `count` shards, GIL released.
@@ -319,18 +337,7 @@ impl NativeCore {
     ) -> MovedColumns<'py> {
         let ledger = &mut self.ledger;
         let m = py.detach(|| ledger.export_snapshot(count, index, now));
-        (
-            m.roots.into_pyarray(py),
-            m.values.into_pyarray(py),
-            m.spouts,
-            m.spout_index.into_pyarray(py),
-            m.ages_us.into_pyarray(py),
-            m.generations.into_pyarray(py),
-            m.failed.into_pyarray(py),
-            m.resets.into_pyarray(py),
-            m.key_counts.into_pyarray(py),
-            m.keys.into_pyarray(py),
-        )
+        moved_columns(py, m)
     }
 
     /// Merge moved entries in (columns as `export_moving` returns them; the caller checked
@@ -405,6 +412,22 @@ type MovedColumns<'py> = (
     Bound<'py, PyArray1<u32>>,
     Bound<'py, PyArray1<u64>>,
 );
+
+/// A ledger's moved entries handed to Python as columns (the arrays move without a copy).
+fn moved_columns(py: Python<'_>, m: Moved) -> MovedColumns<'_> {
+    (
+        m.roots.into_pyarray(py),
+        m.values.into_pyarray(py),
+        m.spouts,
+        m.spout_index.into_pyarray(py),
+        m.ages_us.into_pyarray(py),
+        m.generations.into_pyarray(py),
+        m.failed.into_pyarray(py),
+        m.resets.into_pyarray(py),
+        m.key_counts.into_pyarray(py),
+        m.keys.into_pyarray(py),
+    )
+}
 
 /// One root's state as Python sees it (see `NativeCore::inspect`).
 type TreeRow = (u64, u8, Option<String>, u64, bool, u32, u32);

@@ -763,6 +763,7 @@ class DescribeResponse(_message.Message):
     CATCHUP_STATE_FIELD_NUMBER: _builtins.int
     CATCHUP_ENTRIES_FIELD_NUMBER: _builtins.int
     NEXT_LAYOUT_FIELD_NUMBER: _builtins.int
+    TREE_COUNTS_FIELD_NUMBER: _builtins.int
     shard_index: _builtins.int
     shard_count: _builtins.int
     message_timeout_seconds: _builtins.float
@@ -806,6 +807,13 @@ class DescribeResponse(_message.Message):
         roots it gave away): a client refused such a root routes by it.
         """
 
+    @_builtins.property
+    def tree_counts(self) -> Global___TreeCounts:
+        """This acker lifetime's counts of trees in and out: with them
+        trees_initialized + trees_copied_in = outcomes + pending_trees + trees_copied_out
+        (docs/acker-semantics.md, "Conservation you can check").
+        """
+
     def __init__(
         self,
         *,
@@ -828,14 +836,62 @@ class DescribeResponse(_message.Message):
         catchup_state: _builtins.str = ...,
         catchup_entries: _builtins.int = ...,
         next_layout: Global___Layout | None = ...,
+        tree_counts: Global___TreeCounts | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "next_layout", b"next_layout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout", "next_layout", b"next_layout", "tree_counts", b"tree_counts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_stream", b"apply_stream", "buckets", b"buckets", "catchup_entries", b"catchup_entries", "catchup_state", b"catchup_state", "incarnation", b"incarnation", "layout", b"layout", "max_batch", b"max_batch", "max_tree_lifetime_seconds", b"max_tree_lifetime_seconds", "message_timeout_seconds", b"message_timeout_seconds", "move_state", b"move_state", "next_layout", b"next_layout", "pending_trees", b"pending_trees", "replicas", b"replicas", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "timeout_mode", b"timeout_mode", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["apply_stream", b"apply_stream", "buckets", b"buckets", "catchup_entries", b"catchup_entries", "catchup_state", b"catchup_state", "incarnation", b"incarnation", "layout", b"layout", "max_batch", b"max_batch", "max_tree_lifetime_seconds", b"max_tree_lifetime_seconds", "message_timeout_seconds", b"message_timeout_seconds", "move_state", b"move_state", "next_layout", b"next_layout", "pending_trees", b"pending_trees", "replicas", b"replicas", "retain_outcomes", b"retain_outcomes", "retain_seconds", b"retain_seconds", "shard_count", b"shard_count", "shard_index", b"shard_index", "timeout_mode", b"timeout_mode", "tree_counts", b"tree_counts", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeResponse: _TypeAlias = DescribeResponse  # noqa: Y015
+
+@_typing.final
+class TreeCounts(_message.Message):
+    """Counters of one acker lifetime (they start at 0 with the process)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TREES_INITIALIZED_FIELD_NUMBER: _builtins.int
+    ACKED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    TIMED_OUT_FIELD_NUMBER: _builtins.int
+    TREES_COPIED_IN_HANDOFF_FIELD_NUMBER: _builtins.int
+    TREES_COPIED_IN_CATCHUP_FIELD_NUMBER: _builtins.int
+    TREES_COPIED_OUT_HANDOFF_FIELD_NUMBER: _builtins.int
+    TREES_COPIED_OUT_SNAPSHOT_FIELD_NUMBER: _builtins.int
+    trees_initialized: _builtins.int
+    acked: _builtins.int
+    failed: _builtins.int
+    timed_out: _builtins.int
+    trees_copied_in_handoff: _builtins.int
+    """Trees taken in from other ackers: by a layout change's handoff, by a
+    restarted replica's catch-up.
+    """
+    trees_copied_in_catchup: _builtins.int
+    trees_copied_out_handoff: _builtins.int
+    """Trees handed to new owners at this acker's cut (they left this acker)."""
+    trees_copied_out_snapshot: _builtins.int
+    """Trees copied for a restarted partner (they stay here: no term of the identity)."""
+    def __init__(
+        self,
+        *,
+        trees_initialized: _builtins.int = ...,
+        acked: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        timed_out: _builtins.int = ...,
+        trees_copied_in_handoff: _builtins.int = ...,
+        trees_copied_in_catchup: _builtins.int = ...,
+        trees_copied_out_handoff: _builtins.int = ...,
+        trees_copied_out_snapshot: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "failed", b"failed", "timed_out", b"timed_out", "trees_copied_in_catchup", b"trees_copied_in_catchup", "trees_copied_in_handoff", b"trees_copied_in_handoff", "trees_copied_out_handoff", b"trees_copied_out_handoff", "trees_copied_out_snapshot", b"trees_copied_out_snapshot", "trees_initialized", b"trees_initialized"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TreeCounts: _TypeAlias = TreeCounts  # noqa: Y015
 
 @_typing.final
 class InspectRequest(_message.Message):

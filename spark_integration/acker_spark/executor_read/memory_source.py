@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..sources import TextDirectorySource
-from .identity import UnstableIdentity, hash_key_column
+from ..tracking.identity import UnstableIdentity, hash_key_column
 
 __all__ = [
     "COPY_DIR",

@@ -8,8 +8,9 @@ table of the chunk's own, over ``spark.read.parquet`` of it, identified by a
 key column. A chunk resumed after a kill finds both again and continues that
 run. The job gets the rows' own columns; when none of them holds the dead
 letter's key, a ``_dead_letter_key`` column is added to identify them.
-A dead letter whose payload is not a row (a GuaranteedPipeline's value) becomes
-``key``/``value`` columns, the shape of an in-memory source.
+A dead letter whose payload is not a row (a plain value, as the removed
+driver-fed ``GuaranteedPipeline`` wrote them) becomes ``key``/``value``
+columns, the shape of an in-memory source.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,11 +28,14 @@ import pyarrow.compute as pc
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from ..dead_letter import DeadLetterStore
-from ..redrive import RedriveChunk
+from ..budget import BudgetExceeded, FailureBudget
+from ..dead_letter import DeadLetterStore, Select
+from ..redrive import Redrive, RedriveChunk, RedriveRefused, RedriveReport
+from ..session import default_parallelism
+from .job_check import JobWritesItself, OutputForgotten, OutputNotReturned
 from .memory_source import fsync_path
 
-__all__ = ["DEAD_LETTER_KEY", "SourceChunks", "payload_table"]
+__all__ = ["DEAD_LETTER_KEY", "SourceChunks", "payload_table", "redrive_letters"]
 
 DEAD_LETTER_KEY = "_dead_letter_key"
 """The column added to identify redriven rows when no column of theirs holds the dead letter's key."""
@@ -140,8 +145,100 @@ class SourceChunks:
             df = _cast(df, self.schema)
         dead = DeadLetterStore(folder / DEAD)
         pipeline = self.make_pipeline(folder / CHECKPOINT, dead)
-        self.stats.append(pipeline.run(df, self.job, key=column))
-        return {letter.key: letter.cause for letter in dead.all()}
+        try:
+            stats = pipeline.run(df, self.job, key=column)
+        except (OutputForgotten, JobWritesItself, OutputNotReturned) as mistake:
+            # Found by the job check, before the chunk's first record was read: nothing was sent.
+            raise RedriveRefused(f"{type(mistake).__name__}: {mistake}") from mistake
+        self.stats.append(stats)
+        dead_again = {letter.key: letter.cause for letter in dead.all()}
+        # The run returned, so every record it read is acked (with an output: committed) or dead. A letter it
+        # did not read must not be counted acked: the chunk stays claimed instead.
+        if stats.acked + len(dead_again) != len(chunk.keys):
+            raise RuntimeError(
+                f"the redrive chunk in {folder} holds {len(chunk.keys)} letters but its run ended with "
+                f"{stats.acked} acked and {len(dead_again)} dead: its letters stay 'redriving' (nothing is marked)"
+            )
+        return dead_again
+
+
+def redrive_letters(
+    spark: Any,
+    sibling: Callable[[Path, DeadLetterStore, FailureBudget | None], Any],
+    base: Path,
+    dead_letters: DeadLetterStore,
+    job: Callable[[Any], object],
+    *,
+    clock: Callable[[], float],
+    select: Select | None = None,
+    rate: float | None = None,
+    key: str | None = None,
+    schema: Any = None,
+    chunk_seconds: float = 10.0,
+    redrive_id: str | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    budget: FailureBudget | None = None,
+) -> RedriveReport:
+    """A SourcePipeline's redrive: the selected dead letters through ``job`` again, each at most once.
+
+    ``sibling(checkpoint, letters, budget)`` makes a chunk's pipeline, configured like the caller's.
+
+    ``select``: :class:`~acker_spark.dead_letter.Select` by cause kind
+    and/or keys (default ``Select()``: every letter not yet acked by a redrive).
+    ``rate``: most records sent per second (default uncapped), in chunks
+    of ``rate * chunk_seconds`` records. The records are the letters'
+    stored rows, read as a Parquet source keyed by ``key`` (default: the
+    column holding the letters' keys, else an added ``_dead_letter_key``),
+    cast to ``schema`` (a DDL string or StructType) when given; each chunk
+    is a run of a pipeline configured like the caller's, with a checkpoint of
+    its own under ``base`` (the pipeline's ``folder``, default:
+    ``<checkpoint>/redrives``), and an output in ``append`` mode. Each letter ends ``acked`` or ``dead`` (with
+    its new cause) in ``dead_letters``. Called again after a kill, it
+    finishes the killed redrive (see :mod:`acker_spark.redrive`).
+    ``clock`` and ``sleep`` pace the chunks (the pipeline passes its clock unless given one).
+
+    Each chunk's run first checks the job (:mod:`~acker_spark.executor_read.job_check`):
+    a job that returns a DataFrame while the pipeline has no output, or
+    writes for itself, raises :class:`~acker_spark.redrive.RedriveRefused`
+    before a letter is sent, and the letters stay as they were. A letter
+    ends ``acked`` only once its chunk's run returned: every delivery
+    ACKED and, with an output, its rows committed. ``budget``: the
+    redrive's own failure budget (default None: the letters selected are
+    already known to fail, so every one ends acked or dead again); a
+    redrive it stops keeps its claim, and the error says how to go on.
+    """
+    chunks = SourceChunks(
+        spark,
+        lambda checkpoint, letters: sibling(checkpoint, letters, budget),
+        job,
+        key=key,
+        schema=schema,
+        files=default_parallelism(spark),
+    )
+    redrive = Redrive(
+        dead_letters,
+        chunks,
+        base,
+        select=select,
+        rate=rate,
+        chunk_seconds=chunk_seconds,
+        redrive_id=redrive_id,
+        clock=clock,
+        sleep=sleep,
+    )
+    try:
+        return redrive.run()
+    except BudgetExceeded as stopped:
+        unfinished = dead_letters.unfinished_redrive()
+        which = unfinished.redrive_id if unfinished is not None else "the redrive"
+        stopped.args = (
+            f"{stopped.args[0]} The redrive's own budget stopped it ({budget.describe() if budget else 'none'}):"
+            f" its letters stay claimed by {which}, their chunk's checkpoint keeps its progress. Run the same "
+            f"redrive again with a larger budget or none (acker-ctl: --budget none) to finish it, or give it up "
+            f"with acker-ctl dead-letters abandon {which}.",
+            *stopped.args[1:],
+        )
+        raise
 
 
 def _cast(df: Any, schema: Any) -> Any:

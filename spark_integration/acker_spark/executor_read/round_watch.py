@@ -7,7 +7,7 @@ failed by a time limit or ``acker-ctl fail``. A :class:`RoundWatch` runs its
 checks every ``interval`` seconds on a thread of its own while the job runs.
 A check is any callable returning None (carry on) or a verdict (any object
 saying why the round must stop); the first verdict cancels the round's job
-(:class:`~acker_spark.job_group.JobGroup`) and is kept for the driver, which
+(:class:`~acker_spark.executor_read.job_group.JobGroup`) and is kept for the driver, which
 decides what to do once the job has returned (raise, replay...).
 
 The clock is injected, and :meth:`RoundWatch.tick` runs the checks once

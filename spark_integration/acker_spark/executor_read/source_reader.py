@@ -4,10 +4,10 @@
 (``spark.read...``), so it runs in the same task that reads the file split.
 Per Arrow batch it hashes each record's identity, keeps the rows the round
 reads (all of them, or the replays with their attempt numbers), and starts
-their trees (:func:`~acker_spark.executor_read.tree_start.start_trees`: roots derived from
+their trees (:func:`~acker_spark.tracking.tree_start.start_trees`: roots derived from
 (run, identity, attempt), logged to the task attempt's emission file, then
 initialised with ``init_columns``, sent by a thread of the task while it reads on,
-:class:`~acker_spark.executor_read.init_sender.InitSender`; the task ends only once
+:class:`~acker_spark.tracking.init_sender.InitSender`; the task ends only once
 they are all applied). A re-run or speculative attempt derives the same roots and
 re-sends the same set-once inits, which the ackers ignore for trees still
 pending. The rows go on with ``_record_key`` (the identity as text),
@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 
 from ..round_stop import StopCheck
 from ..steps.frames import TRACKING_COLUMN
-from .emission_log import EmissionWriter, read_filter
-from .identity import (
+from ..tracking.emission_log import EmissionWriter, read_filter
+from ..tracking.identity import (
     BLOCK_COLUMN,
     PATH_COLUMN,
     ROW_COLUMN,
@@ -36,9 +36,9 @@ from .identity import (
     hash_key_column,
     hash_strings,
 )
-from .init_sender import InitSender
+from ..tracking.init_sender import InitSender
+from ..tracking.tree_start import start_trees
 from .record_keys import KeyWriter
-from .tree_start import start_trees
 
 __all__ = ["ATTEMPT_COLUMN", "IDENT_COLUMN", "KEY_COLUMN", "SourceReader", "reader_schema"]
 
@@ -67,6 +67,21 @@ def reader_schema(source_schema: Any, *, peek: bool = False) -> Any:
             StructField(IDENT_COLUMN, LongType(), False) if peek else StructField(TRACKING_COLUMN, BinaryType(), False),
         ]
     )
+
+
+READ_SLICE = 2_000
+"""Rows logged, started and yielded at a time: the run's progress counts a task's reads in steps of this many rows,
+not of a whole Arrow batch (10,000 by default); the next step's batches are re-formed by Spark whatever it is."""
+
+
+def _slices(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """Each batch in consecutive slices of at most ``rows`` rows, in order (zero-copy)."""
+    for batch in batches:
+        if batch.num_rows <= rows:
+            yield batch
+            continue
+        for start in range(0, batch.num_rows, rows):
+            yield batch.slice(start, rows)
 
 
 @dataclass
@@ -118,7 +133,7 @@ class SourceReader:
         state = _LineState()
         stop = StopCheck(self.checkpoint if not self.peek else None)  # the driver stopped the round: read no more
         try:
-            for batch in batches:
+            for batch in _slices(batches, READ_SLICE):
                 stop()
                 idents, positions = self._idents(batch, state)
                 keep, attempts = rows.apply(idents)

@@ -38,16 +38,21 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from acker_client.columns import distinct
 
 from ..steps.frames import TRACKING_COLUMN, decode_ids
-from .destinations import Output
-from .stager import STAGED_DIR
+from .destinations import FileOutput, Output
+from .folder_publish import staging_folder
+from .publish import is_member, plan_commit, stage_commit
+from .staging import DIRECT_DIR, STAGED_DIR, StagingArea, read_segments, task_folders
 
-__all__ = ["COMMITS_DIR", "CommitFilter", "OutputCommits", "ROW_COLUMN"]
+__all__ = ["COMMITS_DIR", "CommitFilter", "OutputCommits", "ROW_COLUMN", "finish_checkpoint"]
 
 log = logging.getLogger(__name__)
 
 COMMITS_DIR = "output/commits"
+DESTINATION = "destination.json"
+"""The commit log's record of a ``FileOutput`` (and run) it publishes to: enough to finish a commit from a shell."""
 ROW_COLUMN = "_acker_row"
 """A staged row's digest while a commit selects rows: equal for copies of one row, dropped before the write."""
 
@@ -64,6 +69,7 @@ class CommitRecord:
     first: bool  # the run's first commit (an overwrite clears the destination once, before it)
     key: int | None = None  # the caller's key for it (a streaming query's batch id)
     whole: bool = False  # it takes every delivery its rounds started: their staged rows need no selection
+    rows: int = 0  # rows it committed (known once written: a commit finished by a later driver counts them too)
 
 
 class OutputCommits:
@@ -75,7 +81,10 @@ class OutputCommits:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.run = run
         self.output = output
+        self.area = staging_area(output, self.checkpoint, run)
         self.rows_committed = 0
+        if isinstance(output, FileOutput):  # what a tool needs to finish a commit without the job
+            _write_json(self.folder / DESTINATION, {"run": run, "file_output": _file_output_json(output)})
 
     # -- the log --------------------------------------------------------------------------
 
@@ -92,6 +101,7 @@ class OutputCommits:
                     data["first"],
                     data.get("key"),
                     bool(data.get("whole", False)),
+                    int(data.get("rows", 0)),
                 )
             )
         return out
@@ -104,7 +114,7 @@ class OutputCommits:
     def taken(self) -> np.ndarray:
         """The roots every commit of the log took (sorted): decided ones included, they will be finished."""
         parts = [np.load(path)["roots"] for path in sorted(self.folder.glob("c*.npz"))]
-        return np.unique(np.concatenate(parts)) if parts else _EMPTY
+        return distinct(np.concatenate(parts)) if parts else _EMPTY
 
     def _save(self, record: CommitRecord) -> None:
         path = self.folder / f"c{record.number:05d}.json"
@@ -116,6 +126,7 @@ class OutputCommits:
             "first": record.first,
             "key": record.key,
             "whole": record.whole,
+            "rows": record.rows,
         }
         with open(tmp, "w") as out:
             json.dump(data, out)
@@ -126,6 +137,8 @@ class OutputCommits:
     def drop_staged(self) -> None:
         """Delete the staged rows (at the end of a run: what no commit took belongs to failed deliveries)."""
         shutil.rmtree(self.checkpoint / STAGED_DIR, ignore_errors=True)
+        if self.area.direct:
+            shutil.rmtree(self.area.root, ignore_errors=True)
 
     # -- committing -----------------------------------------------------------------------
 
@@ -173,28 +186,82 @@ class OutputCommits:
         return self._finish(spark, record)
 
     def _finish(self, spark: Any, record: CommitRecord) -> int:
-        rows = 0
         if record.state == "decided":
-            df = self.frame(spark, record)
-            if df is not None:  # no staged row: an empty commit (the trees' records produced no output)
-                # The destination writes and counts: no second pass over the rows just to count them.
-                rows = self.output.write(spark, df, self.run, record.number)
-            record = replace(record, state="written")
+            rows = self._write(spark, record)
+            record = replace(record, state="written", rows=rows)
             self._save(record)
         files = self.output.publish(spark, self.run, record.number, first=record.first)
         self._save(replace(record, state="done"))
-        self.rows_committed += rows
-        log.info("output commit %d: %d rows to %s (%d files)", record.number, rows, self.output.describe(), len(files))
-        return rows
+        self.rows_committed += record.rows
+        log.info(
+            "output commit %d: %d rows to %s (%d files)", record.number, record.rows, self.output.describe(), len(files)
+        )
+        return record.rows
+
+    def _write(self, spark: Any, record: CommitRecord) -> int:
+        """Put the commit's rows into the destination's staging for it; how many rows that is."""
+        if self.area.direct:
+            assert isinstance(self.output, FileOutput), "direct staging is a FileOutput's"
+            new, taken = self._roots(record.number)
+            plan = plan_commit(self.area, record.rounds, new, taken)
+            stage_commit(plan, staging_folder(Path(self.output.path), self.run, record.number))
+            log.info(
+                "output commit %d: %d files published as staged, %d rewritten without rows of other deliveries",
+                record.number,
+                plan.moved,
+                plan.rewritten,
+            )
+            return plan.rows
+        df = self.frame(spark, record)
+        if df is None:  # no staged row: an empty commit (the trees' records produced no output)
+            return 0
+        # The destination writes and counts: no second pass over the rows just to count them.
+        return int(self.output.write(spark, df, self.run, record.number))
+
+    def _roots(self, number: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(commit number's roots, every root taken up to and with it)``, both sorted."""
+        new = np.load(self.folder / f"c{number:05d}.npz")["roots"]
+        parts = [np.load(self.folder / f"c{n:05d}.npz")["roots"] for n in range(number + 1)]
+        return new, distinct(np.concatenate(parts))
+
+    def finish_publish(self) -> int:
+        """Finish a written commit without Spark (a FileOutput's moves and marker); the rows it committed.
+
+        For tools that run without a Spark session (``acker-ctl output finish``): a
+        commit still ``decided`` of a Parquet ``FileOutput`` is written too (its
+        files are moved or rewritten by Python); other destinations need the pipeline.
+        """
+        records = self.records()
+        if not records or records[-1].state == "done":
+            return 0
+        record = records[-1]
+        if not isinstance(self.output, FileOutput) or (record.state == "decided" and not self.area.direct):
+            raise RuntimeError(
+                f"output commit {record.number} of {self.output.describe()} needs Spark to finish: run the pipeline"
+                " again on this checkpoint"
+            )
+        if record.state == "decided":
+            record = replace(record, state="written", rows=self._write(None, record))
+            self._save(record)
+        self.output.publish(None, self.run, record.number, first=record.first)
+        self._save(replace(record, state="done"))
+        return record.rows
 
     def frame(self, spark: Any, record: CommitRecord) -> Any:
         """The commit's rows as a DataFrame (user columns only, one copy of each row); None if nothing is staged."""
-        folders = [self.checkpoint / STAGED_DIR / f"r{r:05d}" for r in record.rounds]
-        files = [f for folder in folders if folder.is_dir() for f in sorted(folder.glob("p*.parquet"))]
+        files: list[Path] = []
+        copies = False
+        for round_no in record.rounds:
+            attempts: dict[int, int] = {}
+            for task in task_folders(self.area.round_dir(round_no)):
+                segments = read_segments(task)
+                files.extend(s.path(i) for s in segments for i in range(len(s.files)))
+                if segments:
+                    attempts[task.partition] = attempts.get(task.partition, 0) + 1
+            copies = copies or any(n > 1 for n in attempts.values())
         if not files:
             return None
         staged = spark.read.parquet(*[str(f) for f in files])
-        copies = _copies_possible(files)
         if record.whole and not copies:
             # Every row there belongs to a delivery this commit takes, once: Spark reads and writes them
             # as they are, with no Python step.
@@ -208,13 +275,55 @@ class OutputCommits:
         return selected.drop(ROW_COLUMN)
 
 
-def _copies_possible(files: list[Path]) -> bool:
-    """True if a round's partition was staged by more than one task attempt (its rows may be there twice)."""
-    attempts: dict[tuple[str, str], set[str]] = {}
-    for f in files:
-        partition, attempt, _ = f.name.split("-", 2)
-        attempts.setdefault((f.parent.name, partition), set()).add(attempt)
-    return any(len(a) > 1 for a in attempts.values())
+def finish_checkpoint(checkpoint: str | Path) -> tuple[int, int | None]:
+    """Finish the unfinished commit of a checkpoint's ``FileOutput`` without Spark: ``(rows, commit number)``.
+
+    ``(0, None)`` when no commit is unfinished. Raises ``FileNotFoundError``
+    for a checkpoint with no file output, ``RuntimeError`` for a commit that
+    needs Spark (other destinations: run the pipeline again).
+    """
+    folder = Path(checkpoint) / COMMITS_DIR
+    described = folder / DESTINATION
+    if not described.exists():
+        raise FileNotFoundError(f"{checkpoint} has no FileOutput commit log ({described} is missing)")
+    data = json.loads(described.read_text())
+    output = FileOutput(**data["file_output"])
+    commits = OutputCommits(checkpoint, data["run"], output)
+    records = commits.records()
+    if not records or records[-1].state == "done":
+        return 0, None
+    return commits.finish_publish(), records[-1].number
+
+
+def _file_output_json(output: FileOutput) -> dict[str, Any]:
+    return {
+        "path": output.path,
+        "format": output.format,
+        "partition_by": list(output.partition_by),
+        "mode": output.mode,
+        "options": dict(output.options),
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as out:
+        json.dump(data, out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def staging_area(output: Output, checkpoint: Path, run: str) -> StagingArea:
+    """Where a run's tasks stage ``output``'s rows: beside a Parquet ``FileOutput``, else under the checkpoint."""
+    if isinstance(output, FileOutput) and output.format == "parquet" and set(output.options) <= {"compression"}:
+        return StagingArea(
+            str(Path(output.path) / DIRECT_DIR / run),
+            True,
+            tuple(output.partition_by),
+            output.options.get("compression", "snappy"),
+        )
+    return StagingArea(str(checkpoint / STAGED_DIR), False)
 
 
 _selected: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}  # per executor process, one commit at a time
@@ -235,7 +344,7 @@ class CommitFilter:
             folder = Path(self.folder)
             new = np.load(folder / f"c{self.number:05d}.npz")["roots"]
             parts = [np.load(folder / f"c{n:05d}.npz")["roots"] for n in range(self.number + 1)]
-            cached = (new, np.unique(np.concatenate(parts)))
+            cached = (new, distinct(np.concatenate(parts)))
             _selected.clear()
             _selected[key] = cached
         return cached
@@ -245,8 +354,8 @@ class CommitFilter:
         new, taken = self.roots()
         for batch in batches:
             pairs = decode_ids(batch.column(TRACKING_COLUMN))
-            in_new = _member(pairs.roots, new)
-            in_taken = _member(pairs.roots, taken)
+            in_new = is_member(pairs.roots, new)
+            in_taken = is_member(pairs.roots, taken)
             rows = pairs.pair_rows()
             counts = np.bincount(rows, minlength=pairs.rows)
             any_new = np.bincount(rows, weights=in_new, minlength=pairs.rows) > 0
@@ -258,12 +367,3 @@ class CommitFilter:
             digests = pairs.digests().view(np.int64)
             out = user.append_column(ROW_COLUMN, pa.array(digests))
             yield out.filter(pa.array(keep))
-
-
-def _member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """For each value, True if it is in ``sorted_set``."""
-    if not len(sorted_set):
-        return np.zeros(len(values), dtype=bool)
-    pos = np.searchsorted(sorted_set, values)
-    pos[pos == len(sorted_set)] = 0
-    return sorted_set[pos] == values

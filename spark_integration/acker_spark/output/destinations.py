@@ -15,9 +15,16 @@ the driver is killed while doing it:
   ``_acker_commits/<run>-c<commit>.json`` lists the commit's files: a reader
   that must not see a half-moved commit reads the files the markers list.
 - :class:`TableOutput`: a table of the session's catalog stored as files
-  (``saveAsTable`` creates it, with ``partition_by``, on the first commit);
-  commits are published into its location as for files, then the table is
-  refreshed (and its partitions recovered).
+  (``saveAsTable`` creates it, with ``partition_by``, on the first commit).
+  Spark writes the commit into the hidden staging folder of the table's
+  folder; a new snapshot folder is built from links to the table's files and
+  the staged ones, and the table's location is switched to it in one catalog
+  step (``ALTER TABLE ... SET LOCATION``): readers of the table see a commit
+  whole or not at all (``folder_publish.py``). A partitioned table is created
+  with its partitions found from its files (not listed in the catalog), which
+  is what lets one step publish it; a table created elsewhere whose partitions
+  the catalog lists is published file by file as a ``FileOutput``, then its
+  partitions recovered.
 - :class:`BatchOutput`: ``fn(commit_id, df)`` for any other sink (JDBC, a
   key-value store, ...). Like Spark's ``foreachBatch`` and its ``batchId``, the
   function must be idempotent per ``commit_id``: a driver killed during the
@@ -32,21 +39,41 @@ a run whose destination already holds data from elsewhere.
 from __future__ import annotations
 
 import json
-import os
+import logging
+import re
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
-__all__ = ["BatchOutput", "FileOutput", "Output", "TableOutput", "published_files"]
+from .folder_publish import (
+    MARKERS,
+    MOVES,
+    STAGING,
+    VERSIONS,
+    build_version,
+    clear_foreign,
+    data_files,
+    foreign_files,
+    prune_versions,
+    publish_in_place,
+    published_files,
+    staging_folder,
+    table_base,
+    version_folder,
+)
+
+__all__ = ["BatchOutput", "FileOutput", "MARKERS", "MOVES", "STAGING", "Output", "TableOutput", "published_files"]
+
+log = logging.getLogger(__name__)
 
 _FORMATS = ("parquet", "json", "csv", "orc", "text")
 _MODES = ("append", "overwrite", "error")
-STAGING = ".acker-staging"
-MARKERS = "_acker_commits"
+_PARTITIONS_IN_CATALOG = "spark.sql.hive.manageFilesourcePartitions"
 
 
 def _check(format: str, mode: str, partition_by: Sequence[str]) -> tuple[str, ...]:
@@ -57,10 +84,6 @@ def _check(format: str, mode: str, partition_by: Sequence[str]) -> tuple[str, ..
     if isinstance(partition_by, str):
         return (partition_by,)
     return tuple(partition_by)
-
-
-def _hidden(name: str) -> bool:
-    return name.startswith((".", "_"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +105,7 @@ class _SparkWriter:
             writer = writer.partitionBy(*self.partition_by)
         writer.save(str(folder))
         if self.format == "parquet":  # the files' footers say: no Spark job, no read of the rows
-            return sum(pq.read_metadata(f).num_rows for f in _data_files(folder))
+            return sum(pq.read_metadata(f).num_rows for f in data_files(folder))
         return int(spark.read.format(self.format).options(**self.options).load(str(folder)).count())
 
 
@@ -102,7 +125,7 @@ class FileOutput(_SparkWriter):
 
     def check_start(self, spark: Any, run: str) -> None:
         """Before a run's first commit: refuse ``mode="error"`` when the folder holds data of another run."""
-        if self.mode == "error" and _foreign_files(Path(self.path), run):
+        if self.mode == "error" and foreign_files(Path(self.path), run):
             raise FileExistsError(
                 f"the output folder {self.path} already holds data and mode='error': choose mode='append' or"
                 " 'overwrite', or another folder"
@@ -110,14 +133,14 @@ class FileOutput(_SparkWriter):
 
     def write(self, spark: Any, df: Any, run: str, commit: int) -> int:
         """Write commit ``commit``'s rows into its staging folder (replacing what an interrupted try left); rows."""
-        return self._save(spark, df, _staging(Path(self.path), run, commit))
+        return self._save(spark, df, staging_folder(Path(self.path), run, commit))
 
     def publish(self, spark: Any, run: str, commit: int, *, first: bool) -> list[str]:
         """Move the staged files into place (the first commit of an overwrite run clears the folder first)."""
         root = Path(self.path)
         if first and self.mode == "overwrite":
-            _clear_foreign(root, run)
-        return _publish(root, run, commit)
+            clear_foreign(root, run)
+        return publish_in_place(root, run, commit)
 
 
 @dataclass(frozen=True)
@@ -133,29 +156,58 @@ class TableOutput(_SparkWriter):
     def check_start(self, spark: Any, run: str) -> None:
         """Before a run's first commit: refuse ``mode="error"`` when the table exists with data of another run."""
         if self.mode == "error" and spark.catalog.tableExists(self.name):
-            location = _location(spark, self.name)
-            if location is not None and _foreign_files(location, run):
+            location = _describe(spark, self.name).get("Location")
+            if location is not None and foreign_files(_local(location), run):
                 raise FileExistsError(
                     f"table {self.name} already holds data and mode='error': choose mode='append' or 'overwrite'"
                 )
 
     def write(self, spark: Any, df: Any, run: str, commit: int) -> int:
-        """Create the table if needed, then write the commit's rows into a staging folder of its location; rows."""
-        return self._save(spark, df, _staging(self._ensure(spark, df), run, commit))
+        """Create the table if needed, then write the commit's rows into a staging folder of its folder; rows."""
+        return self._save(spark, df, staging_folder(table_base(self._ensure(spark, df)), run, commit))
 
     def publish(self, spark: Any, run: str, commit: int, *, first: bool) -> list[str]:
-        """Move the staged files into the table's location, then refresh the table (and recover partitions)."""
-        location = _location(spark, self.name)
-        if location is None:
-            raise RuntimeError(f"table {self.name} has no file location: use BatchOutput for this table")
+        """Switch the table to a snapshot holding the commit, in one catalog step; the commit's files.
+
+        Run again after a crash it finishes the same commit: a snapshot built
+        whole is used as it is, one the table already points at is only
+        cleaned up after.
+        """
+        info = _describe(spark, self.name)
+        location = _local(info.get("Location"), self.name)
+        if self.partition_by and info.get("Partition Provider") == "Catalog":
+            return self._publish_in_place(spark, location, run, commit, first)
+        base = table_base(location)
+        staging = staging_folder(base, run, commit)
+        target = version_folder(base, run, commit)
+        if location != target:
+            if not target.is_dir():
+                keep = not (first and self.mode == "overwrite")
+                build_version(location, staging, target, run, commit, keep=keep)
+            # The one step readers can see: before it the table is the last commit, after it this one.
+            spark.sql(f"ALTER TABLE {self.name} SET LOCATION '{target}'")
+        spark.catalog.refreshTable(self.name)
+        shutil.rmtree(staging, ignore_errors=True)
+        prune_versions(base, keep={target, location})
+        return _marker_files(target, run, commit)
+
+    def _publish_in_place(self, spark: Any, location: Path, run: str, commit: int, first: bool) -> list[str]:
+        """A table whose partitions the catalog lists: move the files in as for a folder, then recover partitions."""
+        log.info(
+            "table %s lists its partitions in the catalog: commit %d is published file by file (readers may see"
+            " part of it while the files move), then its partitions are recovered",
+            self.name,
+            commit,
+        )
         if first and self.mode == "overwrite":
-            _clear_foreign(location, run)
-        files = _publish(location, run, commit)
-        if self.partition_by:
-            try:
-                spark.sql(f"ALTER TABLE {self.name} RECOVER PARTITIONS")
-            except Exception:  # noqa: BLE001 - a catalog that lists partitions from the files needs none
-                pass
+            clear_foreign(location, run)
+        staged = staging_folder(table_base(location), run, commit)
+        in_place = staging_folder(location, run, commit)
+        if staged != in_place and staged.is_dir():
+            in_place.parent.mkdir(parents=True, exist_ok=True)
+            staged.rename(in_place)
+        files = publish_in_place(location, run, commit)
+        spark.sql(f"ALTER TABLE {self.name} RECOVER PARTITIONS")
         spark.catalog.refreshTable(self.name)
         return files
 
@@ -166,11 +218,14 @@ class TableOutput(_SparkWriter):
             writer = empty.write.format(self.format).options(**self.options)
             if self.partition_by:
                 writer = writer.partitionBy(*self.partition_by)
-            writer.saveAsTable(self.name)
-        location = _location(spark, self.name)
-        if location is None:
-            raise RuntimeError(f"table {self.name} has no file location: use BatchOutput for this table")
-        return location
+            with _partitions_from_files(spark):
+                try:
+                    writer.saveAsTable(self.name)
+                except Exception as err:  # noqa: BLE001 - Spark's error class differs between classic and Connect
+                    if not _clear_dropped_snapshots(err):
+                        raise
+                    writer.saveAsTable(self.name)
+        return _local(_describe(spark, self.name).get("Location"), self.name)
 
 
 @dataclass(frozen=True)
@@ -205,68 +260,57 @@ Output = FileOutput | TableOutput | BatchOutput
 """A destination for a pipeline's committed output."""
 
 
-def published_files(path: str | Path) -> list[Path]:
-    """The data files of complete commits at ``path`` (from their markers), for readers that must not see a partial one."""
-    root = Path(path)
-    files: list[Path] = []
-    markers = root / MARKERS
-    for marker in sorted(markers.glob("*.json")) if markers.is_dir() else []:
-        files.extend(root / name for name in json.loads(marker.read_text())["files"])
-    return files
+@contextmanager
+def _partitions_from_files(spark: Any) -> Iterator[None]:
+    """While a table is created: its partitions are found from its files, not listed in the catalog.
+
+    Such a table's location is all a reader resolves, so switching it to a new
+    snapshot publishes every partition at once; the session's setting is put
+    back after.
+    """
+    before = spark.conf.get(_PARTITIONS_IN_CATALOG, None)
+    spark.conf.set(_PARTITIONS_IN_CATALOG, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(_PARTITIONS_IN_CATALOG)
+        else:
+            spark.conf.set(_PARTITIONS_IN_CATALOG, before)
 
 
-def _staging(root: Path, run: str, commit: int) -> Path:
-    return root / STAGING / f"{run}-c{commit:05d}"
+def _describe(spark: Any, table: str) -> dict[str, str]:
+    """``DESCRIBE TABLE EXTENDED``'s detailed rows as a mapping (``Location``, ``Partition Provider``, ...)."""
+    return {str(row[0]): str(row[1]) for row in spark.sql(f"DESCRIBE TABLE EXTENDED {table}").collect() if row[1]}
 
 
-def _location(spark: Any, table: str) -> Path | None:
-    rows = spark.sql(f"DESCRIBE TABLE EXTENDED {table}").collect()
-    for row in rows:
-        if row[0] == "Location" and row[1]:
-            location = str(row[1])
-            return Path(location[len("file:") :] if location.startswith("file:") else location)
-    return None
+def _local(location: str | None, table: str = "") -> Path:
+    """A table location as a local path; tables without one are refused (they need a ``BatchOutput``)."""
+    if not location:
+        raise RuntimeError(f"table {table} has no file location: use BatchOutput for this table")
+    return Path(location[len("file:") :] if location.startswith("file:") else location)
 
 
-def _data_files(folder: Path) -> list[Path]:
-    """Visible data files under ``folder`` (Spark's own ``_SUCCESS``, ``.crc`` and hidden folders left out)."""
-    found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = [d for d in dirnames if not _hidden(d)]
-        found.extend(Path(dirpath) / f for f in filenames if not _hidden(f))
-    return sorted(found)
-
-
-def _foreign_files(root: Path, run: str) -> bool:
-    """True if ``root`` holds data files that are not this run's."""
-    return root.is_dir() and any(not f.name.startswith(f"{run}-") for f in _data_files(root))
-
-
-def _clear_foreign(root: Path, run: str) -> None:
-    """Delete every data file (and empty folder) that is not this run's: mode ``overwrite``, before its first commit."""
-    for path in _data_files(root) if root.is_dir() else []:
-        if not path.name.startswith(f"{run}-"):
-            path.unlink()
-    for dirpath, _, _ in sorted(os.walk(root), key=lambda entry: -len(entry[0])):
-        folder = Path(dirpath)
-        if folder != root and not any(_hidden(p) for p in folder.relative_to(root).parts) and not any(folder.iterdir()):
-            folder.rmdir()
-
-
-def _publish(root: Path, run: str, commit: int) -> list[str]:
-    """Move commit ``commit``'s staged files into place; write its marker; return the files (relative to ``root``)."""
-    staging = _staging(root, run, commit)
-    prefix = f"{run}-c{commit:05d}-"
-    for path in _data_files(staging) if staging.is_dir() else []:
-        relative = path.relative_to(staging)
-        target = root / relative.parent / f"{prefix}{relative.name}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, target)
-    shutil.rmtree(staging, ignore_errors=True)
-    files = sorted(str(p.relative_to(root)) for p in _data_files(root) if p.name.startswith(prefix))
+def _marker_files(root: Path, run: str, commit: int) -> list[str]:
+    """The files commit ``commit``'s marker in ``root`` lists."""
     marker = root / MARKERS / f"{run}-c{commit:05d}.json"
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_name(f".{marker.name}.tmp")
-    tmp.write_text(json.dumps({"run": run, "commit": commit, "files": files}))
-    os.replace(tmp, marker)
-    return files
+    return list(json.loads(marker.read_text())["files"]) if marker.exists() else []
+
+
+def _clear_dropped_snapshots(error: Exception) -> bool:
+    """After ``DROP TABLE`` of a table published in snapshots, its folder keeps only hidden snapshot folders.
+
+    Spark dropped the snapshot the table pointed at, not the folder the table
+    was created in, and refuses to create a table of the same name there. A
+    folder holding no visible data file is what a dropped table of ours left:
+    it is removed (True, create again); any other folder is left to the user.
+    """
+    found = re.search(r"LOCATION_ALREADY_EXISTS.*?location '([^']+)' already exists", str(error), re.S)
+    if found is None:
+        return False
+    folder = _local(found.group(1))
+    if not (folder / VERSIONS).is_dir() or data_files(folder):
+        return False
+    log.info("removing %s: the snapshots of a dropped table of the same name", folder)
+    shutil.rmtree(folder)
+    return True

@@ -33,16 +33,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 from acker_protocol.wire import Outcome
 
-from ..executor_read.checkpoint import Checkpoint
-from ..steps.frames import TRACKING_COLUMN, decode_ids
+from ..causes import CHECKPOINT_PROPERTY
+from ..session import spark_context_of
+from ..steps.frames import TRACKING_COLUMN
+from ..tracking.checkpoint import Checkpoint
 from .commits import OutputCommits
 from .destinations import Output
-from .stager import STAGED_DIR, OutputStager, stager_schema
+from .stager import OutputStager, stager_schema
+from .staging import read_segments, task_folders
 
-__all__ = ["StreamOutput"]
+__all__ = ["StreamOutput", "journal_outcomes"]
 
 _FINAL = -1  # the commit key of finish(): after the last micro-batch
 
@@ -85,14 +87,21 @@ class StreamOutput:
         spark = df.sparkSession
         rows = self.commits.finish(spark)
         stager = OutputStager(
-            str(self.checkpoint.path),
+            self.commits.area,
             int(batch_id),
             zlib.crc32(self.run.encode()),
             self.addresses,
             self.security,
             self.client_options,
         )
-        self.staged_rows += sum(r[0] for r in df.mapInArrow(stager, stager_schema()).collect())
+        sc = spark_context_of(spark)
+        if sc is not None:  # the bolts write why records failed into the checkpoint: dead letters get causes
+            sc.setLocalProperty(CHECKPOINT_PROPERTY, str(self.checkpoint.path))
+        try:
+            self.staged_rows += sum(r[0] for r in df.mapInArrow(stager, stager_schema()).collect())
+        finally:
+            if sc is not None:
+                sc.setLocalProperty(CHECKPOINT_PROPERTY, None)
         if self.commits.has_key(int(batch_id)):
             return rows  # this micro-batch ran before a restart and made its commit (finished above)
         return rows + self._commit(spark, int(batch_id))
@@ -106,31 +115,41 @@ class StreamOutput:
         ended, acked = self._journal()  # one reading of the journal for both: it grows meanwhile
         fresh = acked[~np.isin(acked, self.commits.taken())]
         staged = self._staged_rounds()
-        if not len(fresh) or not staged:
+        if not len(fresh) or (not staged and not self.commits.records()):
             return 0
+        # With nothing staged the fresh trees made no row, but they are still committed (an empty commit):
+        # the log is how an acker_queue planner learns their messages may be acked at the broker. Not as the
+        # first commit: that one meets the destination first (a table is created by it), with rows.
         rows = self.commits.commit(spark, fresh, np.asarray(staged), key=key)
         self._drop_resolved(staged, ended)
         return rows
 
     def _journal(self) -> tuple[np.ndarray, np.ndarray]:
         """Roots with an outcome in the journal, and those whose first outcome is ACKED (both sorted)."""
-        roots, outcomes = self.checkpoint.read_outcomes()
-        if not len(roots):
-            return roots, roots
-        order = np.argsort(roots, kind="stable")
-        by_root, by_outcome = roots[order], outcomes[order]
-        first = np.concatenate(([True], by_root[1:] != by_root[:-1]))
-        return by_root[first], by_root[first][by_outcome[first] == int(Outcome.ACKED)]
+        return journal_outcomes(self.checkpoint)
 
     def _staged_rounds(self) -> list[int]:
-        folder = self.checkpoint.path / STAGED_DIR
-        return sorted(int(p.name[1:]) for p in folder.glob("r*") if p.is_dir()) if folder.is_dir() else []
+        return self.commits.area.rounds()
 
     def _drop_resolved(self, rounds: list[int], ended: np.ndarray) -> None:
         """Delete staged folders whose every tree had an outcome before this commit: none is left to take."""
         for round_no in rounds:
-            folder = self.checkpoint.path / STAGED_DIR / f"r{round_no:05d}"
-            files = sorted(folder.glob("p*.parquet"))
-            staged = [decode_ids(pq.read_table(f, columns=[TRACKING_COLUMN]).column(TRACKING_COLUMN)) for f in files]
-            if all(np.isin(s.roots, ended).all() for s in staged):
+            folder = self.commits.area.round_dir(round_no)
+            segments = [s for task in task_folders(folder) for s in read_segments(task)]
+            if all(np.isin(s.pair_roots, ended).all() for s in segments):
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def journal_outcomes(checkpoint: Checkpoint) -> tuple[np.ndarray, np.ndarray]:
+    """Roots with an outcome in ``checkpoint``'s journal, and those whose first outcome is ACKED (both sorted).
+
+    A commit takes the second set (a delivery is ACKED by its first outcome);
+    the ``acker_queue`` planner asks the same of its held messages.
+    """
+    roots, outcomes = checkpoint.read_outcomes()
+    if not len(roots):
+        return roots, roots
+    order = np.argsort(roots, kind="stable")
+    by_root, by_outcome = roots[order], outcomes[order]
+    first = np.concatenate(([True], by_root[1:] != by_root[:-1]))
+    return by_root[first], by_root[first][by_outcome[first] == int(Outcome.ACKED)]

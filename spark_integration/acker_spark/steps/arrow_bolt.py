@@ -25,7 +25,6 @@ on Spark Connect alike (no ``df.rdd``).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -34,18 +33,18 @@ import pyarrow as pa
 from acker_protocol.credentials import ChannelSecurity
 
 from ..causes import CauseWriter, task_checkpoint
-from ..job_errors import POISON_ERRORS, job_error
+from ..job_errors import job_error
 from ..round_stop import StopCheck
 from ..session import spark_context_of
 from .arrow_collector import ArrowCollector
 from .frames import TRACKING_COLUMN, PairColumn, decode_ids, require_tracking_column, tracked_schema
+from .fusion import map_in_arrow
+from .isolation import NotIsolated, failure_rate, run_isolated
 from .leases import LeaseKeeper, check_seconds
 from .step import TrackedStep
 from .time_limit import RecordTimeLimit, call_time_limit
 
 __all__ = ["ArrowBolt", "ArrowFunction", "RecordTimeLimit"]
-
-log = logging.getLogger("acker_spark.executor")  # the name operators already filter on
 
 ArrowFunction = Callable[[Any, ArrowCollector], None]
 """``fn(batch, collector)``: emits with ``collector.emit(out, anchors)``, may ``fail``/``ack`` rows, returns None."""
@@ -65,10 +64,12 @@ class ArrowBolt(TrackedStep):
     ``"batch"`` (default) sends each input batch's acks and fails once its
     output has been handed on, ``"task"`` once the whole partition is done.
     ``on_error``: when ``fn`` raises for a batch, ``"isolate"`` (default) calls
-    it again on halves of the batch until each row that raises is alone, and
+    it again on pieces of the batch until each row that raises is alone, and
     fails just those rows with the exception as their reason (``Type: message
     (at file:line in function)``: the dead letter's cause), keeping what ``fn``
-    did for every other row. An exception that is not a poison type (``ValueError``,
+    did for every other row; once rows raised, later batches run in slices sized
+    to the failure rate, so a few raising rows cost about themselves
+    (:mod:`acker_spark.steps.isolation`). An exception that is not a poison type (``ValueError``,
     ``KeyError``, ``TypeError``, decode errors: :data:`~acker_spark.job_errors.POISON_ERRORS`)
     raised by the first eight rows alone with none succeeding fails the task
     instead (a failing service, not a bad record: Spark retries the task).
@@ -165,7 +166,7 @@ class ArrowBolt(TrackedStep):
                 raise RuntimeError(f"bolt {bolt.name!r} called outside a Spark task: use run_batches(index, batches)")
             return bolt.run_batches(context.partitionId(), batches, context.taskAttemptId())
 
-        return df.mapInArrow(run, self.schema)
+        return map_in_arrow(df, run, self.schema)  # one Python pass with the step before, where it can
 
     def run_batches(
         self, partition: int, batches: Iterable[pa.RecordBatch], task_attempt: int = 0
@@ -217,84 +218,54 @@ class ArrowBolt(TrackedStep):
         else:
             parents = PairColumn(np.zeros(batch.num_rows + 1, dtype=np.int64), *_no_pairs())
         user = batch.remove_column(index)
-        return self._call(user, parents, collector, _Isolation(user.num_rows))
+        if self.on_error == "raise" or user.num_rows == 0:
+            return self._run_rows(user, parents, collector, 0, user.num_rows, isolating=False)
+        return run_isolated(
+            user.num_rows,
+            lambda start, stop: self._run_rows(user, parents, collector, start, stop),
+            lambda row, err: self._fail_alone(parents, collector, row, err),
+            failure_rate(self.uid),
+            self.name,
+        )
 
-    def _call(
-        self, user: pa.RecordBatch, parents: PairColumn, collector: ArrowCollector, isolation: _Isolation
+    def _run_rows(
+        self,
+        user: pa.RecordBatch,
+        parents: PairColumn,
+        collector: ArrowCollector,
+        start: int,
+        stop: int,
+        isolating: bool = True,
     ) -> list[pa.RecordBatch]:
-        """``fn`` over ``user``; if it raises, over halves of it until each raising row is alone, then failed."""
+        """``fn`` over rows ``[start, stop)`` of ``user``: what it emitted, or its exception with its work rolled back."""
+        whole = start == 0 and stop == user.num_rows
         mark = collector._mark()
-        collector._start_batch(parents)
+        collector._start_batch(parents if whole else parents.take(np.arange(start, stop)))
+        rows = user if whole else user.slice(start, stop - start)
         try:
             with call_time_limit(self.time_limit, f"bolt {self.name!r}"):
-                result = self.fn(user.to_pandas() if self.pandas else user, collector)
-        except Exception as err:
-            if self.on_error == "raise" or user.num_rows == 0:
-                raise
+                result = self.fn(rows.to_pandas() if self.pandas else rows, collector)
+        except Exception:
             collector._roll_back(mark)
-            if user.num_rows == 1:
-                isolation.raised += 1
-                if isolation.batch_wide(err):
-                    raise (isolation.first or err) from None  # the task fails; Spark retries it
-                isolation.first = isolation.first or err
-                return self._fail_alone(parents, collector, err)
-            isolation.first = isolation.first or err
-            half = user.num_rows // 2
-            rest = np.arange(half, user.num_rows)
-            return [
-                *self._call(user.slice(0, half), parents.take(np.arange(half)), collector, isolation),
-                *self._call(user.slice(half), parents.take(rest), collector, isolation),
-            ]
+            raise
         if result is not None:
-            raise TypeError(
+            mistake = TypeError(
                 f"bolt {self.name!r}: the function returned {type(result).__name__}; it must emit with"
                 f" collector.emit(batch, anchors) and return None"
             )
-        isolation.succeeded += user.num_rows
+            raise NotIsolated(mistake) if isolating else mistake
         return collector._finish_batch()
 
-    def _fail_alone(self, parents: PairColumn, collector: ArrowCollector, err: Exception) -> list[pa.RecordBatch]:
-        """One row raised on its own: fail it with the exception as its reason (its record is poison or unlucky)."""
-        cause = str(job_error(err))
-        log.warning("bolt %s: a record raised, failing it alone: %s", self.name, cause)
-        collector._start_batch(parents)
-        collector.fail(0, reason=cause)
+    def _fail_alone(
+        self, parents: PairColumn, collector: ArrowCollector, row: int, err: Exception
+    ) -> list[pa.RecordBatch]:
+        """Row ``row`` raised on its own: fail it with the exception as its reason (its record is poison or unlucky)."""
+        collector._start_batch(parents.take(np.arange(row, row + 1)))
+        collector.fail(0, reason=str(job_error(err)))
         return collector._finish_batch()
 
     def __repr__(self) -> str:
         return f"ArrowBolt({self.name!r}, uid={self.uid:#x}, tracking={self.tracking}, pandas={self.pandas})"
-
-
-class _Isolation:
-    """One input batch's isolation so far: rows that ran, rows that raised alone, the first exception.
-
-    An exception that is not a poison type (:data:`~acker_spark.job_errors.POISON_ERRORS`)
-    raised by the first rows alone while none ran (``_BATCH_WIDE`` of them, or all
-    of a smaller batch) is taken for a failure of the task, not of its records (a
-    service down, an injected crash): the task fails, so Spark retries it, instead
-    of every record being failed one by one. A :class:`RecordTimeLimit` counts only
-    after ``_BATCH_WIDE`` rows whatever the batch's size: a slow record replayed alone
-    is failed alone, not its task.
-    """
-
-    def __init__(self, rows: int) -> None:
-        self.rows = rows
-        self.succeeded = 0
-        self.raised = 0
-        self.first: Exception | None = None
-
-    def batch_wide(self, err: Exception) -> bool:
-        """True when the rows that raised alone so far say the whole task is failing."""
-        if type(err).__name__ in POISON_ERRORS or self.succeeded:
-            return False
-        if isinstance(err, RecordTimeLimit):
-            # A slow record is alone in a small batch (a replay round's): failing the task would charge the
-            # task's other records and retry the hang. Eight rows that all time out still mean a hung service.
-            return self.raised >= _BATCH_WIDE
-        return self.raised >= min(self.rows, _BATCH_WIDE)
-
-
-_BATCH_WIDE = 8
 
 
 def _no_pairs() -> tuple[np.ndarray, np.ndarray]:

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from acker_client import ShardUnavailable
-from acker_client.columns import derive_ids, fold_xor, mix64
+from acker_client.columns import derive_ids, distinct, fold_xor, mix64
 
+from ..job_errors import job_error
 from .frames import TRACKING_COLUMN, PairColumn, child_pairs, encode_ids
 
 __all__ = ["ArrowCollector", "Rows", "acks_key"]
@@ -99,7 +100,11 @@ class ArrowCollector:
         """Fail input ``rows``: each tree they belong to fails, and its spout replays the record.
 
         ``reason`` says why: one text for every row, or one per failed row (in
-        row order); the pipeline keeps it as the dead letter's ``cause``.
+        row order); the pipeline keeps it as the dead letter's ``cause``. An
+        exception (or one per row) is written as a raising row's cause is,
+        ``Type: message (at file:line in function)``, so the replay policy
+        reads its type: a vectorised function that can tell which rows are bad
+        fails them this way and returns, and its batch runs once.
         """
         mask = self._mark_settled_rows(rows)
         if self.tracking:
@@ -112,10 +117,10 @@ class ArrowCollector:
 
     def _keep_reasons(self, roots: np.ndarray, counts: np.ndarray, reason: Any, rows: int) -> None:
         """Remember each failed row's reason for every root it carries (a root's first reason is kept)."""
-        if isinstance(reason, str):
-            per_row = [reason] * rows
+        if isinstance(reason, (str, BaseException)):
+            per_row = [_cause_text(reason)] * rows
         else:
-            per_row = [str(r) for r in reason]
+            per_row = [_cause_text(r) for r in reason]
             if len(per_row) != rows:
                 raise ValueError(f"{len(per_row)} reasons for {rows} failed rows: give one text, or one per row")
         for root, text in zip(roots.tolist(), np.repeat(np.asarray(per_row, dtype=object), counts).tolist()):
@@ -272,7 +277,7 @@ class ArrowCollector:
         except ShardUnavailable as err:
             # Name the trees this commit could not reach (as BoltCollector does), so the
             # driver reports them as ACKS_UNDELIVERED rather than as slow work.
-            every = np.unique(np.concatenate((fails, roots)))
+            every = distinct(np.concatenate((fails, roots)))
             count = getattr(self.client, "shard_count", None)
             if err.shards and isinstance(count, int):
                 every = every[np.isin(every % np.uint64(count), np.asarray(err.shards, dtype=np.uint64))]
@@ -326,6 +331,11 @@ def acks_key(salt: int, roots: np.ndarray, values: np.ndarray) -> int:
         return 0
     mixed = mix64(mix64(roots ^ np.uint64(salt & 0xFFFF_FFFF_FFFF_FFFF)) ^ values)
     return int(np.bitwise_xor.reduce(mixed)) or 1
+
+
+def _cause_text(reason: Any) -> str:
+    """A fail reason as a dead letter's cause: an exception as ``Type: message (at ...)``, anything else as text."""
+    return str(job_error(reason)) if isinstance(reason, BaseException) else str(reason)
 
 
 def _no_ids(rows: int) -> pa.Array:

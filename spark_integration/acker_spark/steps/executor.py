@@ -142,14 +142,26 @@ class Bolt(TrackedStep):
         client = self.client()
         collector = BoltCollector(client, edge_ids=DeterministicEdgeIds(self.uid), hold=True)
         keeper = self.start_leases(client)
+        checkpoint = _task_checkpoint()
+        reasons = _ReasonsKept(collector) if checkpoint else None
         try:
             try:
-                yield from self.fn(_holding(iter(tuples), keeper) if keeper else iter(tuples), collector)
+                inputs = _holding(iter(tuples), keeper) if keeper else iter(tuples)
+                yield from self.fn(inputs, reasons if reasons is not None else collector)
             except BaseException:
                 # Includes GeneratorExit (the consumer stopped early): the work is not
                 # done, so nothing may reach a ledger; Spark's retry redoes it all.
                 collector.discard()
                 raise
+            if checkpoint and reasons is not None and reasons.by_root:
+                # On disk before the fails they explain: the driver decides a failed record's fate by its cause.
+                from ..causes import CauseWriter
+
+                writer = CauseWriter(checkpoint, f"{self.uid:016x}-p{partition}-{_task_attempt()}")
+                try:
+                    writer.write(reasons.by_root)
+                finally:
+                    writer.close()
             self._commit(collector, partition)
         finally:
             # After the commit: until its acks are sent, the task's trees cannot complete.
@@ -158,6 +170,45 @@ class Bolt(TrackedStep):
 
     def __repr__(self) -> str:
         return f"Bolt({self.name!r}, uid={self.uid:#x}, tracking={self.tracking})"
+
+
+class _ReasonsKept:
+    """The task's collector, keeping the reason of each ``fail(t, reason)`` by root for the checkpoint's causes."""
+
+    def __init__(self, collector: BoltCollector) -> None:
+        self.collector = collector
+        self.by_root: dict[int, str] = {}
+        # Bound once: emit and ack run per tuple and must not pay for a delegation.
+        self.emit = collector.emit
+        self.ack = collector.ack
+        self.reset_timeout = collector.reset_timeout
+
+    def fail(self, t: TrackedTuple, reason: str | None = None) -> None:
+        """Fail ``t`` as the collector does, keeping ``reason`` for each of its trees."""
+        self.collector.fail(t, reason)
+        if reason:
+            for root in t.message_id.roots:
+                self.by_root[root] = reason  # the last reason given, as the collector keeps it
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.collector, name)
+
+
+def _task_checkpoint() -> str | None:
+    """The checkpoint the running pipeline names for this task's causes (None outside one, or without pyarrow)."""
+    try:
+        from ..causes import task_checkpoint  # pyarrow: only where a pipeline that reads on executors runs
+    except ImportError:
+        return None
+    return task_checkpoint()
+
+
+def _task_attempt() -> int:
+    """This Spark task attempt's id (unique in the application), naming its causes file."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.taskAttemptId() if context is not None else 0
 
 
 def _holding(tuples: Iterator[TrackedTuple], keeper: LeaseKeeper) -> Iterator[TrackedTuple]:

@@ -321,7 +321,7 @@ def require_tracking_column(columns: Sequence[str]) -> None:
     if TRACKING_COLUMN not in columns:
         raise ValueError(
             f"the DataFrame has no {TRACKING_COLUMN!r} column (columns: {list(columns)}):"
-            f" use one from GuaranteedPipeline.run(..., as_dataframe=True) or a bolt's apply_df,"
+            f" use the frame SourcePipeline.run hands the job or a bolt's apply_df returns,"
             f" and keep the column through selects and joins"
         )
 

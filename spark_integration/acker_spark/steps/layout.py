@@ -7,7 +7,8 @@ cause in executor logs alone. :func:`check_layout` asks every shard for its
 index and count and raises :class:`~acker_client.ClusterMisconfigured` on a
 mismatch: the task fails with it, and the driver's pipeline stops the run
 with that cause. A shard that cannot be reached is not an error here (it may
-be restarting): its acks are reported as undelivered at commit instead.
+be restarting): its acks are reported as undelivered at commit instead, unless it
+answers again by then (the commit asks it again).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def check_layout(client: ClusterClient, step: str) -> dict[int, ShardFailure]:
 
     Returns the shards that refused the connection (index -> failure): the task
     withholds their operations at commit instead of waiting on them, so an
-    unreachable shard delays only the trees it owns.
+    unreachable shard delays only the trees it owns; each commit asks those
+    shards again first (``TrackedStep._still_refused``), so a blip at the task's
+    start costs nothing.
     """
     addresses = client.addresses
     with _lock:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +51,13 @@ def close_clients() -> None:
     close_shared_clients()
 
 
+# How long a commit waits for a shard that refused at the task's start to answer again: more than
+# the channels' longest reconnect backoff (1 s), so a shard back from a blip is found back.
+_REPROBE_WAIT = 1.5
+# A commit asks again only once the refusal it knows is this old: a shard that refused a moment ago
+# (a dead acker, met by a short task) is withheld at once, so the other shards' acks, sent by the
+# same commit, are not held up by the wait; a longer task (one that started during a cut) asks again.
+_REPROBE_AFTER = 1.0
 # Causes kept per bolt: enough to name every dead shard, bounded however many tasks fail.
 _MAX_CAUSES = 16
 # collector.fail(t, reason) reasons reported per task: bounded, so a task failing every
@@ -181,6 +189,7 @@ class TrackedStep:
         self.undelivered: Any = None  # roots whose acks were dropped (a set accumulator)
         self.commit_causes: Any = None  # one line per unreachable shard (a set accumulator)
         self._refused: dict[int, Any] = {}  # this task's shards that refused connections at its start
+        self._refused_at = 0.0  # when they were last asked (time.monotonic)
         self.fail_reasons: Any = None  # (root, reason) given to collector.fail (a set accumulator)
 
     @property
@@ -195,6 +204,7 @@ class TrackedStep:
         # As the driver's client does (once per process and address list); the shards that
         # refuse connections now are withheld at this task's commit (see _commit).
         self._refused = check_layout(client, self.name)
+        self._refused_at = time.monotonic()
         return client
 
     def start_leases(
@@ -261,8 +271,38 @@ class TrackedStep:
             return {}
         return dict(self.fail_reasons.value)
 
+    def _still_refused(self, refused: dict[int, Any]) -> dict[int, Any]:
+        """Of the shards that refused connections at the task's start, those that still do (asked again now).
+
+        A shard cut off for a moment when the task started (a network blip, an
+        acker restarting) takes the task's operations again once it answers:
+        withholding them for the rest of the task would drop acks a live acker
+        could take, and replay their records.
+        """
+        if not refused or self.addresses is None:
+            return refused
+        client = client_for(self.addresses, self.security, **self.client_options)
+        still: dict[int, Any] = {}
+        for shard in refused:
+            try:
+                # Waiting a little: a channel back from a blip may still sit out its reconnect backoff.
+                client.describe(shard, wait=_REPROBE_WAIT)
+            except ShardUnavailable as err:
+                # As at the task's start: only a refused connection counts (a slow answer may take the commit).
+                # The wait ran out (DEADLINE_EXCEEDED): a probe that does not wait tells which it is.
+                now = [_probed(client, f) for f in err.failures]
+                now = [f for f in now if f.code is grpc.StatusCode.UNAVAILABLE]
+                if now:
+                    still[shard] = now[0]
+            except AckerError:
+                continue
+        return still
+
     def _commit(self, collector: Any, partition: int, batch_key: int | None = None) -> None:
         """Send the collector's held acks and fails with the task's dedup key (or ``batch_key``, one batch's)."""
+        if self._refused and time.monotonic() - self._refused_at >= _REPROBE_AFTER:
+            self._refused = self._still_refused(self._refused)
+            self._refused_at = time.monotonic()
         refused = self._refused
         withheld: tuple[int, ...] = ()
         if refused and self.addresses is not None:

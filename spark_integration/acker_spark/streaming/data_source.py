@@ -7,12 +7,11 @@ byte ranges of the directory's files and the identities of records to replay
 (:mod:`acker_spark.streaming.stream_source`); the executor task that reads them starts
 their trees, column-wise, with roots derived from (run, identity, attempt),
 and logs the roots to the emission log in the ``checkpoint`` directory. The
-planning side (:class:`~acker_spark.executor_read.stream_planner.StreamPlanner`) only
+planning side (:class:`~acker_spark.streaming.stream_planner.StreamPlanner`) only
 subscribes to the outcomes, settles them by root in bulk and plans replays,
 so records in flight survive a restart of the query from its checkpoints.
 
-Each micro-batch holds rows ``key``, ``value``, ``attempt``, ``_acker_ids``,
-the columns ``GuaranteedPipeline.run(..., as_dataframe=True)`` hands a job, so
+Each micro-batch holds rows ``key``, ``value``, ``attempt``, ``_acker_ids``, so
 ``foreachBatch`` can run ``ArrowBolt`` or ``Bolt.apply_df`` on them.
 """
 
@@ -63,7 +62,7 @@ class AckerSpoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if self._planner is None:
             from acker_client import ClusterClient
 
-            from ..executor_read.stream_planner import StreamPlanner
+            from .stream_planner import StreamPlanner
 
             opts = self.options
             cluster = ClusterClient(list(opts.ackers), security=opts.security)
@@ -76,7 +75,7 @@ class AckerSpoutStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def initialOffset(self) -> dict:
         """Micro-batch 0 at the start of the first file."""
-        from ..executor_read.stream_planner import initial_offset
+        from .stream_planner import initial_offset
 
         return initial_offset()
 

@@ -7,7 +7,7 @@ numbers. :func:`read_partition` runs in the executor task (Spark calls the
 stream reader's ``read`` there): it reads the lines, gives each its identity
 (file number in the stream's file registry, byte offset of the line), and
 starts their trees as the source pipeline's reader does
-(:func:`~acker_spark.executor_read.tree_start.start_trees`: roots derived from (run salt,
+(:func:`~acker_spark.tracking.tree_start.start_trees`: roots derived from (run salt,
 identity, attempt), logged to the task attempt's emission log in the
 checkpoint, then initialised column-wise). A retried task re-sends the same set-once
 inits. Lines belong to the range their first byte falls in, so a file cut at
@@ -28,10 +28,10 @@ import pyarrow.compute as pc
 from acker_client.columns import U64
 from pyspark.sql.datasource import InputPartition
 
-from ..executor_read.emission_log import EmissionWriter, read_filter
-from ..executor_read.identity import UnstableIdentity
-from ..executor_read.init_sender import InitSender
-from ..executor_read.tree_start import start_trees
+from ..tracking.emission_log import EmissionWriter, read_filter
+from ..tracking.identity import UnstableIdentity
+from ..tracking.init_sender import InitSender
+from ..tracking.tree_start import start_trees
 
 __all__ = [
     "ARROW_SCHEMA",

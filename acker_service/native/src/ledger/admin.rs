@@ -1,5 +1,5 @@
 //! Operating a running ledger: progress timeouts and the lifetime cap, inspecting
-//! trees, and failing them from outside (issue 21). Same rules as the reference
+//! trees, and failing them from outside (Inspect, ForceFail). Same rules as the reference
 //! model's `ReferenceLedger` methods of the same names.
 //!
 //! The hot path only consults [`TimeoutRules`] (one flag on ACK, one comparison in

@@ -1,4 +1,4 @@
-//! Moving pending entries between ackers (issue 29): a layout change gives some roots
+//! Moving pending entries between ackers (reshard, drain): a layout change gives some roots
 //! a new owner, which takes their entries from the old one. Same rules as the
 //! reference model's `export_moving` / `import_entries` (`acker_service/handoff.py`
 //! describes the columns; docs/acker-semantics.md, "Moving trees", says why each
@@ -31,16 +31,55 @@ impl Ledger {
     /// shards (`keep` negative: all). Rotates as due first; due entries stay and
     /// time out here, as they would have without the move.
     pub fn export_moving(&mut self, count: u64, keep: i64, now: f64) -> Moved {
+        let (leaving, _) = self.moving_roots(count, keep, now);
+        let out = self.remove_moving(leaving, self.micros(now));
+        // Export runs a handful of times per layout change: give back the memory at once.
+        self.table.shrink_if_sparse();
+        out
+    }
+
+    /// The roots and ages (microseconds since the tree started) of the live entries
+    /// `export_moving` would take out, leaving every entry in place: a cut lists what
+    /// leaves at once and hands it over in slices (`export_roots`), youngest first.
+    pub fn moving_roots(&mut self, count: u64, keep: i64, now: f64) -> (Vec<u64>, Vec<u64>) {
         self.spouts.collect();
         self.advance_clock(now);
         let now_us = self.micros(now);
         let count = count.max(1);
-        let leaving: Vec<u64> = self
-            .table
-            .entries()
-            .filter(|e| (keep < 0 || e.root % count != keep as u64) && !self.is_expired(e))
-            .map(|e| e.root)
-            .collect();
+        let mut roots = Vec::new();
+        let mut ages = Vec::new();
+        for e in self.table.entries() {
+            if (keep < 0 || e.root % count != keep as u64) && !self.is_expired(e) {
+                roots.push(e.root);
+                ages.push(Self::latency(now_us, e));
+            }
+        }
+        (roots, ages)
+    }
+
+    /// Remove and return the live entries among `roots` (those absent, or due and left
+    /// to time out here, are skipped): one slice of a cut listed by `moving_roots`.
+    /// `last`: the cut's last slice, after which the table gives back its memory
+    /// (not per slice: each shrink rehashes the table).
+    pub fn export_roots(&mut self, roots: &[u64], now: f64, last: bool) -> Moved {
+        self.spouts.collect();
+        self.advance_clock(now);
+        let mut leaving: Vec<u64> = roots.to_vec();
+        leaving.sort_unstable();
+        leaving.dedup();
+        leaving.retain(|&r| match self.table.find(r) {
+            Some(s) => !self.is_expired(self.table.get(s)),
+            None => false,
+        });
+        let out = self.remove_moving(leaving, self.micros(now));
+        if last {
+            self.table.shrink_if_sparse();
+        }
+        out
+    }
+
+    /// Take the entries of `leaving` (each present and live) out of the ledger as columns.
+    fn remove_moving(&mut self, leaving: Vec<u64>, now_us: u64) -> Moved {
         let mut out = Moved::default();
         let mut names: Vec<u16> = Vec::new();
         let mut trees = 0u64;
@@ -91,8 +130,6 @@ impl Ledger {
         }
         self.open_trees -= trees;
         self.stats.moved_out += trees;
-        // Export runs a handful of times per layout change: give back the memory at once.
-        self.table.shrink_if_sparse();
         out
     }
 

@@ -1,0 +1,267 @@
+"""An acker's place in the shard layout and the steps of changing it live, without gRPC or clock.
+
+A layout is (epoch, shard count, this acker's index, the addresses of every
+shard); the design's rule holds inside each one: root ``r`` belongs to shard
+``r % count``. A change goes prepare -> cut -> commit on every acker of the old
+and the new layout, driven by ``acker-ctl reshard`` / ``drain``. Only the roots
+that change owner wait; every other root is served by its owner throughout:
+
+* ``prepare``: the acker learns the layout it leaves and the next one. From
+  then on it also takes the roots the next layout gives it; those whose old
+  owner has not handed its entries over yet are **held** (accepted, not
+  applied) until that handoff is merged. Roots it owns in both layouts are
+  served as before, and roots it is about to give away are still served.
+* ``cut``: in one event-loop step the acker takes out the entries the next
+  layout gives away and from then on refuses their roots (FAILED_PRECONDITION,
+  naming the next layout); the servicer then hands them to their new owners
+  (see :mod:`acker_service.moving.reshard`).
+* merge: a new owner merges the chunks of an old owner's handoff and applies
+  what it held for a root once that root cannot be waiting any more: its
+  entry's chunk was merged, or the first chunk's manifest (every root the old
+  owner hands over) does not name it, or every chunk was merged.
+* ``commit``: the next layout becomes the current one.
+
+:meth:`LayoutMachine.route` says, per operation, which of apply / hold / refuse
+applies. Why no rule breaks through a move: docs/acker-semantics.md, "Moving
+trees".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from acker_protocol.wire import HELD_AT_BOUND
+
+from ..batch import BatchError
+
+__all__ = ["Layout", "LayoutMachine", "LayoutRefused", "ApplyHeld", "Arrivals", "Route", "SERVING", "PREPARED", "CUT"]
+
+SERVING, PREPARED, CUT = "serving", "prepared", "cut"
+
+
+class LayoutRefused(Exception):
+    """A layout step out of order or with a bad layout (FAILED_PRECONDITION); nothing changed."""
+
+
+class ApplyHeld(BatchError):
+    """The acker cannot take the request now (UNAVAILABLE): retry the same batch; nothing was applied.
+
+    Its message ends with :data:`~acker_protocol.wire.HELD_AT_BOUND`, so a client
+    with two replicas retries it rather than skipping this copy.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message} {HELD_AT_BOUND}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Shard ``index`` of ``count`` in layout ``epoch``; ``index`` -1: not in it (drained, or not yet in)."""
+
+    epoch: int
+    count: int
+    index: int
+    addresses: tuple[str, ...] = field(default_factory=tuple)
+
+    def owns(self, root: int) -> bool:
+        """Whether this acker owns ``root`` in this layout."""
+        return self.index >= 0 and root % self.count == self.index
+
+    def owned(self, roots: np.ndarray) -> np.ndarray:
+        """Which of ``roots`` (uint64) this acker owns in this layout, as a boolean mask."""
+        if self.index < 0:
+            return np.zeros(len(roots), np.bool_)
+        return roots % np.uint64(self.count) == np.uint64(self.index)
+
+    def where(self, root: int) -> str:
+        """Where ``root`` lives in this layout, for a refusal a person can act on."""
+        shard = root % self.count
+        address = f" ({self.addresses[shard]})" if self.addresses else ""
+        return f"shard {shard}{address} of the {self.count} of layout epoch {self.epoch}"
+
+    def check(self) -> None:
+        """Raise LayoutRefused unless the layout is coherent."""
+        if self.count < 1:
+            raise LayoutRefused(f"a layout needs at least one shard, got {self.count}")
+        if not -1 <= self.index < self.count:
+            raise LayoutRefused(f"shard index {self.index} is outside 0..{self.count - 1} (or -1: leaving)")
+        if self.addresses and len(self.addresses) != self.count:
+            raise LayoutRefused(
+                f"a layout of {self.count} shards needs {self.count} addresses, got {len(self.addresses)}"
+            )
+
+
+class Arrivals:
+    """What one old owner has handed this acker so far: its manifest (sorted) and which of its roots were merged."""
+
+    def __init__(self) -> None:
+        self.manifest: np.ndarray | None = None
+        self.merged = np.zeros(0, np.bool_)
+        self._early: list[np.ndarray] = []  # roots of chunks merged before the manifest came
+
+    def chunk_merged(self, roots: np.ndarray, manifest: np.ndarray | None) -> None:
+        """A chunk carrying ``roots`` (and, the first one, the ``manifest``) was merged."""
+        if manifest is not None and len(manifest) and self.manifest is None:
+            self.manifest = np.sort(np.asarray(manifest, np.uint64))
+            self.merged = np.zeros(len(self.manifest), np.bool_)
+            for early in self._early:
+                self._mark(early)
+            self._early = []
+        if self.manifest is None:
+            self._early.append(np.asarray(roots, np.uint64))
+        else:
+            self._mark(roots)
+
+    def _mark(self, roots: np.ndarray) -> None:
+        at, found = self._find(np.asarray(roots, np.uint64))
+        self.merged[at[found]] = True
+
+    def _find(self, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assert self.manifest is not None
+        at = np.minimum(np.searchsorted(self.manifest, roots), max(len(self.manifest) - 1, 0))
+        found = self.manifest[at] == roots if len(self.manifest) else np.zeros(len(roots), np.bool_)
+        return at, found
+
+    def waiting(self, roots: np.ndarray) -> np.ndarray:
+        """Which of ``roots`` may still have an entry on its way here (all of them until the manifest came)."""
+        if self.manifest is None:
+            return np.ones(len(roots), np.bool_)
+        at, found = self._find(roots)
+        return found & ~self.merged[at]
+
+
+@dataclass(frozen=True)
+class Route:
+    """What to do with each operation of a request during a move.
+
+    ``source[i]`` is the old owner's shard index when operation ``i`` is held
+    for its handoff, -1 when it applies now; ``refused`` is the index of the
+    first operation this acker must refuse (-1: none).
+    """
+
+    source: np.ndarray
+    refused: int
+
+
+class LayoutMachine:
+    """The current layout and a change in progress; the shard asks it how to route each Apply."""
+
+    def __init__(self, initial: Layout) -> None:
+        initial.check()
+        self.current = initial
+        self.previous: Layout | None = None  # the layout being left, while a change is under way
+        self.next: Layout | None = None
+        self.state = SERVING
+        # Old shard indices whose handoff to this acker is not merged yet: their roots may be held.
+        self.awaiting: set[int] = set()
+        self.arrivals: dict[int, Arrivals] = {}
+        self.moved_trees = 0  # handed over by the cuts
+        self.moved_entries = 0
+
+    @property
+    def moving(self) -> bool:
+        """Whether a change is under way here (between prepare and commit)."""
+        return self.next is not None
+
+    def prepare(self, layout: Layout, previous: Layout | None = None) -> None:
+        """Learn the next layout (and the one left, default: the current); a retried call with the same layout is a no-op."""
+        layout.check()
+        if self.next == layout and self.state in (PREPARED, CUT):
+            return
+        if self.state != SERVING:
+            raise LayoutRefused(
+                f"a change to epoch {self.next.epoch if self.next else '?'} is in progress ({self.state}); "
+                "finish it (acker-ctl reshard again with the same shards) before starting another"
+            )
+        if layout.epoch <= self.current.epoch:
+            raise LayoutRefused(f"layout epoch {layout.epoch} is not above the current {self.current.epoch}")
+        previous = previous or self.current
+        previous.check()
+        if previous.epoch >= layout.epoch:
+            raise LayoutRefused(f"the layout left (epoch {previous.epoch}) must be older than epoch {layout.epoch}")
+        self.previous, self.next, self.state = previous, layout, PREPARED
+        # Every old owner but this acker itself hands over (an empty handoff too): await each one.
+        own = previous.index
+        self.awaiting = {i for i in range(previous.count) if i != own} if layout.index >= 0 else set()
+        self.arrivals = {i: Arrivals() for i in self.awaiting}
+
+    def start_cut(self, epoch: int) -> Layout:
+        """The layout to cut to; refused unless ``epoch`` was prepared (a repeated cut is allowed: it re-sends)."""
+        if self.next is None or self.next.epoch != epoch:
+            raise LayoutRefused(f"epoch {epoch} was not prepared on this acker; call PrepareLayout first")
+        return self.next
+
+    def mark_cut(self) -> None:
+        """The entries that leave were taken out: refuse their roots from now on (same event-loop step as the export)."""
+        self.state = CUT
+
+    def count_moved(self, trees: int, entries: int) -> None:
+        """Record what a cut handed over."""
+        self.moved_trees += trees
+        self.moved_entries += entries
+
+    def accepts_handoff(self, epoch: int) -> bool:
+        """Whether moved entries of ``epoch`` may be merged now (prepared or cut for it)."""
+        return self.next is not None and self.next.epoch == epoch and self.state in (PREPARED, CUT)
+
+    def chunk_merged(self, source: int, roots: np.ndarray, manifest: np.ndarray | None = None) -> None:
+        """A chunk of old owner ``source`` was merged: its roots (and, with the manifest, every root not named) apply now."""
+        if source in self.arrivals:
+            self.arrivals[source].chunk_merged(roots, manifest)
+
+    def source_merged(self, source: int) -> None:
+        """Old owner ``source``'s whole handoff was merged: its roots are no longer held."""
+        self.awaiting.discard(source)
+        self.arrivals.pop(source, None)
+
+    def route(self, roots: np.ndarray) -> Route:
+        """Per root (uint64) during a change: apply now, hold for an old owner's handoff, or refuse."""
+        assert self.previous is not None and self.next is not None, "route() is for a change under way"
+        previous, nxt = self.previous, self.next
+        new_owned = nxt.owned(roots)
+        old_owned = previous.owned(roots)
+        old_shard = (roots % np.uint64(previous.count)).astype(np.int64)
+        arriving = new_owned & ~old_owned
+        source = np.full(len(roots), -1, np.int64)
+        if self.awaiting and arriving.any():
+            for s in self.awaiting:
+                at = np.flatnonzero(arriving & (old_shard == s))
+                if len(at):
+                    source[at[self.arrivals[s].waiting(roots[at])]] = s
+        # Until its cut an old owner still serves the roots it gives away.
+        served = new_owned | old_owned if self.state == PREPARED else new_owned
+        foreign = np.flatnonzero(~served)
+        return Route(source, int(foreign[0]) if len(foreign) else -1)
+
+    def refusal(self, root: int) -> str:
+        """Why ``root`` is refused here during a change, and where to send it."""
+        assert self.next is not None
+        if self.previous is not None and self.previous.owns(root):
+            return (
+                f"root {root} moved to {self.next.where(root)} at this acker's cut; ask Describe for the next "
+                "layout and send it there; nothing of this request was applied"
+            )
+        return f"root {root} belongs to {self.next.where(root)}, not to this acker; nothing of this request was applied"
+
+    def commit(self, epoch: int, record: Callable[[Layout], None] | None = None) -> Layout:
+        """Take the next layout and serve again (committing the current epoch again is a no-op).
+
+        ``record`` is called with the layout once the commit is allowed and before it
+        is taken (the acker keeps it durable there, :mod:`acker_service.moving.layout_file`).
+        """
+        if self.next is None and self.current.epoch == epoch:
+            return self.current
+        if self.next is None or self.next.epoch != epoch or self.state != CUT:
+            raise LayoutRefused(f"epoch {epoch} cannot commit here ({self.state}); every acker must be cut first")
+        if self.awaiting:
+            raise LayoutRefused(
+                f"epoch {epoch} cannot commit here: the handoffs of old shards {sorted(self.awaiting)} have not "
+                "arrived; cut every acker of the old layout first (acker-ctl reshard again)"
+            )
+        if record is not None:
+            record(self.next)
+        self.current, self.previous, self.next, self.state = self.next, None, None, SERVING
+        self.arrivals = {}
+        return self.current
