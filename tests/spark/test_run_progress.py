@@ -11,11 +11,13 @@ import json
 import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from acker_client.testing import ManualClock
 from acker_ctl.cli import main as ctl_main
 from acker_spark.progress.display import ProgressReporter, resolve_mode
+from acker_spark.progress.driver_progress import waiting_on
 from acker_spark.progress.figures import PROGRESS_FILE, Baseline, Live, ProgressMeter
 
 
@@ -103,7 +105,13 @@ def test_resolve_mode_picks_a_bar_on_a_terminal_only():
 
 
 def _reporter(
-    tmp_path: Path, clock: ManualClock, mode: str | None, base: list[Baseline], live: list[Live], console=None
+    tmp_path: Path,
+    clock: ManualClock,
+    mode: str | None,
+    base: list[Baseline],
+    live: list[Live],
+    console=None,
+    waiting=None,
 ):
     wall = ManualClock(start=1_700_000_000.0)
     reporter = ProgressReporter(
@@ -118,8 +126,28 @@ def _reporter(
         clock=clock,
         wall=wall,
         console=console,
+        waiting=waiting,
     )
     return reporter, wall
+
+
+def test_a_line_during_a_job_names_the_shard_the_job_waits_on(tmp_path, caplog):
+    """A shard down mid-job: the job's log line says which one and for how long, not only that it is slow."""
+    clock = ManualClock()
+    down = [SimpleNamespace(shard=1, address="127.0.0.1:7001", since=clock(), cause="UNAVAILABLE: refused")]
+    watch = SimpleNamespace(down=lambda: list(down))
+    base, live = [Baseline(in_job=True, round=0)], [Live(started=10)]
+    reporter, _ = _reporter(tmp_path, clock, "log", base, live, waiting=lambda now: waiting_on(watch, now))
+    caplog.set_level(logging.INFO, logger="test.progress")
+    reporter.tick()
+    clock.advance(12.0)
+    reporter.tick()
+    down.clear()  # the shard answers again: the next line no longer names it
+    clock.advance(10.0)
+    reporter.tick()
+    first, second = [r.getMessage() for r in caplog.records if r.name == "test.progress"]
+    assert first.endswith("; waiting on shard 1 at 127.0.0.1:7001, unreachable for 12 s: UNAVAILABLE: refused")
+    assert "waiting on" not in second and second.startswith("run progress: ")
 
 
 def test_reporter_writes_the_file_every_file_interval_and_logs_during_a_job(tmp_path, caplog):

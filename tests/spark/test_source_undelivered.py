@@ -145,6 +145,10 @@ def test_a_dead_shard_stops_the_run_naming_it(spark: Any, tmp_path: Path, caplog
     message = str(raised.value)
     assert f"acker shard 1 at {dead} has been unreachable for" in message
     assert "UNAVAILABLE" in message and "DEADLINE_EXCEEDED" not in message
-    assert raised.value.shard.shard == 1 and raised.value.stats.emitted > 0
-    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
+    # The run's own figures ride on the error: the source's 30 records copied (how many the first job read before
+    # the bound passed depends on the machine's speed: none, on a loaded one).
+    assert raised.value.shard.shard == 1 and raised.value.stats.copied == 30
+    # The driver names the shard it waits on: between jobs in its own line, or, when the bound passes while the
+    # first job still runs (a slow machine), in the job's line.
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("progress: ", "run progress: "))]
     assert any(f"waiting on shard 1 at {dead}" in line for line in progress), progress

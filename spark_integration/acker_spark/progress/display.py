@@ -57,6 +57,7 @@ class ProgressReporter:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         console: Any = None,
+        waiting: Callable[[float], str] | None = None,
     ) -> None:
         self.meter = meter
         self.baseline = baseline
@@ -70,6 +71,8 @@ class ProgressReporter:
         self.clock = clock
         self.wall = wall
         self.console = console  # the bar's rich Console (None: one on stderr)
+        # What the run waits on now (a shard down), added to the log line; empty when nothing.
+        self.waiting = waiting
         self.last: ProgressFigures | None = None
         self._written_at: float | None = None
         self._logged_at: float | None = None
@@ -132,7 +135,8 @@ class ProgressReporter:
             return
         if now - self._logged_at >= self.log_interval:
             self._logged_at = now
-            self.logger.info("run progress: %s", figures.line())
+            waiting = self.waiting(now) if self.waiting is not None else ""
+            self.logger.info("run progress: %s%s", figures.line(), f"; {waiting}" if waiting else "")
 
     def stop(self, state: str = "finished") -> ProgressFigures | None:
         """Stop the thread, write the last figures with ``state`` (``finished``/``stopped``), close the bar."""

@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol
 from .display import ProgressReporter
 from .figures import Baseline, Live, ProgressMeter
 
-__all__ = ["DriverProgress", "ProgressLine"]
+__all__ = ["DriverProgress", "ProgressLine", "waiting_on"]
 
 
 class _Watch(Protocol):
@@ -45,6 +45,14 @@ class _RoundRows(Protocol):
     def count(self, round_no: int) -> int:
         """Rows the round ``round_no`` logged."""
         ...
+
+
+def waiting_on(watch: _Watch, now: float) -> str:
+    """The shards a driver waits on, for a progress line: empty when every shard answers."""
+    return "; ".join(
+        f"waiting on shard {d.shard} at {d.address}, unreachable for {now - d.since:.0f} s: {d.cause}"
+        for d in watch.down()
+    )
 
 
 class ProgressLine:
@@ -73,10 +81,7 @@ class ProgressLine:
             return
         self._logged_at = now
         counts = stats()
-        waiting = "; ".join(
-            f"waiting on shard {d.shard} at {d.address}, unreachable for {now - d.since:.0f} s: {d.cause}"
-            for d in self.watch.down()
-        )
+        waiting = waiting_on(self.watch, now)
         self.logger.info(
             "progress: %d acked, %d dead-lettered, %d pending, %d awaiting replay%s",
             counts.acked,
@@ -176,6 +181,8 @@ class DriverProgress:
             file_interval=self.file_interval,
             log_interval=self.log_interval,
             clock=self.clock,
+            # A shard down mid-job holds the job until it answers or the bound passes: the line says why.
+            waiting=lambda now: waiting_on(self.watch, now),
         ).start()
 
     def stop(self, state: str, last: Callable[[], None]) -> None:
