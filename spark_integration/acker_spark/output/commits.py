@@ -251,14 +251,23 @@ class OutputCommits:
         """The commit's rows as a DataFrame (user columns only, one copy of each row); None if nothing is staged."""
         files: list[Path] = []
         copies = False
+        in_rounds: list[np.ndarray] = []  # each round's roots (sidecars only)
         for round_no in record.rounds:
             attempts: dict[int, int] = {}
+            roots: list[np.ndarray] = []
             for task in task_folders(self.area.round_dir(round_no)):
                 segments = read_segments(task)
                 files.extend(s.path(i) for s in segments for i in range(len(s.files)))
+                roots.extend(s.root_values.astype(np.uint64) for s in segments)
                 if segments:
                     attempts[task.partition] = attempts.get(task.partition, 0) + 1
             copies = copies or any(n > 1 for n in attempts.values())
+            in_rounds.append(distinct(np.concatenate(roots)) if roots else _EMPTY)
+        if not copies and len(in_rounds) > 1:
+            # A root staged in two rounds (a task of a failed round that outlived its job staged records the
+            # next first read read again, as the same deliveries): the same rows, kept once.
+            every = np.concatenate(in_rounds)
+            copies = len(distinct(every)) < len(every)
         if not files:
             return None
         staged = spark.read.parquet(*[str(f) for f in files])

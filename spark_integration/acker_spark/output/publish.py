@@ -16,6 +16,16 @@ record's rows sit together, so a segment's cost is its trees', not its rows'):
   second copy of a batch, are left out);
 - none: the file is left where it is (a later commit, or nothing, takes it).
 
+A commit of several rounds takes each root's rows from one of them: a root is
+staged in two rounds when a task of a failed round outlived its job (Spark
+kills a cancelled task's Python worker only after a while) and logged records
+after the driver had read the round's emission log, so the next first read
+read them again as the same deliveries (the same roots) and staged them too.
+The round kept for a root is the first where every task attempt holding its
+rows ended (a copy cut by a kill may hold part of them), else the first that
+holds it; a row of several trees goes with the smallest of its roots this
+commit takes.
+
 Re-running :func:`stage_commit` after a crash does the same again: a moved
 file is no longer at its source (its target is), a rewrite is written again
 to the same name. The destination then publishes the commit's staging folder
@@ -33,13 +43,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from acker_client.columns import member_of
+from acker_client.columns import distinct, member_of
 
 from .staging import Segment, StagingArea, TaskFolder, expand_runs, fsync_path, read_segments, run_lengths, task_folders
 
 __all__ = ["KeptRuns", "PublishPlan", "kept_runs", "plan_commit", "stage_commit", "taken_rows"]
 
 log = logging.getLogger(__name__)
+
+_NONE = np.zeros(0, dtype=np.uint64)
 
 READS: list[Callable[[Path], None]] = []
 """Hooks called with each staged file a commit reads back (tests count them; a rename reads none)."""
@@ -77,14 +89,25 @@ class PublishPlan:
         return sum(1 for a in self.actions if a.keep is not None)
 
 
-def taken_rows(counts: np.ndarray, roots: np.ndarray, new: np.ndarray, taken: np.ndarray) -> np.ndarray:
-    """Per row: taken by this commit (every root in ``taken``, at least one in ``new``; both sorted)."""
+def taken_rows(
+    counts: np.ndarray, roots: np.ndarray, new: np.ndarray, taken: np.ndarray, owned: np.ndarray | None = None
+) -> np.ndarray:
+    """Per row: taken by this commit (every root in ``taken``, at least one in ``new``; both sorted).
+
+    ``owned`` (sorted, part of ``new``): the roots whose rows this segment's round gives; a row is then taken
+    only if the smallest of its roots in ``new`` is one of them (another round gives the others).
+    """
     rows = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
     in_new = is_member(roots, new)
     in_taken = is_member(roots, taken)
     any_new = np.bincount(rows, weights=in_new, minlength=len(counts)) > 0
     all_taken = np.bincount(rows, weights=in_taken, minlength=len(counts)) == counts
-    return any_new & all_taken & (counts > 0)
+    keep = any_new & all_taken & (counts > 0)
+    if owned is not None:
+        smallest = np.full(len(counts), np.iinfo(np.uint64).max, dtype=np.uint64)
+        np.minimum.at(smallest, rows[in_new], roots[in_new].astype(np.uint64))
+        keep &= is_member(smallest, owned)
+    return keep
 
 
 @dataclass(frozen=True)
@@ -130,9 +153,51 @@ def kept_runs(segment: Segment, new: np.ndarray, taken: np.ndarray) -> KeptRuns:
     return KeptRuns.from_rows(taken_rows(segment.row_counts, segment.pair_roots, new, taken))
 
 
+def _kept_in_round(segment: Segment, new: np.ndarray, taken: np.ndarray, owned: np.ndarray | None) -> KeptRuns:
+    """:func:`kept_runs`, leaving out the rows whose copy another round of the commit gives (``owned``: see
+    :func:`taken_rows`; None: this round gives every root)."""
+    if owned is None:
+        return kept_runs(segment, new, taken)
+    if segment.one_root_per_row:
+        return KeptRuns(segment.root_lengths.astype(np.int64), is_member(segment.root_values, owned))
+    return KeptRuns.from_rows(taken_rows(segment.row_counts, segment.pair_roots, new, taken, owned))
+
+
+def _owning_rounds(staged: list[tuple[int, Segment, bool]], new: np.ndarray) -> dict[int, np.ndarray]:
+    """Per round, the roots of ``new`` whose rows the commit takes from it (sorted): each root from one round.
+
+    ``staged``: ``(round, segment, its partition has a complete attempt)``. A root's round is the first whose
+    every segment holding it is of a complete partition, else the first that holds it.
+    """
+    roots_parts, rounds_parts, complete_parts = [], [], []
+    for round_no, segment, whole in staged:
+        present = distinct(segment.root_values.astype(np.uint64))
+        present = present[is_member(present, new)]
+        roots_parts.append(present)
+        rounds_parts.append(np.full(len(present), round_no, dtype=np.int64))
+        complete_parts.append(np.full(len(present), whole, dtype=bool))
+    if not roots_parts:
+        return {}
+    roots = np.concatenate(roots_parts)
+    rounds = np.concatenate(rounds_parts)
+    complete = np.concatenate(complete_parts)
+    # One entry per (root, round): complete if every segment of that round holding the root is.
+    order = np.lexsort((rounds, roots))
+    roots, rounds, complete = roots[order], rounds[order], complete[order]
+    start = np.flatnonzero(np.concatenate(([True], (roots[1:] != roots[:-1]) | (rounds[1:] != rounds[:-1]))))
+    roots, rounds = roots[start], rounds[start]
+    complete = np.minimum.reduceat(complete.astype(np.int8), start).astype(bool)
+    # Per root, the first complete round, else the first round.
+    order = np.lexsort((rounds, ~complete, roots))
+    roots, rounds = roots[order], rounds[order]
+    first = np.concatenate(([True], roots[1:] != roots[:-1]))
+    roots, rounds = roots[first], rounds[first]
+    return {int(r): roots[rounds == r] for r in distinct(rounds).tolist()}
+
+
 def plan_commit(area: StagingArea, rounds: tuple[int, ...], new: np.ndarray, taken: np.ndarray) -> PublishPlan:
     """The file actions of a commit of roots ``new`` (``taken``: every root taken up to and with it)."""
-    actions: list[FileAction] = []
+    staged: list[tuple[int, Segment, bool]] = []  # (round, segment, its partition has a complete attempt)
     for round_no in rounds:
         by_partition: dict[int, list[TaskFolder]] = {}
         for task in task_folders(area.round_dir(round_no)):
@@ -140,14 +205,22 @@ def plan_commit(area: StagingArea, rounds: tuple[int, ...], new: np.ndarray, tak
         for _, tasks in sorted(by_partition.items()):
             complete = [t for t in tasks if t.complete]
             chosen = [min(complete, key=lambda t: t.attempt)] if complete else sorted(tasks, key=lambda t: t.attempt)
-            seen: set[int] = set()
             for task in chosen:
-                for segment in read_segments(task):
-                    kept = kept_runs(segment, new, taken)
-                    if not complete:
-                        kept = KeptRuns.from_rows(kept.rows() & _first_copies(segment, seen))
-                    seen.update(segment.batch_keys.tolist())
-                    actions.extend(_file_actions(round_no, segment, kept))
+                staged.extend((round_no, segment, bool(complete)) for segment in read_segments(task))
+    # Sidecars only: a root staged in two rounds is taken from one (see the module's docstring).
+    owners = _owning_rounds(staged, new) if len(set(rounds)) > 1 else None
+    actions: list[FileAction] = []
+    seen: set[int] = set()
+    partition: tuple[int, int] | None = None
+    for round_no, segment, has_complete in staged:
+        if (round_no, segment.task.partition) != partition:
+            partition, seen = (round_no, segment.task.partition), set()
+        owned = None if owners is None else owners.get(round_no, _NONE)
+        kept = _kept_in_round(segment, new, taken, owned)
+        if not has_complete:
+            kept = KeptRuns.from_rows(kept.rows() & _first_copies(segment, seen))
+        seen.update(segment.batch_keys.tolist())
+        actions.extend(_file_actions(round_no, segment, kept))
     return PublishPlan(actions)
 
 
