@@ -92,4 +92,6 @@ def test_an_operation_reaches_the_acker_with_an_hour_long_flush_interval(make_ac
     root = new_id()
     client.init(root, 1, "idle")
     wait_until(lambda: server.call(lambda: server.ledger.pending_trees) == 1, "the init to be applied")
-    assert client.stats.operations_sent == 1
+    # The client counts a batch when the acker's answer arrives, a moment after the acker applied it.
+    wait_until(lambda: client.stats.operations_sent == 1, "the acker's answer to be counted")
+    assert client.stats.batches_sent == 1
