@@ -12,6 +12,7 @@ from acker_client.testing import local_cluster
 from acker_demo.wordcount import create_sink
 from acker_spark import LOCAL_MASTER, close_clients, local_session
 
+from ..queues.brokers import RedisServer, running_redis
 from .connect_server import ConnectServer
 
 # Short acker timeouts keep lost-tree tests quick, yet leave room for a micro-batch
@@ -36,6 +37,21 @@ def ackers() -> Iterator[Any]:
     with local_cluster(3, message_timeout=MESSAGE_TIMEOUT) as cluster:
         yield cluster
     close_clients()
+
+
+@pytest.fixture
+def patient_ackers() -> Iterator[Any]:
+    """Three in-process ackers whose timeout (60 s) no job reaches: for tests that count replays exactly."""
+    with local_cluster(3, message_timeout=60.0) as cluster:
+        yield cluster
+    close_clients()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server (AOF) of this test's own."""
+    with running_redis(tmp_path / "redis") as server:
+        yield server
 
 
 @pytest.fixture

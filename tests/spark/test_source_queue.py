@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,13 @@ import pyarrow.compute as pc
 import pytest
 import redis
 from acker_client import ClusterClient
-from acker_client.testing import local_cluster
-from acker_spark import ArrowBolt, ReplayPolicy, close_clients
+from acker_spark import ArrowBolt, ReplayPolicy
 from acker_spark.executor_read.source_pipeline import SourcePipeline
 from acker_spark.output import FileOutput
 from acker_spark.queues import RedisStreamSource
 from pyspark import cloudpickle
 
-from ..queues.brokers import RedisServer, running_redis
+from ..queues.brokers import RedisServer
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -42,18 +40,9 @@ class DriverKilled(BaseException):
 
 
 @pytest.fixture
-def ackers() -> Iterator[Any]:
-    """Three in-process ackers whose timeout no job here reaches."""
-    with local_cluster(3, message_timeout=60.0) as cluster:
-        yield cluster
-    close_clients()
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own."""
-    with running_redis(tmp_path / "redis") as server:
-        yield server
+def ackers(patient_ackers: Any) -> Any:
+    """The ackers of this module: a timeout no job here reaches (conftest's ``patient_ackers``)."""
+    return patient_ackers
 
 
 def publish(server: RedisServer, count: int) -> list[str]:

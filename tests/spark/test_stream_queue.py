@@ -22,7 +22,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import redis
-from acker_client.testing import local_cluster
 from acker_spark import ArrowBolt, close_clients
 from acker_spark.output import FileOutput, StreamOutput
 from acker_spark.queues.contract import Message
@@ -31,7 +30,7 @@ from acker_spark.streaming import QUEUE_FORMAT, QueueOptions, register_acker_que
 from pyspark import cloudpickle
 from pyspark.errors import StreamingQueryException
 
-from ..queues.brokers import RabbitServer, RedisServer, running_rabbitmq, running_redis
+from ..queues.brokers import RabbitServer, RedisServer, running_rabbitmq
 from .test_source_queue import dead_stream
 
 pytest.importorskip("pyarrow")
@@ -61,18 +60,9 @@ class Stop(RuntimeError):
 
 
 @pytest.fixture
-def ackers() -> Iterator[Any]:
-    """Three in-process ackers whose timeout no job here reaches."""
-    with local_cluster(3, message_timeout=60.0) as cluster:
-        yield cluster
-    close_clients()
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own."""
-    with running_redis(tmp_path / "redis") as server:
-        yield server
+def ackers(patient_ackers: Any) -> Any:
+    """The ackers of this module: a timeout no job here reaches (conftest's ``patient_ackers``)."""
+    return patient_ackers
 
 
 def payload(i: int) -> str:
