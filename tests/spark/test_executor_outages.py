@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +40,9 @@ HANG_GRACE = 2.0
 FAULT_DELAY = 0.0
 
 
-@pytest.fixture
-def ackers() -> Iterator[ProcessCluster]:
-    """Three acker processes on loopback."""
-    with ProcessCluster(3, message_timeout=MESSAGE_TIMEOUT) as cluster:
-        yield cluster
-    close_clients()
-
-
-@pytest.fixture
-def replicated_ackers() -> Iterator[ProcessCluster]:
-    """Three acker processes keeping every tree on two of them."""
-    with ProcessCluster(3, message_timeout=MESSAGE_TIMEOUT, extra_args=("--replicas", "2")) as cluster:
-        yield cluster
-    close_clients()
+def _ackers(replicas: int) -> ProcessCluster:
+    """Three acker processes on loopback, keeping every tree on ``replicas`` of them."""
+    return ProcessCluster(3, message_timeout=MESSAGE_TIMEOUT, extra_args=("--replicas", str(replicas)))
 
 
 @pytest.fixture(scope="module")
@@ -96,59 +84,35 @@ def _check(run: dict[str, Any], baseline: dict[str, Any]) -> None:
     )
 
 
-@pytest.mark.chaos
-def test_a_cut_of_the_executors_shorter_than_the_timeout_replays_nothing_more(
-    spark: Any, ackers: ProcessCluster, baseline: dict[str, Any], tmp_path: Path
-) -> None:
-    """The executors' connections reset and refused for 3.5 s (12 s timeout): the tasks ride it out."""
-    run = run_outage(
-        spark,
-        ackers,
-        tmp_path / "cut",
-        records=RECORDS,
-        fault="cut",
-        seconds=OUTAGE_SECONDS,
-        fail_percent=FAIL_PERCENT,
-        hang_grace=HANG_GRACE,
-        delay=FAULT_DELAY,
-    )
-    assert run["connections_refused"] > 0, f"the cut reached no executor connection: {run}"
-    _check(run, baseline)
+# (fault, replicas, what it is): each outage lasts OUTAGE_SECONDS, well under the 12 s timeout.
+OUTAGES = [
+    pytest.param("cut", 1, id="executors-cut"),  # the executors' connections reset and refused
+    pytest.param("pause", 1, id="acker-paused"),  # acker 1 stopped (SIGSTOP), then continued
+    pytest.param("kill", 2, id="replica-killed"),  # acker 1 kill -9ed, restarted later: it catches up from its partner
+]
 
 
 @pytest.mark.chaos
-def test_an_acker_paused_shorter_than_the_timeout_replays_nothing_more(
-    spark: Any, ackers: ProcessCluster, baseline: dict[str, Any], tmp_path: Path
+@pytest.mark.parametrize(("fault", "replicas"), OUTAGES)
+def test_an_outage_shorter_than_the_timeout_replays_nothing_more(
+    spark: Any, baseline: dict[str, Any], tmp_path: Path, fault: str, replicas: int
 ) -> None:
-    """Acker 1 stopped (SIGSTOP) for 3.5 s mid-run, then continued."""
-    run = run_outage(
-        spark,
-        ackers,
-        tmp_path / "pause",
-        records=RECORDS,
-        fault="pause",
-        seconds=OUTAGE_SECONDS,
-        fail_percent=FAIL_PERCENT,
-        hang_grace=HANG_GRACE,
-        delay=FAULT_DELAY,
-    )
-    _check(run, baseline)
-
-
-@pytest.mark.chaos
-def test_a_replica_killed_mid_run_replays_nothing_more(
-    spark: Any, replicated_ackers: ProcessCluster, baseline: dict[str, Any], tmp_path: Path
-) -> None:
-    """With --replicas 2, acker 1 kill -9ed mid-run and restarted 3.5 s later (it catches up from its partner)."""
-    run = run_outage(
-        spark,
-        replicated_ackers,
-        tmp_path / "kill",
-        records=RECORDS,
-        fault="kill",
-        seconds=OUTAGE_SECONDS,
-        fail_percent=FAIL_PERCENT,
-        hang_grace=HANG_GRACE,
-        delay=FAULT_DELAY,
-    )
+    """An outage of 3.5 s mid-run (12 s timeout): the tasks ride it out, nothing replays beyond the fault-free run."""
+    with _ackers(replicas) as ackers:
+        try:
+            run = run_outage(
+                spark,
+                ackers,
+                tmp_path / fault,
+                records=RECORDS,
+                fault=fault,
+                seconds=OUTAGE_SECONDS,
+                fail_percent=FAIL_PERCENT,
+                hang_grace=HANG_GRACE,
+                delay=FAULT_DELAY,
+            )
+        finally:
+            close_clients()
+    if fault == "cut":
+        assert run["connections_refused"] > 0, f"the cut reached no executor connection: {run}"
     _check(run, baseline)
