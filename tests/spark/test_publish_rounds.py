@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from acker_spark.output.commits import staged_files
 from acker_spark.output.publish import plan_commit, stage_commit
 from acker_spark.output.staging import DONE, StagingArea, run_lengths
 
@@ -84,3 +85,31 @@ def test_a_row_of_several_trees_staged_in_two_rounds_is_published_once(tmp_path:
     stage_task(area, 0, 3, 7, [11, 11], done=True, anchors=2)  # rows of trees 11 and 12
     stage_task(area, 1, 3, 42, [11, 11], done=True, anchors=2)
     assert published_ids(tmp_path, area, (0, 1), [11, 12]) == ["r11", "r11"]
+
+
+# The other destinations (TableOutput, BatchOutput) select the commit's rows from the staged files with Spark and
+# keep one copy of each row only when the files may hold one twice: the zombie's round must count as that.
+
+
+def test_a_root_staged_in_two_rounds_makes_a_table_commit_keep_one_copy(tmp_path: Path) -> None:
+    area = StagingArea(str(tmp_path / "staging"), False, ("bucket",))
+    stage_task(area, 0, 3, 7, [11, 11, 11], done=True)  # the zombie of round 0
+    stage_task(area, 1, 3, 42, [11, 11, 11], done=True)  # round 1's re-read of the same deliveries
+    files, copies = staged_files(area, (0, 1))
+    assert len(files) == 2 and copies
+
+
+def test_distinct_roots_in_two_rounds_need_no_copy_dropping(tmp_path: Path) -> None:
+    area = StagingArea(str(tmp_path / "staging"), False, ("bucket",))
+    stage_task(area, 0, 3, 7, [11, 11], done=True)
+    stage_task(area, 1, 2, 42, [33], done=True)
+    files, copies = staged_files(area, (0, 1))
+    assert len(files) == 2 and not copies
+
+
+def test_two_attempts_of_one_partition_in_one_round_keep_one_copy(tmp_path: Path) -> None:
+    area = StagingArea(str(tmp_path / "staging"), False, ("bucket",))
+    stage_task(area, 0, 3, 7, [11, 11], done=True)
+    stage_task(area, 0, 3, 8, [11, 11], done=True)  # a re-run of the same task
+    files, copies = staged_files(area, (0,))
+    assert len(files) == 2 and copies

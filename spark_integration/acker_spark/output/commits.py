@@ -38,15 +38,15 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from acker_client.columns import distinct
+from acker_client.columns import distinct, member_of
 
 from ..steps.frames import TRACKING_COLUMN, decode_ids
 from .destinations import FileOutput, Output
 from .folder_publish import staging_folder
-from .publish import is_member, plan_commit, stage_commit
+from .publish import plan_commit, stage_commit
 from .staging import DIRECT_DIR, STAGED_DIR, StagingArea, read_segments, task_folders
 
-__all__ = ["COMMITS_DIR", "CommitFilter", "OutputCommits", "ROW_COLUMN", "finish_checkpoint"]
+__all__ = ["COMMITS_DIR", "CommitFilter", "OutputCommits", "ROW_COLUMN", "finish_checkpoint", "staged_files"]
 
 log = logging.getLogger(__name__)
 
@@ -249,25 +249,7 @@ class OutputCommits:
 
     def frame(self, spark: Any, record: CommitRecord) -> Any:
         """The commit's rows as a DataFrame (user columns only, one copy of each row); None if nothing is staged."""
-        files: list[Path] = []
-        copies = False
-        in_rounds: list[np.ndarray] = []  # each round's roots (sidecars only)
-        for round_no in record.rounds:
-            attempts: dict[int, int] = {}
-            roots: list[np.ndarray] = []
-            for task in task_folders(self.area.round_dir(round_no)):
-                segments = read_segments(task)
-                files.extend(s.path(i) for s in segments for i in range(len(s.files)))
-                roots.extend(s.root_values.astype(np.uint64) for s in segments)
-                if segments:
-                    attempts[task.partition] = attempts.get(task.partition, 0) + 1
-            copies = copies or any(n > 1 for n in attempts.values())
-            in_rounds.append(distinct(np.concatenate(roots)) if roots else _EMPTY)
-        if not copies and len(in_rounds) > 1:
-            # A root staged in two rounds (a task of a failed round that outlived its job staged records the
-            # next first read read again, as the same deliveries): the same rows, kept once.
-            every = np.concatenate(in_rounds)
-            copies = len(distinct(every)) < len(every)
+        files, copies = staged_files(self.area, record.rounds)
         if not files:
             return None
         staged = spark.read.parquet(*[str(f) for f in files])
@@ -282,6 +264,37 @@ class OutputCommits:
             # A re-run or speculative task staged its batches again: keep one copy of each row.
             selected = selected.dropDuplicates([ROW_COLUMN])
         return selected.drop(ROW_COLUMN)
+
+
+def staged_files(area: StagingArea, rounds: tuple[int, ...]) -> tuple[list[Path], bool]:
+    """The staged data files of ``rounds``, and whether some rows may be there twice (then the commit keeps one copy).
+
+    Rows are there twice when a partition staged them in two task attempts
+    (a re-run or speculative task) or when a root is staged in two of the
+    rounds (a task of a failed round that outlived its job staged records the
+    next first read read again, as the same deliveries).
+    """
+    files: list[Path] = []
+    copies = False
+    several = len(rounds) > 1
+    in_rounds: list[np.ndarray] = []  # each round's roots (from the sidecars; needed only across rounds)
+    for round_no in rounds:
+        attempts: dict[int, int] = {}
+        roots: list[np.ndarray] = []
+        for task in task_folders(area.round_dir(round_no)):
+            segments = read_segments(task)
+            files.extend(s.path(i) for s in segments for i in range(len(s.files)))
+            if several:
+                roots.extend(s.root_values.astype(np.uint64) for s in segments)
+            if segments:
+                attempts[task.partition] = attempts.get(task.partition, 0) + 1
+        copies = copies or any(n > 1 for n in attempts.values())
+        if several:
+            in_rounds.append(distinct(np.concatenate(roots)) if roots else _EMPTY)
+    if not copies and several:
+        every = np.concatenate(in_rounds)
+        copies = len(distinct(every)) < len(every)
+    return files, copies
 
 
 def finish_checkpoint(checkpoint: str | Path) -> tuple[int, int | None]:
@@ -363,8 +376,8 @@ class CommitFilter:
         new, taken = self.roots()
         for batch in batches:
             pairs = decode_ids(batch.column(TRACKING_COLUMN))
-            in_new = is_member(pairs.roots, new)
-            in_taken = is_member(pairs.roots, taken)
+            in_new = member_of(pairs.roots, new)
+            in_taken = member_of(pairs.roots, taken)
             rows = pairs.pair_rows()
             counts = np.bincount(rows, minlength=pairs.rows)
             any_new = np.bincount(rows, weights=in_new, minlength=pairs.rows) > 0

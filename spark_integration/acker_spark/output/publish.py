@@ -98,15 +98,15 @@ def taken_rows(
     only if the smallest of its roots in ``new`` is one of them (another round gives the others).
     """
     rows = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    in_new = is_member(roots, new)
-    in_taken = is_member(roots, taken)
+    in_new = member_of(roots, new)
+    in_taken = member_of(roots, taken)
     any_new = np.bincount(rows, weights=in_new, minlength=len(counts)) > 0
     all_taken = np.bincount(rows, weights=in_taken, minlength=len(counts)) == counts
     keep = any_new & all_taken & (counts > 0)
     if owned is not None:
         smallest = np.full(len(counts), np.iinfo(np.uint64).max, dtype=np.uint64)
         np.minimum.at(smallest, rows[in_new], roots[in_new].astype(np.uint64))
-        keep &= is_member(smallest, owned)
+        keep &= member_of(smallest, owned)
     return keep
 
 
@@ -149,7 +149,7 @@ def kept_runs(segment: Segment, new: np.ndarray, taken: np.ndarray) -> KeptRuns:
     several trees are decided row by row.
     """
     if segment.one_root_per_row:
-        return KeptRuns(segment.root_lengths.astype(np.int64), is_member(segment.root_values, new))
+        return KeptRuns(segment.root_lengths.astype(np.int64), member_of(segment.root_values, new))
     return KeptRuns.from_rows(taken_rows(segment.row_counts, segment.pair_roots, new, taken))
 
 
@@ -159,7 +159,7 @@ def _kept_in_round(segment: Segment, new: np.ndarray, taken: np.ndarray, owned: 
     if owned is None:
         return kept_runs(segment, new, taken)
     if segment.one_root_per_row:
-        return KeptRuns(segment.root_lengths.astype(np.int64), is_member(segment.root_values, owned))
+        return KeptRuns(segment.root_lengths.astype(np.int64), member_of(segment.root_values, owned))
     return KeptRuns.from_rows(taken_rows(segment.row_counts, segment.pair_roots, new, taken, owned))
 
 
@@ -172,7 +172,7 @@ def _owning_rounds(staged: list[tuple[int, Segment, bool]], new: np.ndarray) -> 
     roots_parts, rounds_parts, complete_parts = [], [], []
     for round_no, segment, whole in staged:
         present = distinct(segment.root_values.astype(np.uint64))
-        present = present[is_member(present, new)]
+        present = present[member_of(present, new)]
         roots_parts.append(present)
         rounds_parts.append(np.full(len(present), round_no, dtype=np.int64))
         complete_parts.append(np.full(len(present), whole, dtype=bool))
@@ -281,8 +281,3 @@ def _file_actions(round_no: int, segment: Segment, kept: KeptRuns) -> list[FileA
         target = str(relative.parent / name) if str(relative.parent) != "." else name
         out.append(FileAction(segment.path(index), target, keep, count))
     return out
-
-
-def is_member(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    """For each value, True if it is in ``sorted_set``."""
-    return member_of(values, sorted_set)
