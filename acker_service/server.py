@@ -216,8 +216,8 @@ class AckerServer:
             self._catchup = asyncio.create_task(
                 catch_up(
                     dict(self.shard.membership.catchup.waiting),
-                    self.config.peer_addresses,
-                    self.config.shard_count,
+                    self.shard.membership.catchup_peers,
+                    self.shard.membership.catchup.shard_count,
                     self.shard.membership.install_snapshot,
                     delay=self.config.catchup_delay,
                     give_up_after=self.config.message_timeout,

@@ -55,6 +55,10 @@ class HeldOperations:
         self.operations -= self._counts.pop(source, 0)
         return self._by_source.pop(source, [])
 
+    def sources(self) -> set[int]:
+        """The sources some request is held for."""
+        return set(self._by_source)
+
     def clear(self) -> None:
         """Forget everything held (a change that starts over)."""
         self._by_source.clear()

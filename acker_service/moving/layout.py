@@ -24,6 +24,20 @@ that change owner wait; every other root is served by its owner throughout:
 :meth:`LayoutMachine.route` says, per operation, which of apply / hold / refuse
 applies. Why no rule breaks through a move: docs/acker-semantics.md, "Moving
 trees".
+
+With two replicas (``replicas=2``) root ``r`` lives on shards ``r % count``
+(its owner, the root's *source* in a move) and ``r % count + 1``, and the
+rules are the seeded simulation's (docs/simulation.md, "Reshard with two
+replicas"): a root *moves* when the set of ackers (addresses) holding it
+changes; one whose set stays is served as before. Every request names the
+layout epoch it was routed by. On a moving root an old holder applies the
+operations routed by an older layout until its own cut and refuses them from
+then on; a new holder holds those routed by the next layout until its own cut
+and until the source's entry is merged or known not to be coming. At its cut
+an acker takes out the entry of every moving root it holds: the source hands
+its copy to each new holder (itself too when it stays one), the other old
+holder drops its copy (:meth:`LayoutMachine.cut_plan`). Chunks that reach a
+new holder before its own cut wait there for it.
 """
 
 from __future__ import annotations
@@ -36,7 +50,18 @@ from acker_protocol.wire import HELD_AT_BOUND
 
 from ..batch import BatchError
 
-__all__ = ["Layout", "LayoutMachine", "LayoutRefused", "ApplyHeld", "Arrivals", "Route", "SERVING", "PREPARED", "CUT"]
+__all__ = [
+    "Layout",
+    "LayoutMachine",
+    "LayoutRefused",
+    "ApplyHeld",
+    "Arrivals",
+    "CutPlan",
+    "Route",
+    "SERVING",
+    "PREPARED",
+    "CUT",
+]
 
 SERVING, PREPARED, CUT = "serving", "prepared", "cut"
 
@@ -74,6 +99,17 @@ class Layout:
         if self.index < 0:
             return np.zeros(len(roots), np.bool_)
         return roots % np.uint64(self.count) == np.uint64(self.index)
+
+    def holders(self, roots: np.ndarray, replicas: int) -> list[np.ndarray]:
+        """The shard indices keeping each of ``roots`` (uint64): the owner first, then (two replicas) the next shard."""
+        owners = (roots % np.uint64(self.count)).astype(np.int64)
+        return [(owners + k) % self.count for k in range(replicas)]
+
+    def held(self, roots: np.ndarray, replicas: int) -> np.ndarray:
+        """Which of ``roots`` (uint64) this acker keeps in this layout (as owner or follower), as a boolean mask."""
+        if self.index < 0:
+            return np.zeros(len(roots), np.bool_)
+        return np.logical_or.reduce([h == self.index for h in self.holders(roots, replicas)])
 
     def where(self, root: int) -> str:
         """Where ``root`` lives in this layout, for a refusal a person can act on."""
@@ -133,6 +169,21 @@ class Arrivals:
 
 
 @dataclass(frozen=True)
+class CutPlan:
+    """What a two-replica cut takes out: every moving root this acker holds, and which of them it hands on.
+
+    ``leave`` are the roots whose entries leave the ledger at the cut; ``sourced``
+    marks those whose old owner (the source) this acker is: their entries go to
+    each new holder (``targets``: per copy, the new shard index of each root), the
+    others' are dropped (the source's copy replaces them).
+    """
+
+    leave: np.ndarray
+    sourced: np.ndarray
+    targets: list[np.ndarray]
+
+
+@dataclass(frozen=True)
 class Route:
     """What to do with each operation of a request during a move.
 
@@ -148,8 +199,9 @@ class Route:
 class LayoutMachine:
     """The current layout and a change in progress; the shard asks it how to route each Apply."""
 
-    def __init__(self, initial: Layout) -> None:
+    def __init__(self, initial: Layout, replicas: int = 1) -> None:
         initial.check()
+        self.replicas = replicas
         self.current = initial
         self.previous: Layout | None = None  # the layout being left, while a change is under way
         self.next: Layout | None = None
@@ -181,11 +233,50 @@ class LayoutMachine:
         previous.check()
         if previous.epoch >= layout.epoch:
             raise LayoutRefused(f"the layout left (epoch {previous.epoch}) must be older than epoch {layout.epoch}")
+        if self.replicas > 1:
+            self._check_replicated(layout, previous)
         self.previous, self.next, self.state = previous, layout, PREPARED
         # Every old owner but this acker itself hands over (an empty handoff too): await each one.
-        own = previous.index
+        # With two replicas this acker too: it hands its own sourced entries to itself at its cut.
+        own = previous.index if self.replicas == 1 else -1
         self.awaiting = {i for i in range(previous.count) if i != own} if layout.index >= 0 else set()
         self.arrivals = {i: Arrivals() for i in self.awaiting}
+
+    def _check_replicated(self, layout: Layout, previous: Layout) -> None:
+        """Two replicas: both layouts name every acker's address (holders are compared by address), two shards each."""
+        for which, lay in (("next", layout), ("left", previous)):
+            if len(lay.addresses) != lay.count:
+                raise LayoutRefused(
+                    f"with --replicas {self.replicas} the layout {which} (epoch {lay.epoch}) must list every "
+                    "acker's address: a tree moves when the set of ackers holding it changes"
+                )
+            if lay.count < self.replicas:
+                raise LayoutRefused(
+                    f"with --replicas {self.replicas} the layout {which} needs at least {self.replicas} ackers, "
+                    f"got {lay.count}"
+                )
+
+    def moves(self, roots: np.ndarray) -> np.ndarray:
+        """During a change: which of ``roots`` change their set of holders (compared by address)."""
+        assert self.previous is not None and self.next is not None
+        previous, nxt = self.previous, self.next
+        # Each old shard's index in the next layout (-1: it leaves), so both sets are in next-layout indices.
+        place = {a: i for i, a in enumerate(nxt.addresses)}
+        old_to_new = np.array([place.get(a, -1) for a in previous.addresses], np.int64)
+        before = [old_to_new[h] for h in previous.holders(roots, self.replicas)]
+        after = nxt.holders(roots, self.replicas)
+        if self.replicas == 1:
+            return before[0] != after[0]
+        (a, b), (c, d) = before, after
+        return ~(((a == c) & (b == d)) | ((a == d) & (b == c)))
+
+    def cut_plan(self, roots: np.ndarray) -> CutPlan:
+        """Two replicas: of the roots held here (uint64), those a cut takes out, and which it hands on where."""
+        assert self.previous is not None and self.next is not None
+        roots = np.asarray(roots, np.uint64)
+        leave = roots[self.moves(roots) & self.previous.held(roots, self.replicas)]
+        sourced = self.previous.owned(leave)
+        return CutPlan(leave, sourced, self.next.holders(leave, self.replicas))
 
     def start_cut(self, epoch: int) -> Layout:
         """The layout to cut to; refused unless ``epoch`` was prepared (a repeated cut is allowed: it re-sends)."""
@@ -216,9 +307,14 @@ class LayoutMachine:
         self.awaiting.discard(source)
         self.arrivals.pop(source, None)
 
-    def route(self, roots: np.ndarray) -> Route:
-        """Per root (uint64) during a change: apply now, hold for an old owner's handoff, or refuse."""
+    def route(self, roots: np.ndarray, epoch: int = 0) -> Route:
+        """Per root (uint64) during a change: apply now, hold for an old owner's handoff, or refuse.
+
+        ``epoch``: the layout epoch the request was routed by (read with two replicas only).
+        """
         assert self.previous is not None and self.next is not None, "route() is for a change under way"
+        if self.replicas > 1:
+            return self._route_replicated(roots, epoch)
         previous, nxt = self.previous, self.next
         new_owned = nxt.owned(roots)
         old_owned = previous.owned(roots)
@@ -235,9 +331,49 @@ class LayoutMachine:
         foreign = np.flatnonzero(~served)
         return Route(source, int(foreign[0]) if len(foreign) else -1)
 
+    def _route_replicated(self, roots: np.ndarray, epoch: int) -> Route:
+        """Two replicas: a root whose holders stay is served by them; a moving one by the layout it was routed by.
+
+        Routed by an older layout: an old holder applies it until its own cut,
+        then refuses it (the client sends every copy again by the next layout).
+        Routed by the next one: a new holder holds it until its own cut and the
+        source's entry is merged (or known not to come), then applies it.
+        """
+        assert self.previous is not None and self.next is not None
+        previous, nxt = self.previous, self.next
+        moving = self.moves(roots)
+        cut = self.state == CUT
+        source = np.full(len(roots), -1, np.int64)
+        if epoch < nxt.epoch:
+            served = ~moving & nxt.held(roots, self.replicas)
+            if not cut:
+                served |= moving & previous.held(roots, self.replicas)
+        else:
+            served = nxt.held(roots, self.replicas)
+            arriving = np.flatnonzero(moving & served)
+            if len(arriving):
+                old_owner = (roots[arriving] % np.uint64(previous.count)).astype(np.int64)
+                if not cut:
+                    source[arriving] = old_owner
+                else:
+                    for s in self.awaiting:
+                        at = arriving[old_owner == s]
+                        if len(at):
+                            source[at[self.arrivals[s].waiting(roots[at])]] = s
+        foreign = np.flatnonzero(~served)
+        return Route(source, int(foreign[0]) if len(foreign) else -1)
+
     def refusal(self, root: int) -> str:
         """Why ``root`` is refused here during a change, and where to send it."""
         assert self.next is not None
+        if self.replicas > 1:
+            shards = [int(h[0]) for h in self.next.holders(np.array([root], np.uint64), self.replicas)]
+            where = " and ".join(f"shard {i} ({self.next.addresses[i]})" for i in shards)
+            return (
+                f"root {root} is kept by {where} of the {self.next.count} of layout epoch {self.next.epoch}, and "
+                "this acker does not take it from a request routed by the layout it came by; ask Describe for the "
+                "next layout and send every copy there; nothing of this request was applied"
+            )
         if self.previous is not None and self.previous.owns(root):
             return (
                 f"root {root} moved to {self.next.where(root)} at this acker's cut; ask Describe for the next "

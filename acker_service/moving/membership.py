@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
-from acker_protocol.apply_codec import encode_part
+from acker_protocol.apply_codec import encode_part, layout_epoch_of
 
 from ..batch import BatchError, InvalidBatch, WrongShard, check_request
 from ..config import ServerConfig
@@ -25,11 +25,11 @@ from ..ledger import Ledger, Limits
 from ..outcome_columns import ColumnarResult, OutcomeColumns
 from .catchup import CatchUp
 from .held import HeldOperations
-from .layout import PREPARED, Layout, LayoutMachine, LayoutRefused
+from .layout import CUT, PREPARED, Layout, LayoutMachine, LayoutRefused
 from .layout_file import LayoutFile, LayoutNotRecorded, starting_layout
 from .peers import peer_security
 from .request_parts import apply_in_parts
-from .reshard import Chunk, HandoffFailed, Slice, plan_slices, send_handoffs
+from .reshard import Chunk, HandoffFailed, Slice, plan_replicated, plan_slices, send_handoffs
 from .transfers import Transfers
 
 __all__ = ["Membership"]
@@ -60,7 +60,7 @@ class Membership:
         # With --layout-file the last committed layout wins over the flags (layout_file.py).
         self.layout_file = LayoutFile(config.layout_file) if config.layout_file else None
         initial = self._starting_layout(Layout(0, config.shard_count, config.shard_index if config.in_layout else -1))
-        self.layout = LayoutMachine(initial)
+        self.layout = LayoutMachine(initial, config.replicas)
         self.limits = Limits(max(initial.index, 0), initial.count, config.max_batch, config.replicas)
         # During a change the ledger is asked per operation, ownership checked by the layout (route()).
         self._any_root = Limits(0, 1, config.max_batch, 1)
@@ -71,12 +71,15 @@ class Membership:
         self._cut_moved = (0, 0)  # (trees, entries) this change's cut took out
         self._merged_chunks: dict[int, set[int]] = {}  # per old shard: its handoff chunk keys merged
         self._cutting = False
-        # A restarted replica copies each of its two ranges from a partner before it applies its operations (catchup.py).
+        # Two replicas: chunks that reached this new holder before its own cut, merged at the cut (source, chunk).
+        self._early: list[tuple[int, Chunk]] = []
+        # A restarted replica copies each of its two ranges from a partner before it applies its operations
+        # (catchup.py): the ranges of the layout it starts in (the layout file's, after a reshard).
         self.catchup = CatchUp.for_shard(
-            config.shard_index,
-            config.shard_count,
+            max(initial.index, 0),
+            initial.count,
             config.replicas,
-            enabled=bool(config.peer_addresses),
+            enabled=bool(config.peer_addresses) and initial.index >= 0,
             max_held=config.max_held_operations,
         )
         self.transfers = Transfers()  # trees and entries copied in and out (the metrics read them)
@@ -101,6 +104,12 @@ class Membership:
         elif stored is None:
             log.info("no layout file at %s yet: starting from the flags' layout", self.layout_file.path)
         return layout
+
+    @property
+    def catchup_peers(self) -> tuple[str, ...]:
+        """Whom a restarted replica copies its ranges from: the addresses of the layout it started in, else ``--peers``."""
+        current = self.layout.current
+        return current.addresses if len(current.addresses) == current.count else self.config.peer_addresses
 
     @property
     def place(self) -> tuple[int, int]:
@@ -138,7 +147,9 @@ class Membership:
         re-routes every operation of it by the next layout, each with its dedup key.
         """
         batch = check_request(data, self._any_root)
-        route = self.layout.route(batch.roots)
+        # Two replicas: a moving root is served by the layout the request was routed by (layout.py).
+        epoch = layout_epoch_of(data) if self.config.replicas > 1 else 0
+        route = self.layout.route(batch.roots, epoch)
         if route.refused >= 0:
             raise WrongShard(self.layout.refusal(int(batch.roots[route.refused])))
         result = apply_in_parts(
@@ -174,10 +185,10 @@ class Membership:
 
     def prepare_layout(self, layout: Layout, previous: Layout | None = None) -> None:
         """Learn this acker's place in the next layout and in the one left (LayoutRefused: nothing changed)."""
-        if self.config.replicas > 1:
+        if self.catchup.holding and layout != self.layout.next:
             raise LayoutRefused(
-                "resharding with --replicas 2 is not supported yet: a follower's copies would have to move too; "
-                "nothing changed"
+                f"this acker restarted and is still copying ranges {sorted(self.catchup.waiting)} from its partners "
+                "(catch-up); nothing changed: run acker-ctl again once Describe says caught-up"
             )
         if previous is not None and previous.index < 0 and self.ledger.pending_trees and layout != self.layout.next:
             raise LayoutRefused(
@@ -199,6 +210,7 @@ class Membership:
         if fresh:
             self._merged_chunks.clear()
             self._unsent, self._cut_moved, self._slices_left = [], (0, 0), 0
+            self._early = []
             self.held.clear()
 
     async def cut_layout(self, epoch: int, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[int, int]:
@@ -212,7 +224,9 @@ class Membership:
             raise LayoutRefused("a cut is already running on this acker")
         self._cutting = True
         try:
-            if self.layout.state == PREPARED:
+            if self.layout.state == PREPARED and self.config.replicas > 1:
+                self._cut_replicated(target)
+            elif self.layout.state == PREPARED:
                 # One event-loop step: the roots that leave are listed and refused from now on, so
                 # no update lands here after the cut; their entries stay, untouched, until their
                 # slice is taken out and sent, youngest first (docs/acker-semantics.md).
@@ -234,6 +248,45 @@ class Membership:
                 "layout is reachable"
             )
         return self._cut_moved
+
+    def _cut_replicated(self, target: Layout) -> None:
+        """Two replicas, in one event-loop step: take out every moving root held here, hand on what this acker is the source of.
+
+        The copies of which it is not the source are dropped (the source's copy
+        replaces them at every new holder); from now on the moving roots are
+        refused to requests routed by an older layout. Its own share (it stays a
+        holder) and the chunks that came before this cut are merged now, and
+        what was held for them applies; the others are sent by the caller.
+        """
+        roots, _ = self.ledger.moving_roots(1, -1)  # every live root here, with nothing removed
+        plan = self.layout.cut_plan(roots)
+        moved = self.ledger.export_roots(plan.leave)
+        self.layout.mark_cut()
+        self._settle(OutcomeColumns.empty())  # refresh the pending gauge
+        self.transfers.handoff_out_trees += moved.trees
+        self.transfers.handoff_out_entries += len(moved)
+        source = self.layout.previous.index if self.layout.previous else -1
+        unsent: list[Chunk | Slice] = []
+        if source >= 0:
+            sourced = moved.select(self._sourced(moved.roots))
+            self._cut_moved = (sourced.trees, len(sourced))
+            self.layout.count_moved(sourced.trees, len(sourced))
+            for chunk in plan_replicated(sourced, target, self.config.replicas, source):
+                if chunk.shard == target.index:
+                    self._merge(source, chunk)
+                else:
+                    unsent.append(chunk)
+        self._unsent = unsent
+        early, self._early = self._early, []
+        for sender, chunk in early:
+            self._merge(sender, chunk)
+        for sender in sorted(self.layout.arrivals.keys() | self.held.sources()):
+            self._release(sender, sender not in self.layout.awaiting)
+
+    def _sourced(self, roots: np.ndarray) -> np.ndarray:
+        """Which of ``roots`` this acker owned in the layout left: it is their source in a two-replica move."""
+        assert self.layout.previous is not None
+        return self.layout.previous.owned(roots)
 
     def _take_slice(self, roots: np.ndarray) -> MovedEntries:
         """Take one slice of the cut out of the ledger (one event-loop step) and count what left."""
@@ -265,21 +318,32 @@ class Membership:
                 "and a non-zero chunk key; nothing merged"
             )
         merged = self._merged_chunks.setdefault(source, set())
-        if key in merged:
-            return 0  # a resent chunk whose first answer was lost: merged already
+        if key in merged or any(s == source and c.key == key for s, c in self._early):
+            return 0  # a resent chunk whose first answer was lost: merged (or kept for the cut) already
         if source not in self.layout.awaiting:
             raise LayoutRefused(
                 f"every handoff of old shard {source} was merged already (or it is this acker); chunk refused"
             )
+        chunk = Chunk(max(self.layout.next.index, 0) if self.layout.next else 0, key, moved, source, chunks, manifest)
+        if self.config.replicas > 1 and self.layout.state != CUT:
+            # Two replicas: this acker may still hold its own copies of these roots; its cut takes them out first.
+            self._early.append((source, chunk))
+            return len(moved)
+        return self._merge(source, chunk)
+
+    def _merge(self, source: int, chunk: Chunk) -> int:
+        """Merge one chunk of old shard ``source`` (its key not merged yet), then apply what was held and may apply now."""
+        moved = chunk.entries
         self._settle(self.ledger.import_entries(moved))
         self.transfers.handoff_in_trees += moved.trees
         self.transfers.handoff_in_entries += len(moved)
-        merged.add(key)
-        complete = len(merged) >= chunks
+        merged = self._merged_chunks.setdefault(source, set())
+        merged.add(chunk.key)
+        complete = len(merged) >= chunk.count
         if complete:
             self.layout.source_merged(source)
         else:
-            self.layout.chunk_merged(source, moved.roots, manifest)
+            self.layout.chunk_merged(source, moved.roots, chunk.manifest)
         self._release(source, complete)
         return len(moved)
 
@@ -291,7 +355,9 @@ class Membership:
                     self._applied(self.ledger.apply(request, self._any_root, max_expired=0))
                     continue
                 batch = check_request(request, self._any_root)
-                waiting = self.layout.route(batch.roots).source >= 0
+                # Only operations routed by the next layout are held (two replicas: the epoch says so).
+                epoch = self.layout.next.epoch if self.layout.next else 0
+                waiting = self.layout.route(batch.roots, epoch).source >= 0
                 if not waiting.all():
                     part = request if not waiting.any() else encode_part(batch, ~waiting)
                     self._applied(self.ledger.apply(part, self._any_root, max_expired=0))
@@ -308,6 +374,7 @@ class Membership:
             raise LayoutRefused("this acker still holds moved entries it could not hand over; cut again first")
         layout = self.layout.commit(epoch, self._record)
         self._merged_chunks.clear()
+        self._early = []
         self.limits = Limits(max(layout.index, 0), layout.count, self.config.max_batch, self.config.replicas)
         return layout
 
@@ -342,7 +409,8 @@ class Membership:
         :class:`~acker_service.batch.WrongShard` with one replica or for a range
         this acker does not keep. Nothing changes either way.
         """
-        n, i = self.config.shard_count, self.config.shard_index
+        # The ranges of the layout served now (after a reshard: not the flags').
+        n, i = self.layout.current.count, self.layout.current.index
         if shard_count != n or not 0 <= range_index < n:
             raise InvalidBatch(
                 f"snapshot of range {range_index} of {shard_count} shards asked, but this cluster has {n} shards "
@@ -350,6 +418,11 @@ class Membership:
             )
         if self.config.replicas < 2:
             raise WrongShard("this acker runs with --replicas 1: it keeps no partner's range; nothing was copied")
+        if i < 0:
+            raise WrongShard(
+                f"this acker has no place in layout epoch {self.layout.current.epoch}: it keeps no range; nothing "
+                "was copied"
+            )
         if range_index not in (i, (i - 1) % n):
             raise WrongShard(
                 f"shard {i} keeps ranges {i} and {(i - 1) % n}, not {range_index}; ask shard {range_index} "

@@ -37,6 +37,7 @@ __all__ = [
     "Slice",
     "plan_handoffs",
     "plan_slices",
+    "plan_replicated",
 ]
 
 # One handoff carries at most this many entries: ~60 bytes each keeps a message far below 4 MiB,
@@ -190,6 +191,26 @@ def plan_handoffs(moved: MovedEntries, layout: Layout, source: int) -> list[Chun
         if shard == layout.index:
             continue
         part = moved.select(owners == shard)
+        pieces = _chunks(part.take(np.argsort(part.ages_us, kind="stable")))
+        chunks += [
+            Chunk(shard, secrets.randbits(64) or 1, piece, source, len(pieces), part.roots if i == 0 else None)
+            for i, piece in enumerate(pieces)
+        ]
+    return chunks
+
+
+def plan_replicated(moved: MovedEntries, layout: Layout, replicas: int, source: int) -> list[Chunk]:
+    """Two replicas: the entries a source hands on, split by *every* new holder of their roots, into named chunks.
+
+    Every shard of ``layout`` gets at least one chunk (an empty one too),
+    this acker's own place in it as well: the caller merges those itself. As
+    in :func:`plan_handoffs`, each holder's entries go youngest first and its
+    first chunk carries the manifest.
+    """
+    holders = layout.holders(moved.roots, replicas)
+    chunks = []
+    for shard in range(layout.count):
+        part = moved.select(np.logical_or.reduce([h == shard for h in holders]))
         pieces = _chunks(part.take(np.argsort(part.ages_us, kind="stable")))
         chunks += [
             Chunk(shard, secrets.randbits(64) or 1, piece, source, len(pieces), part.roots if i == 0 else None)

@@ -25,7 +25,7 @@ from .columns import as_ids, as_roots, distinct, fold_xor, replica_slices
 from .errors import AckerError, ClusterMisconfigured, batch_error, connect_error, shard_failure
 from .ids import new_id
 from .process import ClientStats, ProcessState
-from .relayout import send_until_applied, split_request
+from .relayout import send_until_applied, split_request, with_layout_epoch
 from .sender import Sender, undelivered
 
 __all__ = ["ClusterClient", "ClientStats", "check_address"]
@@ -264,6 +264,7 @@ class ClusterClient:
                 self._abandoned.append(st)
             st = ProcessState(self._addresses, self._channel_options, self.security, self._streams)
             st.relayout = self._relayout
+            st.epoch = self._epoch
             self._proc = st
             if self._learn_replicas:
                 # Asked again by the next process state (a forked worker's) if no shard answered.
@@ -334,7 +335,11 @@ class ClusterClient:
         if new_state is None:
             return False
         give_up_at = time.monotonic() + self.wait_for_shard
-        for target, part in split_request(request, len(layout.addresses)).items():
+        # With two replicas every copy goes again, to both new holders of each root, whatever the other old
+        # holder answered: a copy it applied may be dropped at its cut (docs/acker-semantics.md, "Moving trees").
+        parts = split_request(request, len(layout.addresses), self._replicas)
+        for target, part in parts.items():
+            part = with_layout_epoch(part, layout.epoch)
             call = new_state.apply_calls[target]
 
             def send(data: bytes, timeout: float, wait_for_ready: bool, call=call) -> object:
@@ -388,6 +393,7 @@ class ClusterClient:
                 self._epoch = epoch
                 st = ProcessState(addresses, self._channel_options, self.security, self._streams)
                 st.relayout = self._relayout
+                st.epoch = epoch
                 self._proc = st
                 if old is not None:
                     # Its flusher still sends what was buffered there; the ackers refuse it and it re-routes here.

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from acker_protocol.apply_codec import with_layout_epoch
 from acker_protocol.v1 import acker_pb2
 from acker_protocol.wire import held_at_bound
 
@@ -329,6 +330,8 @@ def deliver(
         for shard, buf in batches.items():
             batch_key = new_id() if batch_keys else 0
             request, count = buf.encode(batch_key)
+            # The layout it was routed by: during a two-replica move the ackers serve a moving root by it.
+            request = with_layout_epoch(request, getattr(st, "epoch", 0))
             if not count:
                 st.connections.finished(shard, buf)
                 continue  # everything folded away to no-op acks

@@ -119,6 +119,8 @@ class ProcessState:
         self.addresses = list(addresses)
         # Set by the client: (state, shard, refused request bytes) -> whether a newer layout took the batch.
         self.relayout: Callable[[ProcessState, int, bytes], bool] | None = None
+        # The layout epoch these addresses are (0: as the client was given them): every request names it.
+        self.epoch = 0
         options = options if options is not None else grpc_options.client_options()
         self.channels = [open_channel(a, security, options) for a in addresses]
         self.stubs = [acker_pb2_grpc.AckerStub(c) for c in self.channels]

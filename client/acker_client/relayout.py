@@ -8,7 +8,13 @@ client then asks that acker's Describe for the layout being moved to
 the client routes by, the client adopts it and sends the refused batch's
 operations again, split by ``root % new count``, each with the dedup key it
 already carried, so an operation applied before the move (and moved with its
-tree) is dropped as a repeat, never applied twice. The new owner of a root
+tree) is dropped as a repeat, never applied twice. Every request names the
+layout epoch it was routed by (``layout_epoch``). With two replicas each
+re-sent operation goes to *both* holders of its root in the new layout,
+whatever the other copy's answer was: an acker that keeps a moving root
+refuses, once cut, a copy routed by the old layout, and a copy the old
+follower applied is dropped with its entry at the cut, so it must not count
+as delivered (docs/simulation.md, "Reshard with two replicas"). The new owner of a root
 still on its way holds the operation until the tree's entry arrives; every
 other root is served at once. An acker past its bound of held operations
 answers UNAVAILABLE, which the client retries as it retries any blip.
@@ -21,16 +27,20 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from acker_protocol.apply_codec import split_by_owner
+from acker_protocol.apply_codec import split_by_holders, split_by_owner, with_layout_epoch
 
-__all__ = ["split_request", "send_until_applied"]
+__all__ = ["split_request", "send_until_applied", "with_layout_epoch"]
 
 
-def split_request(request: bytes, shard_count: int) -> dict[int, bytes]:
+def split_request(request: bytes, shard_count: int, replicas: int = 1) -> dict[int, bytes]:
     """A serialized ApplyRequest's operations regrouped by ``root % shard_count``, every field of each kept.
 
-    The acker splits a request it holds in parts with the same codec (:mod:`acker_protocol.apply_codec`).
+    With ``replicas`` 2 each operation is in the part of both shards that keep its
+    root (``root % shard_count`` and the next one). The acker splits a request it
+    holds in parts with the same codec (:mod:`acker_protocol.apply_codec`).
     """
+    if replicas > 1:
+        return split_by_holders(request, shard_count, replicas)
     return split_by_owner(request, shard_count)
 
 

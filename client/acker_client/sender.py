@@ -7,6 +7,7 @@ the listeners.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -111,7 +112,8 @@ class Sender:
         failures = deliver(
             st,
             batches,
-            policy=self.policy,
+            # The state's own shard count: a batch of an earlier layout has its partners there.
+            policy=dataclasses.replace(self.policy, shard_count=len(st.addresses)),
             batch_keys=self.batch_keys,
             failure_of=self._failure,
             on_sent=_count_sent,

@@ -8,8 +8,9 @@ request bytes itself. Only what must route single operations does:
   applies some operations of a request now and holds the others, per old owner
   or per range, until their entries arrive (``acker_service.moving``);
 * the client after a refusal during a layout change, which sends the refused
-  request's operations again split by their owner in the new layout
-  (``acker_client.relayout``).
+  request's operations again split by their owner in the new layout (with two
+  replicas: to both holders of each root), each part stamped with the new
+  layout's epoch (``acker_client.relayout``).
 
 Each part keeps every field of its operations (the dedup keys above all, which
 make a re-sent ACK a recognised repeat) and the request's spout names whole.
@@ -24,7 +25,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from .packed import encode_apply_request
+from .packed import _varint, encode_apply_request
 from .v1 import acker_pb2
 
 __all__ = [
@@ -36,7 +37,12 @@ __all__ = [
     "encode_part",
     "split_by",
     "split_by_owner",
+    "split_by_holders",
+    "with_layout_epoch",
+    "layout_epoch_of",
 ]
+
+_LAYOUT_EPOCH = 7  # ApplyRequest.layout_epoch
 
 
 class OperationColumns(Protocol):
@@ -129,3 +135,39 @@ def split_by_owner(data: bytes, shard_count: int) -> dict[int, bytes]:
     """
     columns = decode_apply_request(data)
     return split_by(columns, (columns.roots % np.uint64(shard_count)).astype(np.int64))
+
+
+def split_by_holders(data: bytes, shard_count: int, replicas: int) -> dict[int, bytes]:
+    """A serialized ApplyRequest's operations regrouped by every shard that keeps their root, every field kept.
+
+    With ``replicas`` 2 an operation on root ``r`` is in the part of shard
+    ``r % shard_count`` and in that of the next shard (both copies, as the
+    client's own buffers send them), in the request's order; with 1 this is
+    :func:`split_by_owner`. Raises :class:`UndecodableRequest` for bytes that
+    are not an ApplyRequest.
+    """
+    columns = decode_apply_request(data)
+    owners = (columns.roots % np.uint64(shard_count)).astype(np.int64)
+    copies = [(owners + k) % shard_count for k in range(replicas)]
+    return {
+        shard: encode_part(columns, np.logical_or.reduce([held == shard for held in copies]))
+        for shard in np.unique(np.concatenate(copies)).tolist()
+    }
+
+
+def with_layout_epoch(data: bytes, epoch: int) -> bytes:
+    """ApplyRequest bytes with ``layout_epoch`` set to ``epoch`` (appended: protobuf keeps a scalar's last value).
+
+    Epoch 0 is the field's default: the bytes come back unchanged.
+    """
+    if not epoch:
+        return data
+    return data + _varint(_LAYOUT_EPOCH << 3) + _varint(int(epoch))
+
+
+def layout_epoch_of(data: bytes) -> int:
+    """The layout epoch ApplyRequest bytes were routed by (0: not stated); UndecodableRequest if they do not decode."""
+    try:
+        return int(acker_pb2.ApplyRequest.FromString(data).layout_epoch)
+    except DecodeError as exc:
+        raise UndecodableRequest(exc) from exc

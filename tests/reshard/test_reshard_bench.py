@@ -21,9 +21,20 @@ def test_reshard_bench_reports_its_figures(capsys):
     assert (result["lost"], result["replayed"], result["false_acks"], result["more_than_one_outcome"]) == (0, 0, 0, 0)
 
 
-def test_reshard_bench_refuses_two_replicas_instead_of_ignoring_them(capsys):
-    """--replicas 2 is refused with a reason (it used to be accepted and a one-replica cluster moved)."""
-    code = acker_bench(["--mode", "reshard", "--replicas", "2", "--pending-trees", "100", "--duration", "1", "--json"])
+def test_reshard_bench_moves_a_replicated_cluster(capsys):
+    """--replicas 2: both copies move, 3 -> 4 -> 3 under load, and the JSON says replicas 2 (it used to be refused)."""
+    code = acker_bench(["--mode", "reshard", "--replicas", "2", "--from", "3", "--to", "4", "--back",
+                        "--pending-trees", "3000", "--duration", "2", "--json"])  # fmt: skip
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["replicas"] == 2 and [m["to_shards"] for m in result["moves"]] == [4, 3]
+    assert result["moved_trees"] > 0 and result["steady_trees"] > 0
+    assert (result["lost"], result["replayed"], result["false_acks"], result["more_than_one_outcome"]) == (0, 0, 0, 0)
+
+
+def test_reshard_bench_refuses_a_layout_smaller_than_the_replicas(capsys):
+    """--replicas 2 needs two ackers on both sides of the move: refused with the reason."""
+    code = acker_bench(["--mode", "reshard", "--replicas", "2", "--from", "2", "--to", "1", "--pending-trees", "100",
+                        "--duration", "1", "--json"])  # fmt: skip
     assert code == 1
-    err = capsys.readouterr().err
-    assert "--replicas 2" in err and "cannot reshard a replicated cluster yet" in err
+    assert "--replicas 2 needs at least 2 ackers in both layouts" in capsys.readouterr().err

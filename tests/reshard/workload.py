@@ -83,8 +83,14 @@ class Trees:
             self.cluster.ack(root, self.complete.pop(root))
             self.done.add(root)
 
-    def verdict(self, outcomes: Outcomes) -> Counter:
-        """Counts of what happened to every tree: the invariants read off it."""
+    def verdict(self, outcomes: Outcomes, replicas: int = 1) -> Counter:
+        """Counts of what happened to every tree: the invariants read off it.
+
+        With two replicas every keeper of a tree reports it (and an old holder as
+        well as a new one may, across a move): the spout settles on the first and
+        ignores the rest, so "more than one outcome" counts the trees whose
+        reports disagree, what would make that first one matter.
+        """
         c: Counter = Counter()
         with outcomes.lock:
             for root in self.done | self.incomplete:
@@ -92,7 +98,7 @@ class Trees:
                 c["emitted"] += 1
                 if not seen:
                     c["lost"] += 1
-                if len(seen) > 1:
+                if (len(set(seen)) if replicas > 1 else len(seen)) > 1:
                     c["more_than_one_outcome"] += 1
                 if root in self.done and seen and seen[0] != Outcome.ACKED:
                     c["replayed"] += 1  # a complete tree that did not end ACKED would be replayed

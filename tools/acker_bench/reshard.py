@@ -17,6 +17,11 @@ before the first move (p99), while a move was running (p50 and p99: three
 quarters of the roots move in a 3 -> 4 move and wait for their handoff, the
 rest are served at once) and after; the p99 during a move also for the roots the first
 move gives a new owner and for those it leaves in place.
+
+With ``--replicas 2`` the ackers keep every tree twice and the move carries both
+copies (a root moves when its set of two holders changes); the client sends
+every operation to both holders, and every holder reports each tree, so
+"more than one outcome" counts the trees whose reports disagree.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class _Outcomes:
         self.cond = threading.Condition()
         self.count: dict[int, int] = {}
         self.first: dict[int, tuple[int, float]] = {}
+        self.kinds: dict[int, list[int]] = {}  # every outcome reported per root (two replicas: one per holder)
         self.subs: dict[str, OutcomeSubscription] = {}
         self.follow(cluster.addresses)
         cluster.add_layout_listener(self.follow)
@@ -65,6 +71,7 @@ class _Outcomes:
         with self.cond:
             for root, outcome in zip(roots.tolist(), outcomes.tolist()):
                 self.count[root] = self.count.get(root, 0) + 1
+                self.kinds.setdefault(root, []).append(outcome)
                 self.first.setdefault(root, (outcome, now))
             self.cond.notify_all()
 
@@ -89,7 +96,12 @@ class ReshardBench:
     steady_seconds: float = 3.0
     message_timeout: float = 120.0
     engine: str = "native"
-    replicas: int = 1  # 2 is refused: the ackers cannot move a replicated cluster yet
+    replicas: int = 1  # 2: every tree is kept by two ackers and both copies move
+
+
+def _holders(root: int, addresses: list[str], replicas: int) -> frozenset[str]:
+    """The ackers keeping ``root`` in a layout of ``addresses``: a root moves when this set changes."""
+    return frozenset(addresses[(root + k) % len(addresses)] for k in range(replicas))
 
 
 def _ids(n: int) -> np.ndarray:
@@ -102,19 +114,18 @@ def run_reshard(bench: ReshardBench) -> dict:
     """One run; the figures as a JSON-ready dict."""
     if bench.start < 1 or bench.to < 1 or bench.start == bench.to:
         raise ValueError("--from and --to must be different positive shard counts")
-    if bench.replicas != 1:
-        # Refused rather than run with one replica under a flag that says two (the ackers refuse such a move).
-        raise ValueError(
-            f"--replicas {bench.replicas}: the ackers cannot reshard a replicated cluster yet (the protocol is "
-            "modelled in the simulation only, docs/simulation.md); run --mode reshard with --replicas 1"
-        )
+    if bench.replicas not in (1, 2):
+        raise ValueError(f"--replicas must be 1 or 2, got {bench.replicas}")
+    if min(bench.start, bench.to) < bench.replicas:
+        raise ValueError(f"--replicas {bench.replicas} needs at least {bench.replicas} ackers in both layouts")
     size = max(bench.start, bench.to)
     servers = []
     try:
         for i in range(size):
             count = bench.start if i < bench.start else size
             config = ServerConfig(host="127.0.0.1", port=0, grace=0.5, shard_index=i, shard_count=count,
-                                  message_timeout=bench.message_timeout, engine=bench.engine)  # fmt: skip
+                                  message_timeout=bench.message_timeout, engine=bench.engine,
+                                  replicas=bench.replicas)  # fmt: skip
             server = AckerServer(config)
             server.start()
             servers.append(server)
@@ -127,7 +138,7 @@ def run_reshard(bench: ReshardBench) -> dict:
 
 def _run(bench: ReshardBench, addresses: list[str]) -> dict:
     first, second = addresses[: bench.start], addresses[: bench.to]
-    client = ClusterClient(first, flush_interval=0.001, wait_for_shard=120.0)
+    client = ClusterClient(first, flush_interval=0.001, wait_for_shard=120.0, replicas=bench.replicas)
     outcomes = _Outcomes(client)
     # The trees that move: pending, their last ack held back.
     roots, a, b = _ids(bench.pending_trees), _ids(bench.pending_trees), _ids(bench.pending_trees)
@@ -186,13 +197,23 @@ def _run(bench: ReshardBench, addresses: list[str]) -> dict:
     lost = sum(1 for r in completed if r not in first_seen)
     replayed = sum(1 for r in completed if r in first_seen and first_seen[r][0] != Outcome.ACKED)
     false_acks = sum(1 for r in incomplete if r in first_seen and first_seen[r][0] == Outcome.ACKED)
-    repeated = sum(1 for r in completed + incomplete if counts.get(r, 0) > 1)
+    if bench.replicas > 1:
+        # Every holder reports a tree (an old and a new one may, across a move): the spout settles on the
+        # first, so what matters is whether the reports disagree.
+        with outcomes.cond:
+            kinds = {r: set(k) for r, k in outcomes.kinds.items()}
+        repeated = sum(1 for r in completed + incomplete if len(kinds.get(r, ())) > 1)
+    else:
+        repeated = sum(1 for r in completed + incomplete if counts.get(r, 0) > 1)
+    holders_first = {r: _holders(r, first, bench.replicas) for r in emitted}
 
     def pct(which: str, q: float = 99, moving: bool | None = None) -> float | None:
         lat = [
             (first_seen[r][1] - t) * 1000
             for r, t in emitted.items()
-            if phase[r] == which and r in first_seen and (moving is None or (r % bench.start != r % bench.to) == moving)
+            if phase[r] == which
+            and r in first_seen
+            and (moving is None or (holders_first[r] != _holders(r, second, bench.replicas)) == moving)
         ]
         return round(float(np.percentile(lat, q)), 2) if lat else None
 

@@ -9,6 +9,12 @@ Clients learn the new layout from a refusal and Describe. Running the same
 command again after a failure finishes the same change: each step is safe to
 repeat. Why nothing is lost, replayed or acked falsely:
 docs/acker-semantics.md, "Moving trees".
+
+With ``--replicas 2`` both copies of a tree move: a tree moves when the set of
+two ackers keeping it changes, its old owner hands its entry to both new
+holders (itself too when it stays one) and the other old holder drops its copy
+(docs/simulation.md, "Reshard with two replicas"). Every acker must run with
+the same ``--replicas``, and the new layout needs at least that many ackers.
 """
 
 from __future__ import annotations
@@ -57,9 +63,15 @@ def reshard(
     started = clock()
     with Cluster(everyone, security, deadline) as cluster:
         infos = [cluster._describe(i) for i in range(len(everyone))]
-        for address, info in zip(everyone, infos):
-            if info.replicas > 1:
-                raise CtlError(f"{address} runs with --replicas {info.replicas}: resharding supports replicas 1 only")
+        factors = {address: info.replicas or 1 for address, info in zip(everyone, infos)}
+        replicas = max(factors.values())
+        if len(set(factors.values())) > 1:
+            listing = ", ".join(f"{a}: {r}" for a, r in factors.items())
+            raise CtlError(f"the ackers disagree on --replicas ({listing}); start every acker with the same one")
+        if len(new) < replicas:
+            raise CtlError(
+                f"with --replicas {replicas} the new layout needs at least {replicas} ackers, got {len(new)}"
+            )
         epoch = max(info.layout.epoch for info in infos) + 1
         for i, address in enumerate(everyone):
             index = new.index(address) if address in new else -1
@@ -106,6 +118,7 @@ def reshard(
             left_pending[everyone[i]] = pending
     return {
         "epoch": epoch,
+        "replicas": replicas,
         "from_shards": len(current),
         "to_shards": len(new),
         "addresses": list(new),

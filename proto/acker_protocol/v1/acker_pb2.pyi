@@ -487,6 +487,15 @@ class ApplyRequest(_message.Message):
     DEDUP_KEYS_FIELD_NUMBER: _builtins.int
     SPOUTS_FIELD_NUMBER: _builtins.int
     SPOUT_INDEX_FIELD_NUMBER: _builtins.int
+    LAYOUT_EPOCH_FIELD_NUMBER: _builtins.int
+    layout_epoch: _builtins.int
+    """The layout epoch the client routed this request by (0: the addresses it
+    was given). Read only during a layout change of a cluster with two
+    replicas: an acker that keeps a moving root refuses, once cut, an
+    operation routed by the layout left, and holds one routed by the next
+    layout until the root's entry arrives (docs/acker-semantics.md, "Moving
+    trees").
+    """
     @_builtins.property
     def kinds(self) -> _containers.RepeatedScalarFieldContainer[Global___OpKind.ValueType]:
         """One OpKind per operation."""
@@ -529,10 +538,11 @@ class ApplyRequest(_message.Message):
         dedup_keys: _abc.Iterable[_builtins.int] | None = ...,
         spouts: _abc.Iterable[_builtins.str] | None = ...,
         spout_index: _abc.Iterable[_builtins.int] | None = ...,
+        layout_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup_keys", b"dedup_keys", "kinds", b"kinds", "root_ids", b"root_ids", "spout_index", b"spout_index", "spouts", b"spouts", "values", b"values"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup_keys", b"dedup_keys", "kinds", b"kinds", "layout_epoch", b"layout_epoch", "root_ids", b"root_ids", "spout_index", b"spout_index", "spouts", b"spouts", "values", b"values"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
