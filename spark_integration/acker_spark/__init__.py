@@ -21,7 +21,7 @@ from typing import Any
 from . import moved_modules
 from .budget import BudgetExceeded, FailureBudget
 from .dead_letter import DeadLetter, DeadLetterStore, Select
-from .redrive import RedriveReport, RedriveUnfinished
+from .redrive import RedriveRefused, RedriveReport, RedriveUnfinished
 from .replay_policy import ReplayPolicy
 from .run_report import AcksUndelivered, RecordsFailed, RunError, RunStats, RunStopped, ShardDown, SourceStats
 from .session import LOCAL_MASTER, local_session
@@ -51,6 +51,10 @@ _LAZY = {
     "SourcePipeline": "executor_read.source_pipeline",
     "PipelineOptions": "executor_read.pipeline_options",
     "UnstableIdentity": "tracking.identity",
+    "WrongCheckpoint": "tracking.checkpoint",
+    "JobWritesItself": "executor_read.job_check",
+    "OutputForgotten": "executor_read.job_check",
+    "OutputNotReturned": "executor_read.job_check",
     "record_commit_errors": "streaming.stream_undelivered",
     "StreamOptions": "streaming.stream_options",
     "register_acker_spout": "streaming.data_source",
@@ -82,6 +86,10 @@ __all__ = [
     "ArrowFunction",
     "BatchOutput",
     "Bolt",
+    "JobWritesItself",
+    "OutputForgotten",
+    "OutputNotReturned",
+    "RedriveRefused",
     "RedriveReport",
     "RedriveUnfinished",
     "Select",
@@ -113,6 +121,7 @@ __all__ = [
     "TextDirectorySource",
     "UnstableIdentity",
     "UntrackedCollector",
+    "WrongCheckpoint",
     "client_for",
     "close_clients",
     "commit_errors",

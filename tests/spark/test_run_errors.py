@@ -36,6 +36,14 @@ def test_every_run_ending_error_is_a_run_error_and_keeps_its_old_base(error: typ
     assert issubclass(error, RunError) and issubclass(error, old_base)
 
 
+@pytest.mark.parametrize(("error", "old_base"), FAMILY, ids=[e.__name__ for e, _ in FAMILY])
+def test_every_run_ending_error_is_importable_from_the_package(error: type, old_base: type) -> None:
+    """``from acker_spark import OutputForgotten`` works for each, as docs/spark.md names them."""
+    import acker_spark
+
+    assert getattr(acker_spark, error.__name__) is error and error.__name__ in acker_spark.__all__
+
+
 class _Driver:
     """A stand-in driver: its run raises what it is told to."""
 

@@ -90,6 +90,13 @@ def test_bench_memory_mode_reports_bytes_per_pending_tree(capsys):
     assert result["bytes_per_pending_tree"] > 0 and result["reference_bytes_per_pending_tree"] > 0
 
 
+def test_bench_memory_mode_prints_its_table_without_json(capsys):
+    """Without --json the memory mode prints its figures as a table (it failed formatting the engine's name)."""
+    assert main(["--mode", "memory", "--pending-trees", "2000"]) == 0
+    out = capsys.readouterr().out
+    assert "engine" in out and "native" in out and "bytes per pending tree" in out
+
+
 def test_bench_ledger_mode_runs_both_engines_on_every_tree(capsys):
     """--mode ledger sends every tree through the native ledger (both paths) and the reference; figures for each."""
     assert (

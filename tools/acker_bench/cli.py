@@ -472,7 +472,7 @@ def _compare_replicas_mode(args: argparse.Namespace) -> int:
     else:
         _print_rows(
             f"acker-bench --mode apply --compare-replicas: {result['ackers']} ackers, {result['rounds']} rounds",
-            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+            _figure_rows(result),
         )
     return 0
 
@@ -487,9 +487,7 @@ def _memory_mode(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        _print_rows(
-            "acker-bench: acker memory per pending tree", [(k.replace("_", " "), f"{v:,}") for k, v in result.items()]
-        )
+        _print_rows("acker-bench: acker memory per pending tree", _figure_rows(result))
     return 0
 
 
@@ -514,7 +512,7 @@ def _mass_timeout_mode(args: argparse.Namespace) -> int:
     else:
         _print_rows(
             f"acker-bench --mode mass-timeout: {result['trees']:,} trees expiring at once, {args.engine} engine",
-            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+            _figure_rows(result),
         )
     return 0 if result["outcomes_delivered"] == result["trees"] else 1
 
@@ -570,7 +568,7 @@ def _dataframe_mode(args: argparse.Namespace) -> int:
     else:
         _print_rows(
             f"acker-bench --mode dataframe: {result['records']:,} records, fan-out {result['fan_out']}",
-            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+            _figure_rows(result),
         )
     return 0 if result["records_acked"] == result["records"] else 1
 
@@ -599,7 +597,7 @@ def _pipeline_mode(args: argparse.Namespace) -> int:
     else:
         _print_rows(
             f"acker-bench --mode pipeline: {result['records']:,} lines in {result['files']} files",
-            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+            _figure_rows(result),
         )
     return 0 if result["sink_exact"] else 1
 
@@ -623,7 +621,7 @@ def _redrive_mode(args: argparse.Namespace) -> int:
     else:
         _print_rows(
             f"acker-bench --mode redrive: {result['records']:,} dead letters",
-            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+            _figure_rows(result),
         )
     return 0 if result["exactly_once"] else 1
 
@@ -672,7 +670,7 @@ def _queue_mode(args: argparse.Namespace) -> int:
     else:
         _print_rows(
             f"acker-bench --mode queue: {result['published']:,} messages on {result['broker']}",
-            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+            _figure_rows(result),
         )
     return 0 if result["ok"] else 1
 
@@ -685,7 +683,7 @@ def _ledger_mode(args: argparse.Namespace) -> int:
     else:
         _print_rows(
             f"acker-bench --mode ledger: {result['trees']:,} trees, {result['batch_ops']:,} ops per batch",
-            [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()],
+            _figure_rows(result),
         )
     return 0
 
@@ -708,6 +706,11 @@ def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
     for name, value in rows:
         table.add_row(name, value)
     Console().print(table)
+
+
+def _figure_rows(result: dict) -> list[tuple[str, str]]:
+    """A result's ``(name, value)`` rows for :func:`_print_rows`: numbers with thousands separators, the rest as text."""
+    return [(k.replace("_", " "), f"{v:,}" if isinstance(v, (int, float)) else str(v)) for k, v in result.items()]
 
 
 def _print_table(result: dict) -> None:

@@ -153,10 +153,10 @@ def check_job(spark: Any, schema: Any, job: Callable[[Any], object], output: Any
         return
     if output is None and is_dataframe(result):
         raise OutputForgotten(
-            "the job returned a DataFrame but the pipeline has no output=: its rows would be dropped and no "
-            "record read. Pass output=FileOutput(path, partition_by=[...]) (or TableOutput/BatchOutput) to "
-            "SourcePipeline to commit them exactly once, or end the job with an action over a sink bolt. No "
-            "record was read or marked done"
+            "the job returned a DataFrame but the pipeline has no output=: nothing would compute it, so its rows "
+            "would be dropped and no record read. Pass output=FileOutput(path, partition_by=[...]) (or "
+            "TableOutput/BatchOutput) to SourcePipeline to commit them exactly once, or end the job with an action "
+            "over a sink bolt. No record was read or marked done"
         )
     if output is not None and (not is_dataframe(result) or TRACKING_COLUMN not in result.columns):  # type: ignore[attr-defined]
         raise OutputNotReturned(not_returned_message(output, result))
