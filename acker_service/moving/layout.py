@@ -26,18 +26,18 @@ applies. Why no rule breaks through a move: docs/acker-semantics.md, "Moving
 trees".
 
 With two replicas (``replicas=2``) root ``r`` lives on shards ``r % count``
-(its owner, the root's *source* in a move) and ``r % count + 1``, and the
-rules are the seeded simulation's (docs/simulation.md, "Reshard with two
-replicas"): a root *moves* when the set of ackers (addresses) holding it
-changes; one whose set stays is served as before. Every request names the
-layout epoch it was routed by. On a moving root an old holder applies the
-operations routed by an older layout until its own cut and refuses them from
-then on; a new holder holds those routed by the next layout until its own cut
-and until the source's entry is merged or known not to be coming. At its cut
-an acker takes out the entry of every moving root it holds: the source hands
-its copy to each new holder (itself too when it stays one), the other old
-holder drops its copy (:meth:`LayoutMachine.cut_plan`). Chunks that reach a
-new holder before its own cut wait there for it.
+(its owner) and ``r % count + 1``, and the rules are the seeded simulation's
+(docs/simulation.md, "Reshard with two replicas"): a root *moves* when the set
+of ackers (addresses) keeping it changes; one whose set stays is served as
+before. On a moving root **each old copy moves to exactly one new keeper**: a
+keeper that stays keeps its own copy and serves the root throughout; a keeper
+that leaves serves it until its own cut, then hands its copy to the one new
+keeper it is paired with (:meth:`LayoutMachine.handoff_targets`: the leavers in
+their old roles' order meet the newcomers in their new roles' order, so old
+owner -> new owner and old follower -> new follower when both change) and
+refuses it; a newcomer holds the root's operations until its paired leaver's
+entry is merged or known not to be coming. Nothing is dropped, so each new
+copy carries one old keeper's whole history, as replicas do without a move.
 """
 
 from __future__ import annotations
@@ -170,17 +170,16 @@ class Arrivals:
 
 @dataclass(frozen=True)
 class CutPlan:
-    """What a two-replica cut takes out: every moving root this acker holds, and which of them it hands on.
+    """What a two-replica cut takes out: the moving roots this acker leaves, and the new keeper of each copy.
 
-    ``leave`` are the roots whose entries leave the ledger at the cut; ``sourced``
-    marks those whose old owner (the source) this acker is: their entries go to
-    each new holder (``targets``: per copy, the new shard index of each root), the
-    others' are dropped (the source's copy replaces them).
+    ``leave`` are the roots whose entries leave the ledger at the cut (this acker
+    keeps them in the layout left, not in the next one); ``targets`` the new
+    shard index each one's copy goes to (:meth:`LayoutMachine.handoff_targets`).
+    The moving roots this acker keeps in both layouts stay, untouched.
     """
 
     leave: np.ndarray
-    sourced: np.ndarray
-    targets: list[np.ndarray]
+    targets: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -237,8 +236,8 @@ class LayoutMachine:
             self._check_replicated(layout, previous)
         self.previous, self.next, self.state = previous, layout, PREPARED
         # Every old owner but this acker itself hands over (an empty handoff too): await each one.
-        # With two replicas this acker too: it hands its own sourced entries to itself at its cut.
-        own = previous.index if self.replicas == 1 else -1
+        # (Two replicas too: a keeper that stays keeps its own copy, it hands nothing to itself.)
+        own = previous.index
         self.awaiting = {i for i in range(previous.count) if i != own} if layout.index >= 0 else set()
         self.arrivals = {i: Arrivals() for i in self.awaiting}
 
@@ -270,13 +269,48 @@ class LayoutMachine:
         (a, b), (c, d) = before, after
         return ~(((a == c) & (b == d)) | ((a == d) & (b == c)))
 
+    def _keepers(self, roots: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """Two replicas: each root's old keepers (old indices), the same in next-layout indices (-1: it leaves the
+        cluster), and its new keepers (next indices); owner first in each."""
+        assert self.previous is not None and self.next is not None
+        place = {a: i for i, a in enumerate(self.next.addresses)}
+        old_to_new = np.array([place.get(a, -1) for a in self.previous.addresses], np.int64)
+        old = self.previous.holders(roots, self.replicas)
+        return old, [old_to_new[h] for h in old], self.next.holders(roots, self.replicas)
+
+    def handoff_targets(self, roots: np.ndarray) -> np.ndarray:
+        """Two replicas: for moving roots this acker leaves (uint64), the new shard index its copy of each goes to.
+
+        Each old keeper that leaves a root hands its copy to one new keeper that
+        did not keep it: the leavers in their old roles' order (owner first) meet
+        the newcomers in their new roles' order. One leaver: to the one newcomer;
+        two (no keeper stays): old owner -> new owner, old follower -> new follower.
+        Every acker computes the same from the two layouts alone.
+        """
+        assert self.previous is not None
+        roots = np.asarray(roots, np.uint64)
+        (h0, _), (o0, o1), (n0, n1) = self._keepers(roots)
+        owner_leaves = (o0 != n0) & (o0 != n1)
+        first_newcomer = np.where((n0 != o0) & (n0 != o1), n0, n1)
+        as_follower = np.where(owner_leaves, n1, first_newcomer)  # the second newcomer when both leave
+        return np.where(h0 == self.previous.index, first_newcomer, as_follower)
+
+    def handoff_sources(self, roots: np.ndarray) -> np.ndarray:
+        """Two replicas: for moving roots new to this acker (uint64), the old shard index whose copy it takes over."""
+        assert self.next is not None
+        roots = np.asarray(roots, np.uint64)
+        (h0, h1), (o0, o1), (n0, n1) = self._keepers(roots)
+        first_leaver = np.where((o0 != n0) & (o0 != n1), h0, h1)
+        as_follower = np.where((n0 != o0) & (n0 != o1), h1, first_leaver)  # the second leaver when both are new
+        return np.where(n0 == self.next.index, first_leaver, as_follower)
+
     def cut_plan(self, roots: np.ndarray) -> CutPlan:
-        """Two replicas: of the roots held here (uint64), those a cut takes out, and which it hands on where."""
+        """Two replicas: of the roots held here (uint64), those a cut takes out, and the new keeper of each."""
         assert self.previous is not None and self.next is not None
         roots = np.asarray(roots, np.uint64)
-        leave = roots[self.moves(roots) & self.previous.held(roots, self.replicas)]
-        sourced = self.previous.owned(leave)
-        return CutPlan(leave, sourced, self.next.holders(leave, self.replicas))
+        leaves = self.moves(roots) & self.previous.held(roots, self.replicas) & ~self.next.held(roots, self.replicas)
+        leave = roots[leaves]
+        return CutPlan(leave, self.handoff_targets(leave))
 
     def start_cut(self, epoch: int) -> Layout:
         """The layout to cut to; refused unless ``epoch`` was prepared (a repeated cut is allowed: it re-sends)."""
@@ -307,14 +341,11 @@ class LayoutMachine:
         self.awaiting.discard(source)
         self.arrivals.pop(source, None)
 
-    def route(self, roots: np.ndarray, epoch: int = 0) -> Route:
-        """Per root (uint64) during a change: apply now, hold for an old owner's handoff, or refuse.
-
-        ``epoch``: the layout epoch the request was routed by (read with two replicas only).
-        """
+    def route(self, roots: np.ndarray) -> Route:
+        """Per root (uint64) during a change: apply now, hold for an old owner's handoff, or refuse."""
         assert self.previous is not None and self.next is not None, "route() is for a change under way"
         if self.replicas > 1:
-            return self._route_replicated(roots, epoch)
+            return self._route_replicated(roots)
         previous, nxt = self.previous, self.next
         new_owned = nxt.owned(roots)
         old_owned = previous.owned(roots)
@@ -331,35 +362,26 @@ class LayoutMachine:
         foreign = np.flatnonzero(~served)
         return Route(source, int(foreign[0]) if len(foreign) else -1)
 
-    def _route_replicated(self, roots: np.ndarray, epoch: int) -> Route:
-        """Two replicas: a root whose holders stay is served by them; a moving one by the layout it was routed by.
+    def _route_replicated(self, roots: np.ndarray) -> Route:
+        """Two replicas: a keeper that stays applies; one that leaves, until its cut; a newcomer holds for its leaver.
 
-        Routed by an older layout: an old holder applies it until its own cut,
-        then refuses it (the client sends every copy again by the next layout).
-        Routed by the next one: a new holder holds it until its own cut and the
-        source's entry is merged (or known not to come), then applies it.
+        The layout a request was routed by plays no part: a keeper that stays
+        keeps one copy throughout, whichever layout routed an operation to it.
         """
         assert self.previous is not None and self.next is not None
-        previous, nxt = self.previous, self.next
-        moving = self.moves(roots)
-        cut = self.state == CUT
+        new_held = self.next.held(roots, self.replicas)
+        old_held = self.previous.held(roots, self.replicas)
+        # Until its cut an old keeper still serves the roots it leaves.
+        served = new_held | old_held if self.state == PREPARED else new_held
         source = np.full(len(roots), -1, np.int64)
-        if epoch < nxt.epoch:
-            served = ~moving & nxt.held(roots, self.replicas)
-            if not cut:
-                served |= moving & previous.held(roots, self.replicas)
-        else:
-            served = nxt.held(roots, self.replicas)
-            arriving = np.flatnonzero(moving & served)
+        if self.awaiting:
+            arriving = np.flatnonzero(new_held & ~old_held & self.moves(roots))
             if len(arriving):
-                old_owner = (roots[arriving] % np.uint64(previous.count)).astype(np.int64)
-                if not cut:
-                    source[arriving] = old_owner
-                else:
-                    for s in self.awaiting:
-                        at = arriving[old_owner == s]
-                        if len(at):
-                            source[at[self.arrivals[s].waiting(roots[at])]] = s
+                sources = self.handoff_sources(roots[arriving])
+                for s in self.awaiting:
+                    at = arriving[sources == s]
+                    if len(at):
+                        source[at[self.arrivals[s].waiting(roots[at])]] = s
         foreign = np.flatnonzero(~served)
         return Route(source, int(foreign[0]) if len(foreign) else -1)
 
@@ -370,9 +392,9 @@ class LayoutMachine:
             shards = [int(h[0]) for h in self.next.holders(np.array([root], np.uint64), self.replicas)]
             where = " and ".join(f"shard {i} ({self.next.addresses[i]})" for i in shards)
             return (
-                f"root {root} is kept by {where} of the {self.next.count} of layout epoch {self.next.epoch}, and "
-                "this acker does not take it from a request routed by the layout it came by; ask Describe for the "
-                "next layout and send every copy there; nothing of this request was applied"
+                f"root {root} is kept by {where} of the {self.next.count} of layout epoch {self.next.epoch}, not by "
+                "this acker (any more); ask Describe for the next layout and send every copy there; nothing of "
+                "this request was applied"
             )
         if self.previous is not None and self.previous.owns(root):
             return (

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
-from acker_protocol.apply_codec import encode_part, layout_epoch_of
+from acker_protocol.apply_codec import encode_part
 
 from ..batch import BatchError, InvalidBatch, WrongShard, check_request
 from ..config import ServerConfig
@@ -25,11 +25,11 @@ from ..ledger import Ledger, Limits
 from ..outcome_columns import ColumnarResult, OutcomeColumns
 from .catchup import CatchUp
 from .held import HeldOperations
-from .layout import CUT, PREPARED, Layout, LayoutMachine, LayoutRefused
+from .layout import PREPARED, Layout, LayoutMachine, LayoutRefused
 from .layout_file import LayoutFile, LayoutNotRecorded, starting_layout
 from .peers import peer_security
 from .request_parts import apply_in_parts
-from .reshard import Chunk, HandoffFailed, Slice, plan_replicated, plan_slices, send_handoffs
+from .reshard import Chunk, HandoffFailed, Slice, plan_handoffs, plan_slices, send_handoffs
 from .transfers import Transfers
 
 __all__ = ["Membership"]
@@ -71,8 +71,6 @@ class Membership:
         self._cut_moved = (0, 0)  # (trees, entries) this change's cut took out
         self._merged_chunks: dict[int, set[int]] = {}  # per old shard: its handoff chunk keys merged
         self._cutting = False
-        # Two replicas: chunks that reached this new holder before its own cut, merged at the cut (source, chunk).
-        self._early: list[tuple[int, Chunk]] = []
         # A restarted replica copies each of its two ranges from a partner before it applies its operations
         # (catchup.py): the ranges of the layout it starts in (the layout file's, after a reshard).
         self.catchup = CatchUp.for_shard(
@@ -147,9 +145,7 @@ class Membership:
         re-routes every operation of it by the next layout, each with its dedup key.
         """
         batch = check_request(data, self._any_root)
-        # Two replicas: a moving root is served by the layout the request was routed by (layout.py).
-        epoch = layout_epoch_of(data) if self.config.replicas > 1 else 0
-        route = self.layout.route(batch.roots, epoch)
+        route = self.layout.route(batch.roots)
         if route.refused >= 0:
             raise WrongShard(self.layout.refusal(int(batch.roots[route.refused])))
         result = apply_in_parts(
@@ -210,7 +206,6 @@ class Membership:
         if fresh:
             self._merged_chunks.clear()
             self._unsent, self._cut_moved, self._slices_left = [], (0, 0), 0
-            self._early = []
             self.held.clear()
 
     async def cut_layout(self, epoch: int, metadata: tuple[tuple[str, str], ...] = ()) -> tuple[int, int]:
@@ -250,13 +245,13 @@ class Membership:
         return self._cut_moved
 
     def _cut_replicated(self, target: Layout) -> None:
-        """Two replicas, in one event-loop step: take out every moving root held here, hand on what this acker is the source of.
+        """Two replicas, in one event-loop step: take out the moving roots this acker leaves, each for one new keeper.
 
-        The copies of which it is not the source are dropped (the source's copy
-        replaces them at every new holder); from now on the moving roots are
-        refused to requests routed by an older layout. Its own share (it stays a
-        holder) and the chunks that came before this cut are merged now, and
-        what was held for them applies; the others are sent by the caller.
+        Each copy goes to the one new keeper paired with this acker for its root
+        (:meth:`LayoutMachine.handoff_targets`); from now on those roots are
+        refused here. The moving roots this acker keeps in both layouts stay in
+        its ledger, served throughout: no copy is dropped. The chunks are sent by
+        the caller (every new shard but this acker's own place gets one, empty too).
         """
         roots, _ = self.ledger.moving_roots(1, -1)  # every live root here, with nothing removed
         plan = self.layout.cut_plan(roots)
@@ -265,28 +260,12 @@ class Membership:
         self._settle(OutcomeColumns.empty())  # refresh the pending gauge
         self.transfers.handoff_out_trees += moved.trees
         self.transfers.handoff_out_entries += len(moved)
+        self._cut_moved = (moved.trees, len(moved))
+        self.layout.count_moved(moved.trees, len(moved))
         source = self.layout.previous.index if self.layout.previous else -1
-        unsent: list[Chunk | Slice] = []
-        if source >= 0:
-            sourced = moved.select(self._sourced(moved.roots))
-            self._cut_moved = (sourced.trees, len(sourced))
-            self.layout.count_moved(sourced.trees, len(sourced))
-            for chunk in plan_replicated(sourced, target, self.config.replicas, source):
-                if chunk.shard == target.index:
-                    self._merge(source, chunk)
-                else:
-                    unsent.append(chunk)
-        self._unsent = unsent
-        early, self._early = self._early, []
-        for sender, chunk in early:
-            self._merge(sender, chunk)
-        for sender in sorted(self.layout.arrivals.keys() | self.held.sources()):
-            self._release(sender, sender not in self.layout.awaiting)
-
-    def _sourced(self, roots: np.ndarray) -> np.ndarray:
-        """Which of ``roots`` this acker owned in the layout left: it is their source in a two-replica move."""
-        assert self.layout.previous is not None
-        return self.layout.previous.owned(roots)
+        if source >= 0:  # an acker new in this layout kept no root: it hands nothing over
+            targets = self.layout.handoff_targets(moved.roots)
+            self._unsent = list(plan_handoffs(moved, target, source, targets))
 
     def _take_slice(self, roots: np.ndarray) -> MovedEntries:
         """Take one slice of the cut out of the ledger (one event-loop step) and count what left."""
@@ -318,17 +297,14 @@ class Membership:
                 "and a non-zero chunk key; nothing merged"
             )
         merged = self._merged_chunks.setdefault(source, set())
-        if key in merged or any(s == source and c.key == key for s, c in self._early):
-            return 0  # a resent chunk whose first answer was lost: merged (or kept for the cut) already
+        if key in merged:
+            return 0  # a resent chunk whose first answer was lost: merged already
         if source not in self.layout.awaiting:
             raise LayoutRefused(
                 f"every handoff of old shard {source} was merged already (or it is this acker); chunk refused"
             )
         chunk = Chunk(max(self.layout.next.index, 0) if self.layout.next else 0, key, moved, source, chunks, manifest)
-        if self.config.replicas > 1 and self.layout.state != CUT:
-            # Two replicas: this acker may still hold its own copies of these roots; its cut takes them out first.
-            self._early.append((source, chunk))
-            return len(moved)
+        # Two replicas too, before this acker's own cut: its roots are new here, it held no copy of them.
         return self._merge(source, chunk)
 
     def _merge(self, source: int, chunk: Chunk) -> int:
@@ -355,9 +331,7 @@ class Membership:
                     self._applied(self.ledger.apply(request, self._any_root, max_expired=0))
                     continue
                 batch = check_request(request, self._any_root)
-                # Only operations routed by the next layout are held (two replicas: the epoch says so).
-                epoch = self.layout.next.epoch if self.layout.next else 0
-                waiting = self.layout.route(batch.roots, epoch).source >= 0
+                waiting = self.layout.route(batch.roots).source >= 0
                 if not waiting.all():
                     part = request if not waiting.any() else encode_part(batch, ~waiting)
                     self._applied(self.ledger.apply(part, self._any_root, max_expired=0))
@@ -374,7 +348,6 @@ class Membership:
             raise LayoutRefused("this acker still holds moved entries it could not hand over; cut again first")
         layout = self.layout.commit(epoch, self._record)
         self._merged_chunks.clear()
-        self._early = []
         self.limits = Limits(max(layout.index, 0), layout.count, self.config.max_batch, self.config.replicas)
         return layout
 

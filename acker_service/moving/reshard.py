@@ -37,7 +37,6 @@ __all__ = [
     "Slice",
     "plan_handoffs",
     "plan_slices",
-    "plan_replicated",
 ]
 
 # One handoff carries at most this many entries: ~60 bytes each keeps a message far below 4 MiB,
@@ -175,9 +174,11 @@ def _chunks(moved: MovedEntries) -> list[MovedEntries]:
     return [moved.slice(lo, lo + ENTRIES_PER_MESSAGE) for lo in range(0, n, ENTRIES_PER_MESSAGE)]
 
 
-def plan_handoffs(moved: MovedEntries, layout: Layout, source: int) -> list[Chunk]:
+def plan_handoffs(moved: MovedEntries, layout: Layout, source: int, targets: np.ndarray | None = None) -> list[Chunk]:
     """Split moved entries by new owner (``root % layout.count``) into named chunks, ready to send and to resend.
 
+    ``targets``: the new shard index of each entry instead (two replicas: the one
+    new keeper each copy goes to, :meth:`~acker_service.moving.layout.LayoutMachine.handoff_targets`).
     Every shard of ``layout`` but the sender's own place in it gets at least one
     chunk (an empty one when nothing moves there). Each new owner's entries go
     youngest first, and its first chunk names every root of all its chunks:
@@ -185,32 +186,12 @@ def plan_handoffs(moved: MovedEntries, layout: Layout, source: int) -> list[Chun
     arrive for, so their held operations apply once the first chunk is merged,
     and those on roots in no chunk (trees started after the cut) at once.
     """
-    owners = (moved.roots % np.uint64(layout.count)).astype(np.int64)
+    owners = (moved.roots % np.uint64(layout.count)).astype(np.int64) if targets is None else np.asarray(targets)
     chunks = []
     for shard in range(layout.count):
         if shard == layout.index:
             continue
         part = moved.select(owners == shard)
-        pieces = _chunks(part.take(np.argsort(part.ages_us, kind="stable")))
-        chunks += [
-            Chunk(shard, secrets.randbits(64) or 1, piece, source, len(pieces), part.roots if i == 0 else None)
-            for i, piece in enumerate(pieces)
-        ]
-    return chunks
-
-
-def plan_replicated(moved: MovedEntries, layout: Layout, replicas: int, source: int) -> list[Chunk]:
-    """Two replicas: the entries a source hands on, split by *every* new holder of their roots, into named chunks.
-
-    Every shard of ``layout`` gets at least one chunk (an empty one too),
-    this acker's own place in it as well: the caller merges those itself. As
-    in :func:`plan_handoffs`, each holder's entries go youngest first and its
-    first chunk carries the manifest.
-    """
-    holders = layout.holders(moved.roots, replicas)
-    chunks = []
-    for shard in range(layout.count):
-        part = moved.select(np.logical_or.reduce([h == shard for h in holders]))
         pieces = _chunks(part.take(np.argsort(part.ages_us, kind="stable")))
         chunks += [
             Chunk(shard, secrets.randbits(64) or 1, piece, source, len(pieces), part.roots if i == 0 else None)

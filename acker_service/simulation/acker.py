@@ -42,31 +42,37 @@ reshard that leaves one acker out)
 
 Reshard with two replicas (``reshard-replicas``)
     Root ``r`` lives on two ackers in each layout; it is *moving* when its set
-    of holders changes (an unchanged set, even with the roles swapped, keeps
-    serving as before). Every operation carries the epoch of the layout the
-    client routed it by. For a moving root:
-    1. *Prepare*: an old holder still applies the operations routed by the old
-       layout until its own cut; a new holder holds those routed by the new
-       layout, unapplied, until its own cut and the root's entry from the
-       root's old owner (its *source*) is merged or known not to be coming.
-    2. *Cut*: in one step an old holder takes out every entry of a moving root
-       it holds (the copies of which it is not the source are dropped: the
-       source's copy replaces them), refuses from then on the operations on
-       moving roots routed by the old layout, and sends each new holder the
-       entries it is the source of (in chunks with a manifest, as above; to
-       itself too when it stays a holder). Chunks that reach a new holder
-       before its own cut wait there until the cut.
+    of keepers changes (an unchanged set, even with the roles swapped, keeps
+    serving as before). On a moving root **each old copy moves to exactly one
+    new keeper** (:func:`pairing`): a keeper that stays keeps its own copy; each
+    keeper that leaves hands its copy to one newcomer, the leavers in their old
+    roles' order meeting the newcomers in their new roles' order (old owner ->
+    new owner and old follower -> new follower when both change), which every
+    acker computes from the two layouts alone.
+    1. *Prepare*: an old keeper goes on applying the root's operations (a
+       keeper that stays, throughout, whatever layout routed them); a newcomer
+       holds them, unapplied, until its leaver's entry is merged or known not
+       to be coming (chunks and manifest as above; merged as they come, before
+       the newcomer's own cut too: it kept no copy of the root).
+    2. *Cut*: in one step a keeper that leaves takes out the entries of the
+       moving roots it leaves, refuses those roots from then on, and sends
+       each newcomer its part (an empty chunk too). Nothing is dropped.
     3. A client refused for a moving root adopts the new layout and sends
-       *every* copy of the operation again, to the new holders, whatever the
-       old holders answered: a copy applied by the old follower is dropped with
-       its entry, and one the source applied before its cut is in the handoff
-       (the dedup key, a set-once init and an idempotent fail absorb the
-       repeat). So every new holder's entry is the source's copy at its cut
-       plus every operation routed after it, each applied once.
-    Refusing operations routed by the old layout once cut, instead of by the
-    root alone, is what lets an acker that keeps a moving root go on serving
-    the new layout's operations on it: an old-layout copy applied there after
-    the cut would reach neither the handoff nor the other new holder.
+       *every* copy of the operation again, to both new keepers, whatever the
+       old keepers answered: it does not know which newcomer the refusing
+       keeper's copy goes to, and that newcomer needs the operation; at a
+       keeper that has it already the repeat is absorbed (dedup key, set-once
+       init, idempotent fail).
+    So each new copy is one old keeper's whole history plus every operation
+    sent to it since, each applied once, as replicas are without a move: an
+    update a client skipped at one keeper (unreachable, the other copy
+    applied) is missing from that copy's line only, and the other line ACKs.
+    No epoch is needed: a keeper that stays keeps one copy whichever layout
+    routed an operation to it, and the others' routing depends on the root
+    alone. (``--broken source-to-both`` is the rule before: the source, the
+    old owner, hands its copy to both new keepers and the other old keeper
+    drops its own, by the epoch each operation was routed by; a source the
+    clients could not reach, skipping its copies, then loses trees.)
 
 A kill during a reshard (one replica)
     An old owner keeps what its cut handed to each new owner for the whole
@@ -126,7 +132,7 @@ from ..tree_info import TreeStatus
 from .events import World
 from .transfer import EntryCopy, Op, apply_op, collect_due, copy_entries, import_ops, xor_merge_ops
 
-__all__ = ["Layout", "SimAcker", "RETRY_SECONDS", "HELD_FULL"]
+__all__ = ["Layout", "SimAcker", "RETRY_SECONDS", "HELD_FULL", "pairing"]
 
 # The answer to a batch refused at the bound of held operations (the server's UNAVAILABLE with its message).
 HELD_FULL = "held-full"
@@ -156,6 +162,20 @@ class Layout:
         if replicas == 1:
             return (self.ackers[i],)
         return (self.ackers[i], self.ackers[(i + 1) % len(self.ackers)])
+
+
+def pairing(old_holders: tuple[int, ...], new_holders: tuple[int, ...]) -> dict[int, int]:
+    """Two replicas, a moving root: each old keeper that leaves it -> the one new keeper it hands its copy to.
+
+    The leavers in their old roles' order (owner first) meet the newcomers in
+    their new roles' order: one leaver hands to the one newcomer, two (no
+    keeper stays) hand old owner -> new owner and old follower -> new follower.
+    A keeper that stays keeps its own copy. Every acker computes it from the
+    two layouts alone.
+    """
+    leavers = [a for a in old_holders if a not in new_holders]
+    newcomers = [a for a in new_holders if a not in old_holders]
+    return dict(zip(leavers, newcomers))
 
 
 @dataclass
@@ -206,6 +226,7 @@ class SimAcker:
     max_held: int = 0  # bound on the operations held per protocol (0: none), --max-held-operations
     peers: dict[int, SimAcker] = field(default_factory=dict)
     up: bool = True
+    partitioned: bool = False  # up, but the clients cannot reach it (their copies for it fail as for a down one)
     incarnation: int = 0
     old: Layout | None = None
     cut_done: bool = True
@@ -236,8 +257,8 @@ class SimAcker:
     def receive_batch(self, ops: list[Op], reply: Reply, epochs: list[int]) -> None:
         """A batch arrives (each operation with the epoch it was routed by): refused whole, refused at the held
         bound, or each operation applied or held."""
-        if not self.up:
-            return  # the connection broke with the process: the client's retry timer re-sends
+        if not self.up or self.partitioned:
+            return  # the connection broke (with the process, or cut): the client's retry timer re-sends
         routes = [self._route(op.root, epoch) for op, epoch in zip(ops, epochs)]
         if self.world.tracing:
             for op, (verdict, _) in zip(ops, routes):
@@ -270,6 +291,11 @@ class SimAcker:
                 self._apply(op)
         self.world.send(reply, "ok", self.layout, self.incarnation)
 
+    @property
+    def reachable(self) -> bool:
+        """Whether the clients can reach it (up and not cut off from them)."""
+        return self.up and not self.partitioned
+
     def _route(self, root: int, epoch: int) -> tuple[str, int]:
         """Whether this acker applies, holds (and for whom) or refuses an operation on ``root`` routed by ``epoch``."""
         if self.replicas == 2 and self.old is not None:
@@ -297,16 +323,31 @@ class SimAcker:
         old_holders, new_holders = self.old.holders(root, 2), self.layout.holders(root, 2)
         if set(old_holders) == set(new_holders):
             return ("apply", -1) if self.ident in new_holders else ("refuse", -1)
-        if epoch < self.layout.epoch and (self.broken != "no-epoch" or self.ident not in new_holders):
+        if self.broken == "source-to-both":
+            return self._route_source_to_both(root, epoch, old_holders, new_holders)
+        if self.ident in old_holders and self.ident in new_holders:
+            return "apply", -1  # it stays a keeper: its own copy stays, whatever layout routed the operation
+        if self.ident in old_holders:
+            return ("apply", -1) if not self.cut_done else ("refuse", -1)  # leaving: served until its cut
+        if self.ident not in new_holders:
+            return "refuse", -1
+        source = {new: old for old, new in pairing(old_holders, new_holders).items()}[self.ident]
+        if source in self.awaiting and self.arrivals[source].waiting(root):
+            return "hold-reshard", source
+        return "apply", -1
+
+    def _route_source_to_both(
+        self, root: int, epoch: int, old_holders: tuple[int, ...], new_holders: tuple[int, ...]
+    ) -> tuple[str, int]:
+        """``--broken source-to-both``, the protocol before: the source's copy to both new keepers, by epoch."""
+        if epoch < self.layout.epoch:
             if self.ident in old_holders and not self.cut_done:
                 return "apply", -1
             return "refuse", -1
         if self.ident not in new_holders:
             return "refuse", -1
         source = old_holders[0]
-        if self.broken != "reshard-xor" and (
-            not self.cut_done or (source in self.awaiting and self.arrivals[source].waiting(root))
-        ):
+        if not self.cut_done or (source in self.awaiting and self.arrivals[source].waiting(root)):
             return "hold-reshard", source
         return "apply", -1
 
@@ -349,10 +390,10 @@ class SimAcker:
         self.world.send(reply, self.ident)
 
     def _sources(self, old: Layout, new: Layout) -> set[int]:
-        """The old ackers whose handoff this acker awaits in ``new`` (two replicas: itself too, merged at its cut)."""
+        """The old ackers whose handoff this acker awaits in ``new`` (``source-to-both``: itself too, at its cut)."""
         if self.ident not in new.ackers:
             return set()
-        return {o for o in old.ackers if o != self.ident or self.replicas == 2}
+        return {o for o in old.ackers if o != self.ident or self.broken == "source-to-both"}
 
     def cut(self, epoch: int, reply: Callable[[int], None]) -> None:
         """Take the cut: in one step, stop serving the roots that leave, and hand their entries to their new owners."""
@@ -393,7 +434,36 @@ class SimAcker:
         self.world.send(reply, self.ident)
 
     def _cut_replicated(self, epoch: int) -> None:
-        """Two replicas: take out every moving root's entry, hand on those this acker is the source of, merge."""
+        """Two replicas: take out the copies of the moving roots this acker leaves, each for its one new keeper."""
+        old, new = self.old, self.layout
+        assert old is not None
+        if self.broken == "source-to-both":
+            self._cut_source_to_both(epoch)
+            return
+        self.emit(self, collect_due(self.ledger))
+
+        def leaves(root: int) -> bool:
+            return self.ident in old.holders(root, 2) and self.ident not in new.holders(root, 2)
+
+        moving = copy_entries(self.ledger, leaves, remove=True)
+        self.counters.exported_trees += sum(1 for e in moving if e.spout is not None)
+        self.cut_done = True
+        self.world.log(f"acker {self.ident} cut epoch {epoch}: {len(moving)} entries out, each to one new keeper")
+        self.outbox_epoch = epoch
+        target = {e.root: pairing(old.holders(e.root, 2), new.holders(e.root, 2))[self.ident] for e in moving}
+        self.outbox = {
+            dest: self._chunks([e for e in moving if target[e.root] == dest])
+            for dest in new.ackers
+            if dest != self.ident
+        }
+        for dest, chunks in self.outbox.items():
+            for chunk in chunks:
+                self._send_handoff(dest, epoch, chunk, self.incarnation, [False])
+        self.check_conservation()
+        self._maybe_settled()
+
+    def _cut_source_to_both(self, epoch: int) -> None:
+        """``--broken source-to-both``: every moving copy out, the source's to both new keepers, the others dropped."""
         old, new = self.old, self.layout
         assert old is not None
         self.emit(self, collect_due(self.ledger))
@@ -472,14 +542,19 @@ class SimAcker:
         self.world.at(RETRY_SECONDS, self._send_handoff, dest, epoch, chunk, incarnation, acked)
 
     def handoff(self, epoch: int, source: int, chunk: Chunk, reply: Callable[[int], None]) -> None:
-        """Merge a chunk from ``source`` once per key (two replicas: kept until this acker's own cut), acknowledge it."""
+        """Merge a chunk from ``source`` once per key, acknowledge it (``source-to-both``: kept until its own cut)."""
         if not self.up:
             return
         if epoch > self.layout.epoch:
             # Not prepared for that layout yet: no answer, so the sender keeps the chunk and sends it again
             # (the server refuses it, FAILED_PRECONDITION). Acknowledged unmerged, it would never come back.
             return
-        if self.replicas == 2 and not self.cut_done and epoch == self.layout.epoch and source in self.awaiting:
+        if (
+            self.broken == "source-to-both"
+            and not self.cut_done
+            and epoch == self.layout.epoch
+            and source in self.awaiting
+        ):
             if all(c.key != chunk.key for _, c in self.early_chunks):
                 self.early_chunks.append((source, chunk))
         else:

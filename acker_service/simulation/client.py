@@ -14,10 +14,12 @@ acker waits up to ``FLUSH_SECONDS`` for others bound there and they go as one
 message, lost, duplicated or refused together; the answer settles each copy.
 A batch refused at the acker's bound of held operations is retried, never
 skipped (``--broken bound-skip`` skips it as for an unreachable replica).
-Every copy carries the epoch of the layout it was routed by. With two
-replicas a refusal that names a newer layout sends *every* copy of the
-operation again by that layout, whatever the other copy's answer was (see
-"Reshard with two replicas" in :mod:`acker_service.simulation.acker`).
+Every copy carries the epoch of the layout it was routed by (read only by
+``--broken source-to-both``). With two replicas a refusal that names a newer
+layout sends *every* copy of the operation again by that layout, whatever the
+other copy's answer was (see "Reshard with two replicas" in
+:mod:`acker_service.simulation.acker`). An acker may be *partitioned*: up, but
+unreachable for the clients, which treat its copies as for a down one.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class SimClient:
         attempt = copy.attempt
         target = self.layout.holders(pending.op.root, self.replicas)[copy.role]
         acker = self.ackers[target]
-        if not acker.up:
+        if not acker.reachable:
             other = pending.copies[1 - copy.role] if self.replicas == 2 else None
             if other is not None and self._may_skip(pending, copy, other):
                 copy.skipped = True  # the live replica has it (reason "replica")

@@ -8,7 +8,8 @@ Scenarios (drawn from the seed):
              caught up one of its partners is killed and restarted.
 ``crashes``  one or two replicas, acker kills at random moments.
 ``reshard-kill``  a reshard, and a kill of one of its ackers soon after it starts.
-``reshard-replicas``  two replicas, a reshard (sometimes back) or a drain; no crashes.
+``reshard-replicas``  two replicas, a reshard (sometimes back) or a drain; no crashes; in half
+             the runs one acker cut off from the clients for a while around the move's start.
 
 Checked in every run: no false ack (an ACKED outcome from any acker for a tree
 whose every ack had not been sent), exactly one spout callback per emit,
@@ -47,8 +48,9 @@ BROKEN_VARIANTS = {
     "bound-skip": "catchup",  # a copy refused at the held-operation bound is skipped as for an unreachable replica
     # Two replicas: a copy refused by a newer layout goes to its new holder alone, the other copy's answer kept.
     "reroute-one-copy": "reshard-replicas",
-    # Two replicas: an acker that keeps a moving root serves it by root alone, whatever layout routed the operation.
-    "no-epoch": "reshard-replicas",
+    # Two replicas, the protocol before: at its cut the source hands its copy to both new keepers and the other
+    # old keeper drops its own, so an update skipped at a lagging source is missing from both new copies.
+    "source-to-both": "reshard-replicas",
 }
 
 MESSAGE_TIMEOUT = 10.0  # the ackers' timeout, simulated seconds
@@ -299,14 +301,22 @@ class _Run:
             back = Layout(2, layout.ackers) if rng.random() < 0.5 else None
             self.world.at(rng.uniform(0.5, 4.0), self._reshard, target, back)
         elif self.scenario == "reshard-replicas":
+            start = rng.uniform(0.5, 4.0)
             if n >= 3 and rng.random() < 0.3:  # a drain: two replicas need two ackers left
                 leaving = rng.randrange(n)
                 target = Layout(1, tuple(a for a in layout.ackers if a != leaving))
-                self.world.at(rng.uniform(0.5, 4.0), self._reshard, target, None)
+                self.world.at(start, self._reshard, target, None)
             else:
                 m = rng.choice([k for k in range(2, 6) if k != n])
+                target = Layout(1, tuple(range(m)))
                 back = Layout(2, layout.ackers) if rng.random() < 0.5 else None
-                self.world.at(rng.uniform(0.5, 4.0), self._reshard, Layout(1, tuple(range(m))), back)
+                self.world.at(start, self._reshard, target, back)
+            if rng.random() < 0.5:
+                # One acker the clients cannot reach for a while, around the move's start, while it stays up
+                # and takes its cut: the copies they skip there (the other copy applied) it never catches up on.
+                victim = rng.choice(sorted(set(layout.ackers) | set(target.ackers)))
+                cut_off = max(0.0, start - rng.uniform(0.0, 1.5))
+                self.world.at(cut_off, self._partition, victim, rng.uniform(0.2, 1.5))
         elif self.scenario == "drain":
             leaving = rng.randrange(n)
             target = Layout(1, tuple(a for a in layout.ackers if a != leaving))
@@ -318,6 +328,16 @@ class _Run:
         else:
             for _ in range(rng.randint(1, 3)):
                 self.world.at(rng.uniform(0.5, 8.0), self._crash_if_up, rng.randrange(n))
+
+    def _partition(self, ident: int, seconds: float) -> None:
+        """The clients lose ``ident`` for ``seconds`` (it stays up: the ackers, its outcome stream, the controller reach it)."""
+        self.ackers[ident].partitioned = True
+        self.world.log(f"acker {ident} unreachable from the clients for {seconds:.2f} s")
+        self.world.at(seconds, self._heal, ident)
+
+    def _heal(self, ident: int) -> None:
+        self.ackers[ident].partitioned = False
+        self.world.log(f"acker {ident} reachable again")
 
     def _crash_if_up(self, ident: int) -> None:
         if self.ackers[ident].up:

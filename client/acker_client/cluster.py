@@ -335,8 +335,9 @@ class ClusterClient:
         if new_state is None:
             return False
         give_up_at = time.monotonic() + self.wait_for_shard
-        # With two replicas every copy goes again, to both new holders of each root, whatever the other old
-        # holder answered: a copy it applied may be dropped at its cut (docs/acker-semantics.md, "Moving trees").
+        # With two replicas every copy goes again, to both new keepers of each root, whatever the other old
+        # keeper answered: the refusing keeper's copy went to one of them, which one this client does not know
+        # (docs/acker-semantics.md, "Moving trees with two replicas"); a keeper that has it drops the repeat.
         parts = split_request(request, len(layout.addresses), self._replicas)
         for target, part in parts.items():
             part = with_layout_epoch(part, layout.epoch)

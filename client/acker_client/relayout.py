@@ -9,12 +9,14 @@ the client routes by, the client adopts it and sends the refused batch's
 operations again, split by ``root % new count``, each with the dedup key it
 already carried, so an operation applied before the move (and moved with its
 tree) is dropped as a repeat, never applied twice. Every request names the
-layout epoch it was routed by (``layout_epoch``). With two replicas each
-re-sent operation goes to *both* holders of its root in the new layout,
-whatever the other copy's answer was: an acker that keeps a moving root
-refuses, once cut, a copy routed by the old layout, and a copy the old
-follower applied is dropped with its entry at the cut, so it must not count
-as delivered (docs/simulation.md, "Reshard with two replicas"). The new owner of a root
+layout epoch it was routed by (``layout_epoch``; the ackers' routing no longer
+reads it). With two replicas each re-sent operation goes to *both* keepers of
+its root in the new layout, whatever the other copy's answer was: the keeper
+that refused it left the root and handed its copy to one of the new keepers,
+which one the client does not know, and that one needs the operation; the
+other has it already or gets it now, and a repeat is absorbed there (dedup
+key, set-once init, idempotent fail; docs/simulation.md, "Reshard with two
+replicas"). The new owner of a root
 still on its way holds the operation until the tree's entry arrives; every
 other root is served at once. An acker past its bound of held operations
 answers UNAVAILABLE, which the client retries as it retries any blip.

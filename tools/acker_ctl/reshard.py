@@ -11,9 +11,10 @@ repeat. Why nothing is lost, replayed or acked falsely:
 docs/acker-semantics.md, "Moving trees".
 
 With ``--replicas 2`` both copies of a tree move: a tree moves when the set of
-two ackers keeping it changes, its old owner hands its entry to both new
-holders (itself too when it stays one) and the other old holder drops its copy
-(docs/simulation.md, "Reshard with two replicas"). Every acker must run with
+two ackers keeping it changes, and each old copy moves to exactly one new
+keeper: a keeper that stays keeps its own, one that leaves hands its copy to a
+new keeper (old owner -> new owner, old follower -> new follower when both
+change; docs/simulation.md, "Reshard with two replicas"). Every acker must run with
 the same ``--replicas``, and the new layout needs at least that many ackers.
 """
 
