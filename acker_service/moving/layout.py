@@ -11,10 +11,10 @@ that change owner wait; every other root is served by its owner throughout:
   owner has not handed its entries over yet are **held** (accepted, not
   applied) until that handoff is merged. Roots it owns in both layouts are
   served as before, and roots it is about to give away are still served.
-* ``cut``: in one event-loop step the acker takes out the entries the next
+* ``cut``: in one event-loop step the acker lists the entries the next
   layout gives away and from then on refuses their roots (FAILED_PRECONDITION,
-  naming the next layout); the servicer then hands them to their new owners
-  (see :mod:`acker_service.moving.reshard`).
+  naming the next layout); it then takes them out and hands them to their new
+  owners in slices, youngest first (see :mod:`acker_service.moving.reshard`).
 * merge: a new owner merges the chunks of an old owner's handoff and applies
   what it held for a root once that root cannot be waiting any more: its
   entry's chunk was merged, or the first chunk's manifest (every root the old
@@ -172,7 +172,7 @@ class Arrivals:
 class CutPlan:
     """What a two-replica cut takes out: the moving roots this acker leaves, and the new keeper of each copy.
 
-    ``leave`` are the roots whose entries leave the ledger at the cut (this acker
+    ``leave`` are the roots whose entries leave the ledger, slice by slice, from the cut (this acker
     keeps them in the layout left, not in the next one); ``targets`` the new
     shard index each one's copy goes to (:meth:`LayoutMachine.handoff_targets`).
     The moving roots this acker keeps in both layouts stay, untouched.
@@ -180,6 +180,7 @@ class CutPlan:
 
     leave: np.ndarray
     targets: np.ndarray
+    ages: np.ndarray  # each leaving root's age (microseconds), for the youngest-first slices
 
 
 @dataclass(frozen=True)
@@ -304,13 +305,14 @@ class LayoutMachine:
         as_follower = np.where((n0 != o0) & (n0 != o1), h1, first_leaver)  # the second leaver when both are new
         return np.where(n0 == self.next.index, first_leaver, as_follower)
 
-    def cut_plan(self, roots: np.ndarray) -> CutPlan:
-        """Two replicas: of the roots held here (uint64), those a cut takes out, and the new keeper of each."""
+    def cut_plan(self, roots: np.ndarray, ages_us: np.ndarray | None = None) -> CutPlan:
+        """Two replicas: of the roots held here (uint64, aged ``ages_us``), those a cut takes out, and the new keeper of each."""
         assert self.previous is not None and self.next is not None
         roots = np.asarray(roots, np.uint64)
         leaves = self.moves(roots) & self.previous.held(roots, self.replicas) & ~self.next.held(roots, self.replicas)
         leave = roots[leaves]
-        return CutPlan(leave, self.handoff_targets(leave))
+        ages = np.zeros(len(leave), np.int64) if ages_us is None else np.asarray(ages_us)[leaves]
+        return CutPlan(leave, self.handoff_targets(leave), ages)
 
     def start_cut(self, epoch: int) -> Layout:
         """The layout to cut to; refused unless ``epoch`` was prepared (a repeated cut is allowed: it re-sends)."""
@@ -319,7 +321,7 @@ class LayoutMachine:
         return self.next
 
     def mark_cut(self) -> None:
-        """The entries that leave were taken out: refuse their roots from now on (same event-loop step as the export)."""
+        """The entries that leave were listed: refuse their roots from now on (same event-loop step as the listing)."""
         self.state = CUT
 
     def count_moved(self, trees: int, entries: int) -> None:

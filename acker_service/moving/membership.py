@@ -29,7 +29,7 @@ from .layout import PREPARED, Layout, LayoutMachine, LayoutRefused
 from .layout_file import LayoutFile, LayoutNotRecorded, starting_layout
 from .peers import peer_security
 from .request_parts import apply_in_parts
-from .reshard import Chunk, HandoffFailed, Slice, plan_handoffs, plan_slices, send_handoffs
+from .reshard import Chunk, HandoffFailed, Slice, plan_slices, send_handoffs
 from .transfers import Transfers
 
 __all__ = ["Membership"]
@@ -220,7 +220,7 @@ class Membership:
         self._cutting = True
         try:
             if self.layout.state == PREPARED and self.config.replicas > 1:
-                self._cut_replicated(target)
+                await self._cut_replicated(target)
             elif self.layout.state == PREPARED:
                 # One event-loop step: the roots that leave are listed and refused from now on, so
                 # no update lands here after the cut; their entries stay, untouched, until their
@@ -244,28 +244,31 @@ class Membership:
             )
         return self._cut_moved
 
-    def _cut_replicated(self, target: Layout) -> None:
-        """Two replicas, in one event-loop step: take out the moving roots this acker leaves, each for one new keeper.
+    async def _cut_replicated(self, target: Layout) -> None:
+        """Two replicas: refuse the moving roots this acker leaves, in one step, and slice their copies, each for one new keeper.
 
-        Each copy goes to the one new keeper paired with this acker for its root
-        (:meth:`LayoutMachine.handoff_targets`); from now on those roots are
-        refused here. The moving roots this acker keeps in both layouts stay in
-        its ledger, served throughout: no copy is dropped. The chunks are sent by
-        the caller (every new shard but this acker's own place gets one, empty too).
+        In one event-loop step every live root here is listed and, from then on,
+        the moving roots this acker leaves are refused; their entries stay in the
+        ledger, untouched, until their slice is taken out and sent, youngest first,
+        as with one replica (:func:`plan_slices`). Each copy goes to the one new
+        keeper paired with this acker for its root
+        (:meth:`LayoutMachine.handoff_targets`). The moving roots this acker keeps
+        in both layouts stay in its ledger, served throughout: no copy is dropped.
+        The slices are sent by the caller (every new shard but this acker's own
+        place gets one, empty too).
         """
-        roots, _ = self.ledger.moving_roots(1, -1)  # every live root here, with nothing removed
-        plan = self.layout.cut_plan(roots)
-        moved = self.ledger.export_roots(plan.leave)
+        roots, ages = self.ledger.moving_roots(1, -1)  # every live root here, with nothing removed
         self.layout.mark_cut()
-        self._settle(OutcomeColumns.empty())  # refresh the pending gauge
-        self.transfers.handoff_out_trees += moved.trees
-        self.transfers.handoff_out_entries += len(moved)
-        self._cut_moved = (moved.trees, len(moved))
-        self.layout.count_moved(moved.trees, len(moved))
         source = self.layout.previous.index if self.layout.previous else -1
         if source >= 0:  # an acker new in this layout kept no root: it hands nothing over
-            targets = self.layout.handoff_targets(moved.roots)
-            self._unsent = list(plan_handoffs(moved, target, source, targets))
+            # Off the event loop (the ledger is not touched): Apply goes on meanwhile.
+            slices = await asyncio.to_thread(self._plan_replicated, roots, ages, target, source)
+            self._unsent, self._slices_left = list(slices), len(slices)
+
+    def _plan_replicated(self, roots: np.ndarray, ages: np.ndarray, target: Layout, source: int) -> list[Slice]:
+        """The slices of a two-replica cut: the roots this acker leaves, by the new keeper each copy goes to."""
+        plan = self.layout.cut_plan(roots, ages)
+        return plan_slices(plan.leave, plan.ages, target, source, self._take_slice, plan.targets)
 
     def _take_slice(self, roots: np.ndarray) -> MovedEntries:
         """Take one slice of the cut out of the ledger (one event-loop step) and count what left."""
@@ -344,6 +347,8 @@ class Membership:
 
     def commit_layout(self, epoch: int) -> Layout:
         """Take the next layout and serve Apply again."""
+        if self._cutting:
+            raise LayoutRefused("this acker's cut is still handing its entries over; commit once it has answered")
         if self._unsent:
             raise LayoutRefused("this acker still holds moved entries it could not hand over; cut again first")
         layout = self.layout.commit(epoch, self._record)

@@ -35,12 +35,11 @@ __all__ = [
     "HandoffFailed",
     "Chunk",
     "Slice",
-    "plan_handoffs",
     "plan_slices",
 ]
 
-# One handoff carries at most this many entries: ~60 bytes each keeps a message far below 4 MiB,
-# and merging one holds the receiver's event loop for a few milliseconds only.
+# One snapshot chunk of a catch-up carries at most this many entries: ~60 bytes each keeps a message
+# far below 4 MiB, and merging one holds the receiver's event loop for a few milliseconds only.
 ENTRIES_PER_MESSAGE = 20_000
 # A cut's first slice to each new owner: the youngest entries, the trees operations still arrive
 # for. Small, so it is taken out, sent and merged within milliseconds of the cut.
@@ -167,48 +166,19 @@ def from_request(request: acker_pb2.HandoffRequest) -> MovedEntries:
     return from_bytes(request.SerializeToString())[1]
 
 
-def _chunks(moved: MovedEntries) -> list[MovedEntries]:
-    n = len(moved)
-    if n <= ENTRIES_PER_MESSAGE:
-        return [moved]
-    return [moved.slice(lo, lo + ENTRIES_PER_MESSAGE) for lo in range(0, n, ENTRIES_PER_MESSAGE)]
-
-
-def plan_handoffs(moved: MovedEntries, layout: Layout, source: int, targets: np.ndarray | None = None) -> list[Chunk]:
-    """Split moved entries by new owner (``root % layout.count``) into named chunks, ready to send and to resend.
-
-    ``targets``: the new shard index of each entry instead (two replicas: the one
-    new keeper each copy goes to, :meth:`~acker_service.moving.layout.LayoutMachine.handoff_targets`).
-    Every shard of ``layout`` but the sender's own place in it gets at least one
-    chunk (an empty one when nothing moves there). Each new owner's entries go
-    youngest first, and its first chunk names every root of all its chunks:
-    the trees still in progress (recently started) are the ones operations
-    arrive for, so their held operations apply once the first chunk is merged,
-    and those on roots in no chunk (trees started after the cut) at once.
-    """
-    owners = (moved.roots % np.uint64(layout.count)).astype(np.int64) if targets is None else np.asarray(targets)
-    chunks = []
-    for shard in range(layout.count):
-        if shard == layout.index:
-            continue
-        part = moved.select(owners == shard)
-        pieces = _chunks(part.take(np.argsort(part.ages_us, kind="stable")))
-        chunks += [
-            Chunk(shard, secrets.randbits(64) or 1, piece, source, len(pieces), part.roots if i == 0 else None)
-            for i, piece in enumerate(pieces)
-        ]
-    return chunks
-
-
 def plan_slices(
     roots: np.ndarray,
     ages_us: np.ndarray,
     layout: Layout,
     source: int,
     export: Callable[[np.ndarray], MovedEntries],
+    targets: np.ndarray | None = None,
 ) -> list[Slice]:
     """Split the roots a cut gives away by new owner into slices, youngest first, each taken out only when sent.
 
+    ``targets``: the new shard index of each root instead of ``root % layout.count``
+    (two replicas: the one new keeper each copy goes to,
+    :meth:`~acker_service.moving.layout.LayoutMachine.handoff_targets`).
     Every shard of ``layout`` but the sender's own place in it gets at least one
     slice (an empty one when nothing moves there). The first slice to each new
     owner is small (:data:`FIRST_SLICE`, the youngest trees, the ones operations
@@ -218,7 +188,7 @@ def plan_slices(
     follow in slices of :data:`SLICE_ENTRIES`.
     """
     roots = np.asarray(roots, np.uint64)
-    owners = (roots % np.uint64(layout.count)).astype(np.int64)
+    owners = (roots % np.uint64(layout.count)).astype(np.int64) if targets is None else np.asarray(targets, np.int64)
     slices = []
     for shard in range(layout.count):
         if shard == layout.index:

@@ -54,9 +54,12 @@ Reshard with two replicas (``reshard-replicas``)
        holds them, unapplied, until its leaver's entry is merged or known not
        to be coming (chunks and manifest as above; merged as they come, before
        the newcomer's own cut too: it kept no copy of the root).
-    2. *Cut*: in one step a keeper that leaves takes out the entries of the
-       moving roots it leaves, refuses those roots from then on, and sends
-       each newcomer its part (an empty chunk too). Nothing is dropped.
+    2. *Cut*: in one step a keeper that leaves lists the entries of the
+       moving roots it leaves and refuses those roots from then on; it sends
+       each newcomer its part (an empty chunk too) in chunks as with one
+       replica: the first at once, each other one taken out of its ledger only
+       when it is sent, a little later (an entry meanwhile stays there
+       untouched and may time out there). Nothing is dropped.
     3. A client refused for a moving root adopts the new layout and sends
        *every* copy of the operation again, to both new keepers, whatever the
        old keepers answered: it does not know which newcomer the refusing
@@ -434,7 +437,7 @@ class SimAcker:
         self.world.send(reply, self.ident)
 
     def _cut_replicated(self, epoch: int) -> None:
-        """Two replicas: take out the copies of the moving roots this acker leaves, each for its one new keeper."""
+        """Two replicas: refuse the moving roots this acker leaves and hand their copies, each to its one new keeper, in chunks."""
         old, new = self.old, self.layout
         assert old is not None
         if self.broken == "source-to-both":
@@ -445,11 +448,13 @@ class SimAcker:
         def leaves(root: int) -> bool:
             return self.ident in old.holders(root, 2) and self.ident not in new.holders(root, 2)
 
-        moving = copy_entries(self.ledger, leaves, remove=True)
-        self.counters.exported_trees += sum(1 for e in moving if e.spout is not None)
+        # As the server cuts: the roots it leaves are listed and refused in this step, their entries
+        # stay (untouched, and may still time out here) until their chunk is taken out, as with one replica.
+        moving = copy_entries(self.ledger, leaves, remove=False)
         self.cut_done = True
-        self.world.log(f"acker {self.ident} cut epoch {epoch}: {len(moving)} entries out, each to one new keeper")
+        self.world.log(f"acker {self.ident} cut epoch {epoch}: {len(moving)} entries leave, each to one new keeper")
         self.outbox_epoch = epoch
+        self.untaken = set()
         target = {e.root: pairing(old.holders(e.root, 2), new.holders(e.root, 2))[self.ident] for e in moving}
         self.outbox = {
             dest: self._chunks([e for e in moving if target[e.root] == dest])
@@ -457,8 +462,10 @@ class SimAcker:
             if dest != self.ident
         }
         for dest, chunks in self.outbox.items():
-            for chunk in chunks:
-                self._send_handoff(dest, epoch, chunk, self.incarnation, [False])
+            for i in range(len(chunks)):  # the first chunk now, the others a little later, each taken out as sent
+                self.untaken.add((dest, i))
+                self.world.at(0.0 if i == 0 else self.world.rng.uniform(0.0, 1.5), self._take_chunk,
+                              dest, epoch, i, self.incarnation)  # fmt: skip
         self.check_conservation()
         self._maybe_settled()
 

@@ -107,3 +107,77 @@ def test_a_slice_taken_out_by_a_cut_cut_short_is_sent_again_with_its_entries(mon
     assert sorted(r for c in sent for r in c.entries.roots.tolist()) == moving, "no entry lost with the cut short"
     assert len({c.key for c in sent}) == len(sent)
     assert shard.metrics.transfers.handoff_out_trees == len(moving)
+
+
+OLD3 = ("a:1", "b:1", "c:1")
+NEW4 = ("a:1", "b:1", "c:1", "d:1")
+
+
+@pytest.mark.parametrize("engine", ["native", "reference"])
+def test_a_two_replica_cut_slices_its_copies_youngest_first_and_serves_the_rest_between_slices(engine, monkeypatch):
+    """Two replicas, shard c of a, b, c growing to a, b, c, d: the cut lists and refuses the roots c leaves in one
+    step, then takes each slice out only as it is sent, youngest first, each copy to its one new keeper; a root c
+    keeps (moving or not) is applied between slices, and a root it leaves is refused while its entry still waits."""
+    monkeypatch.setattr(reshard, "FIRST_SLICE", 2)
+    monkeypatch.setattr(reshard, "SLICE_ENTRIES", 5)
+    now = [0.0]
+    config = ServerConfig(shard_index=2, shard_count=3, replicas=2, message_timeout=60.0, engine=engine)
+    shard = Shard(config, lambda: now[0])
+    kept_here = [r for r in range(1, 200) if r % 3 in (1, 2)]  # c keeps r % 3 == 2 (owner) and == 1 (follower)
+    old, young = kept_here[:-6], kept_here[-6:]
+    shard.apply_request(_inits(old))
+    for i, root in enumerate(young):
+        now[0] = 10.0 + i
+        shard.apply_request(_inits([root]))
+    now[0] = 20.0
+    shard.membership.prepare_layout(Layout(1, 4, 2, NEW4), Layout(0, 3, 2, OLD3))
+    machine = shard.membership.layout
+    plan = machine.cut_plan(np.asarray(kept_here, np.uint64))
+    leaving = set(plan.leave.tolist())
+    target_of = dict(zip(plan.leave.tolist(), plan.targets.tolist()))
+    stays = [r for r in kept_here if r not in leaving]
+    staying_moving = [r for r in stays if machine.moves(np.array([r], np.uint64))[0]]
+    assert leaving and stays and staying_moving, "c leaves some roots, keeps others, among them moving ones"
+    young_leaving = [r for r in reversed(young) if r in leaving]
+
+    sent: list[tuple[Slice, Chunk, int]] = []  # each slice with its chunk as sent, and the trees still here then
+    served_between: list[int] = []
+    refused_between: list[bool] = []
+    late = max(leaving, key=lambda r: -kept_here.index(r))  # an old root: in a late slice
+
+    async def send(chunks, layout, metadata=(), security=None):
+        assert {c.shard for c in chunks} == {0, 1, 3}, "every new shard but c's own place gets a slice, empty too"
+        firsts = [c for c in chunks if c.manifest is not None]
+        for item in firsts + [c for c in chunks if c.manifest is None]:
+            assert isinstance(item, Slice), "a two-replica cut's copies are taken out as they are sent, not before"
+            sent.append((item, item.taken(), shard.pending_trees))
+            # Between two slices: roots c keeps are applied (one that moves too), one it leaves is refused.
+            acks = encode_apply_request(
+                np.full(2, int(OpKind.ACK)),
+                np.array([stays[0], staying_moving[0]], np.uint64),
+                np.full(2, 3, np.uint64),
+            )
+            served_between.append(shard.apply_request(acks).applied)
+            try:
+                shard.apply_request(_inits([late]))
+                refused_between.append(False)
+            except WrongShard:
+                refused_between.append(True)
+        return []
+
+    monkeypatch.setattr(membership_module, "send_handoffs", send)
+    trees, entries = asyncio.run(shard.membership.cut_layout(1))
+
+    assert len(sent) > 3, "the copies went in several slices"
+    first_roots = [r for s, c, _ in sent if s.manifest is not None for r in c.entries.roots.tolist()]
+    assert set(young_leaving) <= set(first_roots), "the first slices hold the youngest trees"
+    assert sent[0][2] == len(kept_here) - len(sent[0][1].entries), "the other copies were still in the ledger"
+    assert served_between == [2] * len(sent), "roots c keeps were applied between slices"
+    assert refused_between[0] and all(refused_between), "a root c leaves is refused while its entry waits"
+    for s, c, _ in sent:
+        assert all(target_of[r] == s.shard for r in c.entries.roots.tolist()), "each copy to its one new keeper"
+        assert c.count == sum(1 for t, _, _ in sent if t.shard == s.shard)
+    assert sorted(r for _, c, _ in sent for r in c.entries.roots.tolist()) == sorted(leaving), "each copy once"
+    assert (trees, entries) == (len(leaving), len(leaving))
+    assert shard.pending_trees == len(stays), "c keeps its own copy of every root it stays a keeper of"
+    assert shard.metrics.transfers.handoff_out_trees == len(leaving)
