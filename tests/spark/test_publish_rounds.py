@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
+from acker_spark.output import publish
 from acker_spark.output.commits import staged_files
 from acker_spark.output.publish import plan_commit, stage_commit
 from acker_spark.output.staging import DONE, StagingArea, run_lengths
@@ -113,3 +115,32 @@ def test_two_attempts_of_one_partition_in_one_round_keep_one_copy(tmp_path: Path
     stage_task(area, 0, 3, 8, [11, 11], done=True)  # a re-run of the same task
     files, copies = staged_files(area, (0,))
     assert len(files) == 2 and copies
+
+
+# A whole commit of one round (every delivery the round started ACKED, none committed before) takes every row of
+# the attempts it chooses: the plan needs no lookup of the rows' trees.
+
+
+def test_a_whole_commit_of_one_round_plans_as_the_lookup_would_without_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    area = StagingArea(str(tmp_path / "staging"), True, ("bucket",))
+    stage_task(area, 0, 1, 5, [22, 22], done=True)
+    stage_task(area, 0, 3, 7, [11, 11, 11], done=False)  # a failed attempt's part
+    stage_task(area, 0, 3, 8, [11, 11, 11], done=True)  # its retry, complete: the one chosen
+    stage_task(area, 0, 4, 9, [33, 34], done=True, anchors=2)  # rows of two trees each
+    roots = np.array([11, 22, 33, 34, 35], dtype=np.uint64)
+    looked_up = plan_commit(area, (0,), roots, roots)
+
+    def no_lookup(*_: object) -> None:
+        raise AssertionError("a whole commit looked its rows' trees up")
+
+    monkeypatch.setattr(publish, "member_of", no_lookup)
+    whole = plan_commit(area, (0,), None, None)
+    assert whole == looked_up and whole.rows == 7 and whole.moved == 3
+
+
+def test_a_whole_commit_of_several_rounds_is_refused_without_its_roots(tmp_path: Path) -> None:
+    area = StagingArea(str(tmp_path / "staging"), True, ("bucket",))
+    with pytest.raises(ValueError, match="several rounds"):
+        plan_commit(area, (0, 1), None, None)

@@ -202,8 +202,11 @@ class OutputCommits:
         """Put the commit's rows into the destination's staging for it; how many rows that is."""
         if self.area.direct:
             assert isinstance(self.output, FileOutput), "direct staging is a FileOutput's"
-            new, taken = self._roots(record.number)
-            plan = plan_commit(self.area, record.rounds, new, taken)
+            if record.whole and len(set(record.rounds)) == 1:
+                plan = plan_commit(self.area, record.rounds, None, None)  # every row of the round: no lookup
+            else:
+                new, taken = self._roots(record.number)
+                plan = plan_commit(self.area, record.rounds, new, taken)
             stage_commit(plan, staging_folder(Path(self.output.path), self.run, record.number))
             log.info(
                 "output commit %d: %d files published as staged, %d rewritten without rows of other deliveries",

@@ -123,6 +123,13 @@ class KeptRuns:
         values, lengths = run_lengths(keep.astype(bool))
         return cls(lengths.astype(np.int64), values)
 
+    @classmethod
+    def every_row(cls, rows: int) -> KeptRuns:
+        """All ``rows`` rows taken: one run."""
+        if not rows:
+            return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+        return cls(np.array([rows], dtype=np.int64), np.array([True]))
+
     def rows(self) -> np.ndarray:
         """The verdict per row."""
         return expand_runs(self.keep, self.lengths)
@@ -195,8 +202,17 @@ def _owning_rounds(staged: list[tuple[int, Segment, bool]], new: np.ndarray) -> 
     return {int(r): roots[rounds == r] for r in distinct(rounds).tolist()}
 
 
-def plan_commit(area: StagingArea, rounds: tuple[int, ...], new: np.ndarray, taken: np.ndarray) -> PublishPlan:
-    """The file actions of a commit of roots ``new`` (``taken``: every root taken up to and with it)."""
+def plan_commit(
+    area: StagingArea, rounds: tuple[int, ...], new: np.ndarray | None, taken: np.ndarray | None
+) -> PublishPlan:
+    """The file actions of a commit of roots ``new`` (``taken``: every root taken up to and with it).
+
+    ``new`` and ``taken`` None: the commit takes every delivery its one round
+    started (a whole commit), so every row of the attempts chosen is taken
+    with no lookup of its tree (ten million lookups at ten million records).
+    """
+    if new is None and len(set(rounds)) > 1:
+        raise ValueError("a commit of several rounds needs its roots: a root staged in two is taken from one")
     staged: list[tuple[int, Segment, bool]] = []  # (round, segment, its partition has a complete attempt)
     for round_no in rounds:
         by_partition: dict[int, list[TaskFolder]] = {}
@@ -208,7 +224,7 @@ def plan_commit(area: StagingArea, rounds: tuple[int, ...], new: np.ndarray, tak
             for task in chosen:
                 staged.extend((round_no, segment, bool(complete)) for segment in read_segments(task))
     # Sidecars only: a root staged in two rounds is taken from one (see the module's docstring).
-    owners = _owning_rounds(staged, new) if len(set(rounds)) > 1 else None
+    owners = _owning_rounds(staged, new) if new is not None and len(set(rounds)) > 1 else None
     actions: list[FileAction] = []
     seen: set[int] = set()
     partition: tuple[int, int] | None = None
@@ -216,7 +232,10 @@ def plan_commit(area: StagingArea, rounds: tuple[int, ...], new: np.ndarray, tak
         if (round_no, segment.task.partition) != partition:
             partition, seen = (round_no, segment.task.partition), set()
         owned = None if owners is None else owners.get(round_no, _NONE)
-        kept = _kept_in_round(segment, new, taken, owned)
+        if new is None or taken is None:
+            kept = KeptRuns.every_row(int(segment.file_rows.sum()))
+        else:
+            kept = _kept_in_round(segment, new, taken, owned)
         if not has_complete:
             kept = KeptRuns.from_rows(kept.rows() & _first_copies(segment, seen))
         seen.update(segment.batch_keys.tolist())
