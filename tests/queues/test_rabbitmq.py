@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from typing import Any
 
@@ -181,3 +182,134 @@ def test_bad_options_are_refused(rabbitmq_server: RabbitServer, queue: str) -> N
         RabbitMQSource(rabbitmq_server.url, queue, batch=65_536)
     with pytest.raises(ValueError, match="queue_type"):
         RabbitMQSource(rabbitmq_server.url, queue, queue_type="stream")
+
+
+class RecordingChannel:
+    """The source's real channel, with the settling frames it sends recorded as ``(method, tag, multiple)``."""
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+        self.frames: list[tuple[str, int, bool]] = []
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        self.frames.append(("ack", delivery_tag, multiple))
+        self._channel.basic_ack(delivery_tag, multiple=multiple)
+
+    def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = True) -> None:
+        self.frames.append(("nack" if requeue else "nack-drop", delivery_tag, multiple))
+        self._channel.basic_nack(delivery_tag, multiple=multiple, requeue=requeue)
+
+    def basic_reject(self, delivery_tag: int, requeue: bool = True) -> None:
+        self.frames.append(("reject" if requeue else "reject-drop", delivery_tag, False))
+        self._channel.basic_reject(delivery_tag, requeue=requeue)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+    def take(self) -> list[tuple[str, int, bool]]:
+        """The frames sent since the last take."""
+        frames, self.frames = self.frames, []
+        return frames
+
+
+def recording(src: RabbitMQSource) -> RecordingChannel:
+    """Put a recorder around ``src``'s channel (after its reads: the tags stay those of the same channel)."""
+    recorder = RecordingChannel(src.channel)
+    src.channel = recorder
+    return recorder
+
+
+def test_settling_goes_in_delivery_order_with_one_frame_for_a_safe_prefix(
+    rabbitmq_server: RabbitServer, queue: str
+) -> None:
+    """Each call settles ascending by tag; ``multiple`` only over a run that no other held tag lies under.
+
+    id<i> is delivery tag i+1. A shuffled settle order must reach the broker ascending (an ack out of order
+    costs the broker a walk over every older held delivery), and a multiple frame must never sweep a message
+    held for another verdict: the broker state at the end says nothing was swept.
+    """
+    src = RabbitMQSource(rabbitmq_server.url, queue, batch=20, wait=0.2)
+    try:
+        publish(rabbitmq_server, queue, 12)
+        assert [m.id for m in src.read(20)] == [f"id{i}" for i in range(12)]
+        channel = recording(src)
+
+        assert src.dead_letter([("id7", "late"), ("id2", "early")]) == 2
+        assert channel.take() == [("ack", 3, False), ("ack", 8, False)]  # tag 1 is still held: no multiple
+        src.release(["id10", "id4", "id9"])
+        assert channel.take() == [("nack", 5, False), ("nack", 10, False), ("nack", 11, False)]
+        # Held now: tags 1, 2, 4, 6, 7, 9, 12. Acking 6, 1, 4, 2, 12: tags 1-6 are all acked or settled
+        # before, and 7 (id6) is held for later, so one frame settles up to 6 and 12 goes alone.
+        assert src.ack(["id5", "id0", "id3", "id1", "id11"]) == 5
+        assert channel.take() == [("ack", 6, True), ("ack", 12, False)]
+        src.release(["id8", "id6", "id8"])  # the last two held: one frame, each message once
+        assert channel.take() == [("nack", 9, True)]
+        assert src.ack(["id8"]) == 0 and channel.take() == []  # settled already: nothing sent
+    finally:
+        src.close()
+    back = sorted(p.message_id for p, _ in drain_plain(rabbitmq_server, queue))
+    assert back == ["id10", "id4", "id6", "id8", "id9"]
+    dead = drain_plain(rabbitmq_server, f"{queue}.dead")
+    assert sorted((p.message_id, p.headers[CAUSE_HEADER]) for p, _ in dead) == [("id2", "early"), ("id7", "late")]
+
+
+def test_a_whole_batch_settled_at_once_is_one_frame(rabbitmq_server: RabbitServer, queue: str) -> None:
+    """Nothing else held: a shuffled ack of every held message is a single multiple ack up to the highest tag."""
+    src = RabbitMQSource(rabbitmq_server.url, queue, batch=50, wait=0.2)
+    try:
+        publish(rabbitmq_server, queue, 50)
+        ids = [m.id for m in src.read(50)]
+        random.Random(7).shuffle(ids)
+        channel = recording(src)
+        assert src.ack(ids) == 50
+        assert channel.take() == [("ack", 50, True)]
+        assert src.read(50) == [] and drain_plain(rabbitmq_server, queue) == []
+    finally:
+        src.close()
+
+
+def test_a_shuffled_settle_ends_each_message_in_exactly_one_place(rabbitmq_server: RabbitServer, queue: str) -> None:
+    """2,000 messages, each given a verdict at random and settled in shuffled calls of mixed sizes: the acked
+    are gone, the released are back on the queue, the dead-lettered are in the dead-letter queue; every call's
+    frames ascend, and the counts the calls return add up. Late in the run the lowest held tags get settled,
+    so some acks and releases go as multiple frames over runs with gaps (tags the reads handed back)."""
+    count = 2000
+    rng = random.Random(11)
+    src = RabbitMQSource(rabbitmq_server.url, queue, batch=count, wait=0.5)
+    acked = dead = 0
+    multiple: list[tuple[str, int, bool]] = []
+    try:
+        publish(rabbitmq_server, queue, count)
+        ids: list[str] = []
+        while len(ids) < count:  # reads of 300: each hands back what came past it, so the held tags have gaps
+            got = src.read(min(300, count - len(ids)))
+            assert got, f"the queue ran dry after {len(ids)} messages"
+            ids += [m.id for m in got]
+        assert sorted(ids) == sorted(f"id{i}" for i in range(count))
+        verdict = {message_id: rng.choice(("ack", "ack", "ack", "release", "dead")) for message_id in ids}
+        rng.shuffle(ids)
+        channel = recording(src)
+        at = 0
+        while at < len(ids):
+            size = rng.choice((1, 7, 50, 300))
+            chunk, at = ids[at : at + size], at + size
+            acked += src.ack([i for i in chunk if verdict[i] == "ack"])
+            multiple += assert_ascending(channel.take())
+            src.release([i for i in chunk if verdict[i] == "release"])
+            multiple += assert_ascending(channel.take())
+            dead += src.dead_letter([(i, "bad") for i in chunk if verdict[i] == "dead"])
+            assert assert_ascending(channel.take()) == []  # dead letters: each acked after its copy
+    finally:
+        src.close()
+    expected = {kind: sorted(i for i, v in verdict.items() if v == kind) for kind in ("ack", "release", "dead")}
+    assert (acked, dead) == (len(expected["ack"]), len(expected["dead"]))
+    assert "ack" in {kind for kind, _, _ in multiple}  # the multiple frames were exercised
+    assert sorted(p.message_id for p, _ in drain_plain(rabbitmq_server, queue)) == expected["release"]
+    assert sorted(p.message_id for p, _ in drain_plain(rabbitmq_server, f"{queue}.dead")) == expected["dead"]
+
+
+def assert_ascending(frames: list[tuple[str, int, bool]]) -> list[tuple[str, int, bool]]:
+    """One settling call's frames name their tags in ascending order (the broker's cheap order); its multiple ones."""
+    tags = [tag for _, tag, _ in frames]
+    assert tags == sorted(tags), f"frames out of delivery order: {frames}"
+    return [frame for frame in frames if frame[2]]

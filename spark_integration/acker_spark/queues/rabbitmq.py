@@ -38,6 +38,20 @@ redeliveries, which the drain's ledger settles without processing them again.
 A dead letter published just before a loss may be published once more when its
 message comes back (dead letters are at least once).
 
+**Settling in delivery order.** The broker keeps a channel's unacknowledged
+deliveries in delivery order, and a ``basic.ack``/``basic.nack`` of one tag
+walks them from the oldest until it finds the tag: a tag settled out of
+order costs as many steps as deliveries older than it are still held, so
+settling a whole batch in the order its records happen to end is quadratic
+in the batch (a plain pika consumer holding 50,000 messages acked 14,542 a
+second in order, 599 shuffled). Each call therefore settles its messages in
+ascending tag order, and settles in one frame (``multiple``) the run of its
+tags below the lowest tag still held for a later verdict: ``multiple``
+settles *every* outstanding delivery up to its tag on the channel, and below
+that tag every delivery of this channel is either in the run or was settled
+before (a read hands back what it does not return before it ends), so the
+frame settles exactly the run.
+
 The connection is opened with heartbeats off by default (``heartbeat=0``):
 a blocking pika connection answers heartbeats only while the driver talks to
 it, and a batch's Spark run can be longer than any heartbeat timeout.
@@ -47,7 +61,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from .contract import Message, QueueSource
@@ -221,35 +236,54 @@ class RabbitMQSource(QueueSource):
     # -- settling ---------------------------------------------------------------------------
 
     def ack(self, ids: Sequence[str]) -> int:
-        """``basic.ack`` each held message on its channel; how many (tags of a closed channel are void: 0)."""
+        """``basic.ack`` the held messages in delivery order; how many (tags of a closed channel are void: 0)."""
         if not self._channel_ok():
             return 0
         done = [0]
 
-        def ack_each() -> int:
-            for message_id in ids:
-                held = self._held.pop(message_id, None)
-                if held is not None:
-                    self.channel.basic_ack(held[0])
-                    done[0] += 1
-            return done[0]
+        def ack(tag: int, multiple: bool) -> None:
+            self.channel.basic_ack(tag, multiple=multiple)
 
-        # Acks sent before a loss count (one may not have reached the broker: its message comes back, and the
-        # drain's ledger acks it again without processing it).
-        return self._settle(ack_each, lambda: done[0])
+        # Acks sent before a loss count (the last frame, one message or a multiple run, may not have reached the
+        # broker: its messages come back, and the drain's ledger acks them again without processing them).
+        return self._settle(lambda: self._settle_in_order(ids, ack, done), lambda: done[0])
 
     def release(self, ids: Sequence[str]) -> None:
         """``basic.nack`` with requeue: the broker redelivers them (and counts the delivery on quorum queues)."""
         if not self._channel_ok():
             return
 
-        def nack_each() -> None:
-            for message_id in ids:
-                held = self._held.pop(message_id, None)
-                if held is not None:
-                    self.channel.basic_nack(held[0], requeue=True)
+        def nack(tag: int, multiple: bool) -> None:
+            self.channel.basic_nack(tag, multiple=multiple, requeue=True)
 
-        self._settle(nack_each, lambda: None)  # a lost channel requeued the rest anyway
+        self._settle(lambda: self._settle_in_order(ids, nack, [0]), lambda: 0)  # a lost channel requeued the rest
+
+    def _settle_in_order(self, ids: Iterable[str], send: Callable[[int, bool], None], done: list[int]) -> int:
+        """Settle the held messages of ``ids`` with ``send(tag, multiple)``, ascending, in as few frames as is safe.
+
+        A message stops being held once its frame is sent: one whose frame was not sent (an error on the way) is
+        still outstanding on the channel, and must stay below any later ``multiple`` frame's reach.
+        """
+        chosen = self._held_in_order(ids)
+        frames = _frames([tag for tag, _ in chosen], self._lowest_tag_held_besides(chosen))
+        at = 0
+        for tag, multiple, count in frames:
+            send(tag, multiple)
+            for _, message_id in chosen[at : at + count]:
+                del self._held[message_id]
+            at += count
+            done[0] += count
+        return done[0]
+
+    def _held_in_order(self, ids: Iterable[str]) -> list[tuple[int, str]]:
+        """``(delivery tag, id)`` of each held message among ``ids``, once, ascending by tag (the broker's order)."""
+        tags = {message_id: self._held[message_id][0] for message_id in ids if message_id in self._held}
+        return sorted((tag, message_id) for message_id, tag in tags.items())
+
+    def _lowest_tag_held_besides(self, chosen: list[tuple[int, str]]) -> int | None:
+        """The lowest tag held and not among ``chosen``: a ``multiple`` frame for ``chosen`` must stop below it."""
+        ids = {message_id for _, message_id in chosen}
+        return min((held[0] for message_id, held in self._held.items() if message_id not in ids), default=None)
 
     def dead_letter(self, letters: Sequence[tuple[str, str]]) -> int:
         """Publish each held message to the dead-letter exchange with its cause in a header, then ack it."""
@@ -259,13 +293,15 @@ class RabbitMQSource(QueueSource):
         return self._settle(lambda: self._dead_letter_each(letters, moved), lambda: moved[0])
 
     def _dead_letter_each(self, letters: Sequence[tuple[str, str]], moved: list[int]) -> int:
+        causes: dict[str, str] = {}
         for message_id, cause in letters:
-            held = self._held.pop(message_id, None)
-            if held is None:
-                continue
-            tag, properties, body = held
+            causes.setdefault(message_id, cause)  # a message named twice keeps its first cause
+        # In delivery order, each acked right after the broker confirmed its copy: a loss between the two
+        # publishes at most that one again when its message comes back (dead letters are at least once).
+        for tag, message_id in self._held_in_order(causes):
+            _, properties, body = self._held[message_id]
             headers = dict(properties.headers or {})
-            headers[CAUSE_HEADER] = cause
+            headers[CAUSE_HEADER] = causes[message_id]
             headers["x-acker-queue"] = self.queue
             out = self._pika.BasicProperties(
                 message_id=properties.message_id,
@@ -275,6 +311,7 @@ class RabbitMQSource(QueueSource):
             )
             self.channel.basic_publish(self.dead_letter_exchange, self.queue, body, out, mandatory=True)
             self.channel.basic_ack(tag)
+            del self._held[message_id]
             moved[0] += 1
         return moved[0]
 
@@ -285,6 +322,20 @@ class RabbitMQSource(QueueSource):
                 self.connection.close()
             except self._lost:
                 pass  # the broker went away first: nothing is left to close
+
+
+def _frames(tags: Sequence[int], lowest_held_besides: int | None) -> list[tuple[int, bool, int]]:
+    """The frames that settle ``tags`` (ascending): ``(tag, multiple, how many of tags it settles)``, in order.
+
+    The tags below ``lowest_held_besides`` (the lowest tag held for another verdict; None: no other) are
+    every outstanding delivery up to the last of them, so one ``multiple`` frame settles them; each tag above
+    it gets a frame of its own, still ascending, so that the broker's search for it passes only deliveries held
+    for other verdicts, never ones this call has yet to settle.
+    """
+    cut = len(tags) if lowest_held_besides is None else bisect_left(tags, lowest_held_besides)
+    if cut < 2:
+        return [(tag, False, 1) for tag in tags]
+    return [(tags[cut - 1], True, cut)] + [(tag, False, 1) for tag in tags[cut:]]
 
 
 def _deliveries(method: Any, properties: Any) -> int:
