@@ -49,14 +49,16 @@ class Acker:
         self.channel = grpc.insecure_channel(address)
         self.stub = acker_pb2_grpc.AckerStub(self.channel)
 
-    def apply(self, ops: list[tuple[int, int, int]], key: int = 0) -> acker_pb2.ApplyResponse:
-        """Apply (kind, root, value) operations; ACKs carry ``key`` + their position as dedup keys."""
+    def apply(self, ops: list[tuple[int, int, int]], key: int = 0, epoch: int = 0) -> acker_pb2.ApplyResponse:
+        """Apply (kind, root, value) operations; ACKs carry ``key`` + their position as dedup keys; ``epoch``: the
+        layout epoch the request names as routed by (a client of a replicated cluster names it)."""
         request = acker_pb2.ApplyRequest(
             kinds=[k for k, _, _ in ops],
             root_ids=[r for _, r, _ in ops],
             values=[v for _, _, v in ops],
             dedup_keys=[key + i if key else 0 for i in range(len(ops))],
             spouts=[SPOUT],
+            layout_epoch=epoch,
         )
         return self.stub.Apply(request, timeout=5)
 

@@ -143,26 +143,11 @@ def test_a_request_names_its_layout_epoch_and_splits_to_both_holders():
     assert {s: list(r) for s, r in parts.items()} == {0: [BC_TO_AB], 1: [BC_TO_AB], 2: [AB_TO_CD], 3: [AB_TO_CD]}
 
 
-class Replica(Acker):
-    """An acker of a replicated cluster: Apply names the layout epoch it was routed by."""
-
-    def apply(self, ops: list[tuple[int, int, int]], key: int = 0, epoch: int = 0) -> acker_pb2.ApplyResponse:
-        request = acker_pb2.ApplyRequest(
-            kinds=[k for k, _, _ in ops],
-            root_ids=[r for _, r, _ in ops],
-            values=[v for _, _, v in ops],
-            dedup_keys=[key + i if key else 0 for i in range(len(ops))],
-            spouts=[SPOUT],
-            layout_epoch=epoch,
-        )
-        return self.stub.Apply(request, timeout=5)
-
-
 @pytest.fixture
 def three_to_four(servers):  # noqa: F811 (the fixture imported above)
-    """Ackers a, b, c (shards 0..2 of 3, two replicas) and d, joining, each as a :class:`Replica`."""
+    """Ackers a, b, c (shards 0..2 of 3, two replicas) and d, joining, each as an :class:`Acker`."""
     made = [servers(i, 3, replicas=2) for i in range(3)] + [servers(3, 3, replicas=2, join=True)]
-    ackers = [Replica(s.address) for s in made]
+    ackers = [Acker(s.address) for s in made]
     yield ackers
     for acker in ackers:
         acker.close()

@@ -11,7 +11,6 @@ chaos: the incomplete trees' real timeout is waited out.
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 from acker_client import ClusterClient
@@ -21,7 +20,7 @@ from acker_service.moving.transfers import scrape_balance
 from acker_service.process_cluster import ProcessCluster
 
 from .test_move_holds import ACK, INIT, Acker
-from .workload import Outcomes, Trees
+from .workload import Outcomes, Trees, running_workload
 
 TIMEOUT = 3.0
 
@@ -44,38 +43,14 @@ def test_acker_ctl_reshard_3_4_3_and_drain_under_load():
         client = ClusterClient(old, flush_interval=0.001)
         outcomes = Outcomes(client)
         trees = Trees(client)
-        stop = threading.Event()
-        progress = threading.Condition()
-        rounds = [0]
-
-        def workload() -> None:
-            while not stop.is_set():
-                trees.start(20)
-                trees.finish(15)
-                client.flush()
-                with progress:
-                    rounds[0] += 1
-                    progress.notify_all()
-
-        def after_more_rounds(k: int = 3) -> None:
-            # The next step starts only once the workload made progress since the last one.
-            with progress:
-                target = rounds[0] + k
-                assert progress.wait_for(lambda: rounds[0] >= target, timeout=60)
-
-        worker = threading.Thread(target=workload)
-        worker.start()
-        try:
-            after_more_rounds()
+        with running_workload(client, trees) as rounds:
+            rounds.wait_for_more()
             grow = _ctl("--ackers", ",".join(old), "reshard", "--shards", "4", "--addresses", ",".join(four))
-            after_more_rounds()
+            rounds.wait_for_more()
             shrink = _ctl("--ackers", ",".join(four), "reshard", "--shards", "3", "--addresses", ",".join(old))
-            after_more_rounds()
+            rounds.wait_for_more()
             drain = _ctl("--ackers", ",".join(old), "drain", "1", "--wait", str(3 * TIMEOUT))
-            after_more_rounds()
-        finally:
-            stop.set()
-            worker.join()
+            rounds.wait_for_more()
         trees.finish()
         client.flush()
         assert (grow["epoch"], shrink["epoch"], drain["epoch"]) == (1, 2, 3)

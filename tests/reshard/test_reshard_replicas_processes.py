@@ -17,7 +17,6 @@ Marked chaos: it kills an acker and waits out the incomplete trees' timeout.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from acker_service.moving.transfers import scrape_balance
 from acker_service.process_cluster import ProcessCluster
 
 from .test_move_holds import Acker
-from .workload import Outcomes, Trees
+from .workload import Outcomes, Trees, running_workload
 
 TIMEOUT = 5.0
 
@@ -73,30 +72,10 @@ def test_acker_ctl_moves_a_replicated_cluster_4_3_4_and_drains_with_a_kill_durin
         client = ClusterClient(four, flush_interval=0.001, replicas=2)
         outcomes = Outcomes(client)
         trees = Trees(client)
-        stop = threading.Event()
-        progress = threading.Condition()
-        rounds = [0]
-
-        def workload() -> None:
-            while not stop.is_set():
-                trees.start(20)
-                trees.finish(15)
-                client.flush()
-                with progress:
-                    rounds[0] += 1
-                    progress.notify_all()
-
-        def after_more_rounds(k: int = 3) -> None:
-            with progress:
-                target = rounds[0] + k
-                assert progress.wait_for(lambda: rounds[0] >= target, timeout=60)
-
-        worker = threading.Thread(target=workload)
-        worker.start()
-        try:
-            after_more_rounds()
+        with running_workload(client, trees) as rounds:
+            rounds.wait_for_more()
             shrink = _ctl("--ackers", ",".join(four), "reshard", "--shards", "3", "--addresses", ",".join(three))
-            after_more_rounds()
+            rounds.wait_for_more()
             # The grow stops after its first step, as an operator's interrupted acker-ctl would: every acker
             # prepared, the next layout's operations on moving roots held. Then kill -9 of shard 1.
             steps = [Acker(address) for address in four]
@@ -106,9 +85,9 @@ def test_acker_ctl_moves_a_replicated_cluster_4_3_4_and_drains_with_a_kill_durin
             finally:
                 for acker in steps:
                     acker.close()
-            after_more_rounds()
+            rounds.wait_for_more()
             ackers.kill(1)
-            after_more_rounds()
+            rounds.wait_for_more()
             ackers.restart(1)
             wait_until(
                 lambda: getattr(_describe(four[1]), "catchup_state", "") == "caught-up", "shard 1's catch-up", 60
@@ -117,14 +96,11 @@ def test_acker_ctl_moves_a_replicated_cluster_4_3_4_and_drains_with_a_kill_durin
             assert restarted is not None and (restarted.layout.epoch, restarted.shard_count) == (1, 3), (
                 "back in its committed layout (the layout file), not its flags' 4 shards"
             )
-            after_more_rounds()
+            rounds.wait_for_more()
             grow = _ctl("--ackers", ",".join(three), "reshard", "--shards", "4", "--addresses", ",".join(four))
-            after_more_rounds()
+            rounds.wait_for_more()
             drain = _ctl("--ackers", ",".join(four), "drain", "1", "--wait", str(3 * TIMEOUT))
-            after_more_rounds()
-        finally:
-            stop.set()
-            worker.join()
+            rounds.wait_for_more()
         trees.finish()
         client.flush()
         assert (shrink["epoch"], grow["epoch"], drain["epoch"]) == (1, 2, 3)

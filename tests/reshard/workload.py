@@ -12,6 +12,8 @@ from __future__ import annotations
 import secrets
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from acker_client import ClusterClient
 from acker_client.subscription import OutcomeSubscription
@@ -105,3 +107,44 @@ class Trees:
                 if root in self.incomplete and Outcome.ACKED in seen:
                     c["false_acks"] += 1
         return c
+
+
+class Rounds:
+    """Counts a background workload's rounds; a test's next step waits for a few more (progress since the last)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.progress = threading.Condition()
+
+    def one_more(self) -> None:
+        """The workload finished a round."""
+        with self.progress:
+            self.count += 1
+            self.progress.notify_all()
+
+    def wait_for_more(self, k: int = 3) -> None:
+        """Wait until the workload made ``k`` more rounds (60 s at most, else the test fails)."""
+        with self.progress:
+            target = self.count + k
+            assert self.progress.wait_for(lambda: self.count >= target, timeout=60), "the workload made no progress"
+
+
+@contextmanager
+def running_workload(client: ClusterClient, trees: Trees) -> Iterator[Rounds]:
+    """Trees started and (four in five) finished through ``client`` in a loop on a thread, until the block ends."""
+    stop, rounds = threading.Event(), Rounds()
+
+    def workload() -> None:
+        while not stop.is_set():
+            trees.start(20)
+            trees.finish(15)
+            client.flush()
+            rounds.one_more()
+
+    worker = threading.Thread(target=workload)
+    worker.start()
+    try:
+        yield rounds
+    finally:
+        stop.set()
+        worker.join()

@@ -20,8 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from acker_client import ClusterClient
-from acker_client.testing import local_cluster
-from acker_spark import ArrowBolt, DeadLetterStore, ReplayPolicy, close_clients
+from acker_spark import ArrowBolt, DeadLetterStore, ReplayPolicy
 from acker_spark.budget import BudgetExceeded, FailureBudget
 from acker_spark.executor_read.source_pipeline import SourcePipeline
 from pyspark import cloudpickle
@@ -35,11 +34,9 @@ POLICY = ReplayPolicy(max_attempts=3, backoff_base=0.05, backoff_cap=0.2)
 
 
 @pytest.fixture
-def ackers() -> Iterator[Any]:
-    """Three in-process ackers with a timeout no job here reaches."""
-    with local_cluster(3, message_timeout=60.0) as cluster:
-        yield cluster
-    close_clients()
+def ackers(patient_ackers: Any) -> Any:
+    """The ackers of this module: a timeout no job here reaches (conftest's ``patient_ackers``)."""
+    return patient_ackers
 
 
 @pytest.fixture

@@ -21,8 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from acker_client import ClusterClient
-from acker_client.testing import local_cluster
-from acker_spark import ArrowBolt, ReplayPolicy, close_clients
+from acker_spark import ArrowBolt, ReplayPolicy
 from acker_spark.executor_read.source_pipeline import SourcePipeline
 from acker_spark.tracking.emission_log import read_round
 from acker_spark.tracking.identity import derive_roots, hash_key_column
@@ -36,12 +35,7 @@ RECORDS = 40
 HUNG = "k00007"
 
 
-@pytest.fixture
-def ackers() -> Iterator[Any]:
-    """Ackers with a short timeout: the records read behind the hung one time out and are replayed."""
-    with local_cluster(3, message_timeout=4.0) as cluster:
-        yield cluster
-    close_clients()
+# ``ackers``: conftest's, whose 4 s timeout the records read behind the hung one reach (replayed).
 
 
 @pytest.fixture

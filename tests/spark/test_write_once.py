@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from acker_client import ClusterClient
-from acker_client.testing import local_cluster
-from acker_spark import close_clients
 from acker_spark.executor_read.source_pipeline import SourcePipeline
 from acker_spark.output import FileOutput, published_files
 from acker_spark.output import publish as publish_module
@@ -25,11 +22,9 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture
-def ackers() -> Iterator[Any]:
-    """Three in-process ackers with a timeout no job here reaches."""
-    with local_cluster(3, message_timeout=60.0) as cluster:
-        yield cluster
-    close_clients()
+def ackers(patient_ackers: Any) -> Any:
+    """The ackers of this module: a timeout no job here reaches (conftest's ``patient_ackers``)."""
+    return patient_ackers
 
 
 @pytest.fixture
