@@ -11,7 +11,9 @@
 - the failure budget (:class:`~acker_spark.budget.FailureBudget`), between
   rounds and while a round's job runs (its Spark job group is cancelled);
 - the stall check: a successful job none of whose trees ever settled emitted
-  rows that nothing acks;
+  rows that nothing acks (unless an outcome stream broke while the job ran:
+  an acker that went down may have taken the trees with it, and they end at
+  the backstop);
 - a hung round (:mod:`~acker_spark.executor_read.hung_round`): every tree ended,
   the job runs on.
 
@@ -83,6 +85,7 @@ class RunGuards:
         self.failed_jobs = 0  # in a row
         self.last_error: Exception | None = None
         self.job_ends: dict[int, float] = {}  # round -> when its job succeeded (stall check)
+        self._breaks_at_start: dict[int, int] = {}  # round -> the outcome streams' breaks when its job started
         self._feed: Any = None
 
     def attach(self, feed: Any) -> None:
@@ -137,11 +140,16 @@ class RunGuards:
             if now - ended < limit:
                 continue
             del self.job_ends[round_no]
+            breaks_at_start = self._breaks_at_start.pop(round_no, None)
             trees = book.round_stalled(round_no)
             if not trees:
                 continue
             if len(book.undelivered) or undelivered or self.watch.down():
                 continue  # acks that could not be delivered explain it: they end as ACKS_UNDELIVERED
+            if breaks_at_start is not None and self._stream_breaks() != breaks_at_start:
+                # An acker went down (or was cut off) while the job ran: a restarted one has lost the trees
+                # it held, which then end at the backstop and are replayed. Not a job that acks nothing.
+                continue
             raise RunStopped(
                 f"round {round_no}'s Spark job succeeded {now - ended:.0f} s ago but none of its"
                 f" {trees} trees has completed: rows a bolt emitted were never acked by a later step. "
@@ -154,6 +162,10 @@ class RunGuards:
             )
 
     # -- a round's job ----------------------------------------------------------------------
+
+    def _stream_breaks(self) -> int:
+        """The outcome streams' breaks so far (0 before the run attaches its feed)."""
+        return self._feed.stream_breaks() if self._feed is not None else 0
 
     def job_succeeded(self, round_no: int) -> None:
         """A round's job succeeded: the failures in a row start again, the stall check starts for the round."""
@@ -172,6 +184,7 @@ class RunGuards:
         closes the guard once the job has returned.
         """
         options = self.options
+        self._breaks_at_start[round_no] = self._stream_breaks()  # the stall check's witness of an acker outage
         group = JobGroup(self.spark, f"{run_name}-r{round_no}", f"acker round {round_no}")
         checks: list[Check] = []
         tally = None

@@ -69,6 +69,10 @@ class OutcomeFeed:
         self._thread.start()
         return self
 
+    def stream_breaks(self) -> int:
+        """How many times an outcome stream has broken since the feed started (an acker killed, restarted, cut off)."""
+        return sum(sub.reconnects for sub in self._subs)
+
     def closed_streams(self) -> set[int]:
         """The shards whose outcome stream is not open now (never opened, or broken and reconnecting)."""
         return {sub.shard for sub in self._subs if not sub.connected}
