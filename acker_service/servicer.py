@@ -27,7 +27,7 @@ from .batch import BatchError, BatchTooLarge, InvalidBatch, WrongShard
 from .moving.catchup_peer import snapshot_chunks
 from .moving.layout import CUT, ApplyHeld, Layout, LayoutMachine, LayoutRefused
 from .moving.layout_file import LayoutNotRecorded
-from .moving.reshard import HandoffFailed, from_bytes
+from .moving.reshard import HandoffFailed, HandoffRefused, from_bytes
 from .shard import BadSpoutName, Shard, ShardClosing, SubscribeRefused, Superseded, TooManySubscriptions
 from .tree_info import TreeInfo
 
@@ -46,6 +46,7 @@ _STATUS_OF = {
     ApplyHeld: grpc.StatusCode.UNAVAILABLE,
     LayoutRefused: grpc.StatusCode.FAILED_PRECONDITION,
     HandoffFailed: grpc.StatusCode.UNAVAILABLE,
+    HandoffRefused: grpc.StatusCode.FAILED_PRECONDITION,
     LayoutNotRecorded: grpc.StatusCode.UNAVAILABLE,
     BadSpoutName: grpc.StatusCode.INVALID_ARGUMENT,
     ShardClosing: grpc.StatusCode.UNAVAILABLE,

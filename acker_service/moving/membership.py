@@ -29,7 +29,7 @@ from .layout import PREPARED, Layout, LayoutMachine, LayoutRefused
 from .layout_file import LayoutFile, LayoutNotRecorded, starting_layout
 from .peers import peer_security
 from .request_parts import apply_in_parts
-from .reshard import Chunk, HandoffFailed, Slice, plan_slices, send_handoffs
+from .reshard import Chunk, HandoffFailed, HandoffRefused, Slice, plan_slices, send_handoffs
 from .transfers import Transfers
 
 __all__ = ["Membership"]
@@ -237,6 +237,19 @@ class Membership:
             self._cutting = False
         if self._unsent:
             waiting = sum(len(c.entries) if isinstance(c, Chunk) else len(c.roots) for c in self._unsent)
+            refused = [c for c in self._unsent if isinstance(c, Chunk) and c.refusal]
+            if refused:
+                addresses = target.addresses
+                why = "; ".join(
+                    sorted(
+                        {f"{addresses[c.shard] if c.shard < len(addresses) else c.shard}: {c.refusal}" for c in refused}
+                    )
+                )
+                raise HandoffRefused(
+                    f"{len(refused)} of {len(self._unsent)} handoffs ({waiting} moved entries) were refused by their "
+                    f"new owners ({why}); the entries are kept here. An acker restarted after an earlier cut of "
+                    "this move does not rejoin it (docs/acker-semantics.md, 'Moving trees')"
+                )
             raise HandoffFailed(
                 f"{len(self._unsent)} handoffs ({waiting} moved entries) could not reach their new owners yet; "
                 "they are kept here: call CutLayout again (acker-ctl reshard again) once every acker of the new "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 import numpy as np
@@ -33,6 +33,7 @@ __all__ = [
     "send_handoffs",
     "HANDOFF_DEADLINE",
     "HandoffFailed",
+    "HandoffRefused",
     "Chunk",
     "Slice",
     "plan_slices",
@@ -67,6 +68,9 @@ class Chunk:
     source: int
     count: int
     manifest: np.ndarray | None = None
+    # Why the new owner refused this chunk the last time it was sent ("" if it could not be reached):
+    # a refusal is an answer, and the operator is told it, not that the acker was unreachable.
+    refusal: str = ""
 
 
 @dataclass
@@ -100,6 +104,26 @@ class Slice:
 
 class HandoffFailed(Exception):
     """A new owner could not take its entries (UNAVAILABLE: the cut may be called again)."""
+
+
+class HandoffRefused(HandoffFailed):
+    """A new owner answered and refused its entries (FAILED_PRECONDITION: calling the cut again will not help).
+
+    For example an acker restarted after an earlier cut of the same move: it
+    merged the chunks before its restart and refuses the new ones.
+    """
+
+
+# Codes that say a peer was not reached (or not in time): the chunk may go through at the next cut.
+_NOT_REACHED = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
 
 
 def to_request(epoch: int, moved: MovedEntries) -> acker_pb2.HandoffRequest:
@@ -259,8 +283,9 @@ async def send_handoffs(
                 data = await asyncio.to_thread(chunk_bytes, layout.epoch, chunk)  # off the event loop serving Apply
             try:
                 await call(data, timeout=HANDOFF_DEADLINE, metadata=metadata)
-            except grpc.aio.AioRpcError:
-                left.append(chunk)
+            except grpc.aio.AioRpcError as exc:
+                refusal = "" if exc.code() in _NOT_REACHED else f"{exc.code().name}: {exc.details()}"
+                left.append(replace(chunk, refusal=refusal) if refusal != chunk.refusal else chunk)
         return left
 
     try:
