@@ -9,20 +9,21 @@ the end of a round's job).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from acker_client import ClusterClient
-from acker_client.testing import local_cluster
+from acker_client.testing import ManualClock, local_cluster
 from acker_spark import close_clients
 from acker_spark.executor_read.pipeline_options import PipelineOptions
 from acker_spark.executor_read.run_guards import RunGuards
 from acker_spark.run_report import RunStopped, SourceStats
 from acker_spark.tracking.checkpoint import Checkpoint
 from acker_spark.tracking.outcome_feed import OutcomeFeed
+
+from tests.client.polling import wait_until
 
 BACKSTOP = 9.0
 
@@ -66,21 +67,21 @@ class StalledBook:
         return 500
 
 
-def _guards(tmp_path: Path, now: list[float]) -> tuple[RunGuards, FakeFeed]:
-    options = PipelineOptions(clock=lambda: now[0], budget=None, hang_grace=None, shard_down_after=None)
+def _guards(tmp_path: Path, clock: ManualClock) -> tuple[RunGuards, FakeFeed]:
+    options = PipelineOptions(clock=clock, budget=None, hang_grace=None, shard_down_after=None)
     guards = RunGuards(SimpleNamespace(sparkContext=None), FakeCluster(), tmp_path, options, lambda: BACKSTOP)
     feed = FakeFeed()
     guards.attach(feed)
     return guards, feed
 
 
-def _run_round(guards: RunGuards, feed: FakeFeed, now: list[float], acker_restarted: bool) -> None:
+def _run_round(guards: RunGuards, feed: FakeFeed, clock: ManualClock, acker_restarted: bool) -> None:
     """Round 2's job starts, (its acker goes down and comes back,) and succeeds."""
     guards.round_watch(2, SimpleNamespace(mode="select"), StalledBook(), "run")
     if acker_restarted:
         feed.breaks += 1
     guards.job_succeeded(2)
-    now[0] += BACKSTOP / 2 + 0.1  # past the stall limit, before the backstop
+    clock.advance(BACKSTOP / 2 + 0.1)  # past the stall limit, before the backstop
 
 
 def _check(guards: RunGuards) -> None:
@@ -88,26 +89,26 @@ def _check(guards: RunGuards) -> None:
 
 
 def test_a_job_whose_trees_never_settle_stops_the_run(tmp_path: Path) -> None:
-    now = [100.0]
-    guards, feed = _guards(tmp_path, now)
-    _run_round(guards, feed, now, acker_restarted=False)
+    clock = ManualClock()
+    guards, feed = _guards(tmp_path, clock)
+    _run_round(guards, feed, clock, acker_restarted=False)
     with pytest.raises(RunStopped, match="none of its 500 trees has completed"):
         _check(guards)
 
 
 def test_an_acker_restarted_during_the_job_explains_its_pending_trees(tmp_path: Path) -> None:
-    now = [100.0]
-    guards, feed = _guards(tmp_path, now)
-    _run_round(guards, feed, now, acker_restarted=True)
+    clock = ManualClock()
+    guards, feed = _guards(tmp_path, clock)
+    _run_round(guards, feed, clock, acker_restarted=True)
     _check(guards)  # no stop: the restarted acker lost them, the backstop replays them
     assert guards.job_ends == {}  # and the round is not looked at again
 
 
 def test_an_outage_of_an_earlier_round_does_not_hide_a_stall(tmp_path: Path) -> None:
-    now = [100.0]
-    guards, feed = _guards(tmp_path, now)
+    clock = ManualClock()
+    guards, feed = _guards(tmp_path, clock)
     feed.breaks = 3  # streams broke before this round's job started
-    _run_round(guards, feed, now, acker_restarted=False)
+    _run_round(guards, feed, clock, acker_restarted=False)
     with pytest.raises(RunStopped):
         _check(guards)
 
@@ -117,20 +118,10 @@ def test_an_acker_stopped_under_a_feed_counts_as_a_stream_break(tmp_path: Path) 
     with local_cluster(1, message_timeout=5.0) as ackers, ClusterClient(ackers.addresses) as client:
         feed = OutcomeFeed(client, "stall-test", Checkpoint(tmp_path), interval=0.05).start()
         try:
-            assert _until(lambda: not feed.closed_streams())  # the stream is open
+            wait_until(lambda: not feed.closed_streams(), "the outcome stream to open", timeout=10.0)
             assert feed.stream_breaks() == 0
             ackers.servers[0].stop(0)
-            assert _until(lambda: feed.stream_breaks() > 0)
+            wait_until(lambda: feed.stream_breaks() > 0, "the stream to break", timeout=10.0)
         finally:
             feed.close()
             close_clients()
-
-
-def _until(condition: Any, limit: float = 10.0) -> bool:
-    """Poll ``condition`` until it holds (True) or ``limit`` seconds passed (False): a guard against a hang."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
